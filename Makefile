@@ -1,0 +1,30 @@
+# One-command set-up: `make run` (main job) and `make test` (test suite) each
+# create the virtual environment on first use.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# Pin torch first: unpinned, anything depending on torch pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/evoharness run $(ARGS)
+
+test: setup
+	$(BIN)/pytest -q $(ARGS)
+
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow" $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

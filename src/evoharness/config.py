@@ -1,0 +1,77 @@
+"""Typed configuration: pydantic models loaded from TOML, overridable from the CLI.
+
+Every section rejects unknown keys (``extra="forbid"``), so a typo in a TOML
+file or a ``--set`` override is an error that names the key, not a silent
+default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message says why."""
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=3`` -> (["a", "b"], 3). The value is read as TOML when it parses
+    (numbers, booleans, quoted strings, lists), else taken as a bare string."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    key, raw = item.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return [k for k in key.strip().split(".") if k], value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {k!r} is not a section")
+        node[path[-1]] = value
+    return data
+
+
+def load_config(model: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> T:
+    """Build a config of type `model` from defaults, a TOML file and overrides.
+
+    Raises:
+        ConfigError: missing or malformed file, unknown key, wrong type.
+    """
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data.update(tomllib.loads(p.read_text()))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML: {e}") from e
+    apply_overrides(data, overrides or [])
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"  {loc}: {msg}")
+        raise ConfigError(f"invalid config{f' {path}' if path else ''}:\n" + "\n".join(lines)) from None

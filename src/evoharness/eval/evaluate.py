@@ -1,0 +1,156 @@
+"""Fixed-panel evaluation: play a split's games, stream one JSONL line per episode, report.
+
+Episodes are split into chunks of ``batch_size`` (played in lock-step so a
+model policy answers them as one batch) and the chunks run on ``workers``
+processes. Every episode's randomness is keyed by its id, so results do not
+depend on the number of workers. Finished episodes are appended to
+``episodes.jsonl`` as they end; a rerun with the same output directory
+resumes, skipping episodes already there.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+from typing import Literal
+
+from tqdm import tqdm
+
+from evoharness.config import Strict
+from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld.games import TASK_TYPES, discover_games
+from evoharness.eval.panel import build_episodes, protocol_step_cap
+from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.policies.factory import PolicyConfig, make_policy
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from evoharness.rollout.records import Trajectory
+
+
+class EnvConfig(Strict):
+    """Where games come from and which engine plays them."""
+
+    data_path: str | None = None  # None/"bundled": the pack inside the project; "env": $ALFWORLD_DATA
+    engine: Literal["textworld", "fast"] = "textworld"
+    wording: Literal["native", "put", "move"] = "native"
+    timeout_s: float = 120.0
+
+
+class EvalConfig(Strict):
+    split: str = "valid_seen"
+    protocol: Literal["panel", "evoharness", "random128"] = "panel"
+    max_steps: int | None = None  # None: the protocol's cap (50, or 70 for evoharness)
+    seed: int = 0
+    workers: int = 1
+    batch_size: int = 8
+    limit: int | None = None  # first N games of the panel (smoke runs)
+    task_types: list[str] = list(TASK_TYPES)
+    out_dir: str = "runs/eval"
+    resume: bool = True
+    env: EnvConfig = EnvConfig()
+    harness: HarnessConfig = HarnessConfig()
+    policy: PolicyConfig = PolicyConfig()
+
+    @property
+    def step_cap(self) -> int:
+        return self.max_steps or protocol_step_cap(self.protocol)
+
+
+# Per-process state of a pool worker (built once by the initializer).
+_WORKER: dict = {}
+
+
+def _init_worker(cfg_json: str) -> None:
+    cfg = EvalConfig.model_validate_json(cfg_json)
+    _WORKER["cfg"] = cfg
+    _WORKER["policy"] = make_policy(cfg.policy)
+
+
+def _play_chunk(specs: list[EpisodeSpec]) -> list[dict]:
+    cfg: EvalConfig = _WORKER["cfg"]
+    trajs = run_episodes(
+        specs,
+        make_env=lambda task: make_env(task, engine=cfg.env.engine, wording=cfg.env.wording),
+        make_harness=lambda: make_harness(cfg.harness),
+        policy=_WORKER["policy"],
+        max_steps=cfg.step_cap,
+        env_timeout_s=cfg.env.timeout_s,
+    )
+    return [t.to_dict() for t in trajs]
+
+
+def read_episodes(path: Path) -> list[dict]:
+    """Episodes of a JSONL file; a torn last line (a killed run) is skipped."""
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
+    """Run the evaluation `cfg` describes; returns the summary (also written to disk).
+
+    Writes to ``cfg.out_dir``: ``episodes.jsonl`` (one trajectory per line, in
+    panel order once complete), ``summary.json``, ``report.md``, ``success.png``.
+
+    Raises:
+        GameDataError: missing data path or unknown split.
+        ValueError: bad protocol or policy config.
+    """
+    from evoharness.eval.report import summarize, write_report
+
+    tasks = discover_games(cfg.split, cfg.env.data_path, tuple(cfg.task_types))
+    specs = build_episodes(tasks, cfg.protocol, cfg.seed)
+    if cfg.limit:
+        specs = specs[: cfg.limit]
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    jsonl = out / "episodes.jsonl"
+    have = {d["episode_id"]: d for d in read_episodes(jsonl)} if cfg.resume else {}
+    if not cfg.resume and jsonl.exists():
+        jsonl.unlink()
+    todo = [s for s in specs if s.episode_id not in have]
+    chunks = [todo[i: i + cfg.batch_size] for i in range(0, len(todo), cfg.batch_size)]
+    t0 = time.perf_counter()
+    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc=f"eval {cfg.split}", unit="ep",
+               disable=not progress, dynamic_ncols=True)
+    with open(jsonl, "a") as f:
+        def record(rows: list[dict]) -> None:
+            for d in rows:
+                f.write(json.dumps(d) + "\n")
+                have[d["episode_id"]] = d
+            f.flush()
+            os.fsync(f.fileno())
+            bar.update(len(rows))
+            won = sum(d["won"] for d in have.values())
+            bar.set_postfix(success=f"{won}/{len(have)}")
+
+        if cfg.workers <= 1:
+            _init_worker(cfg.model_dump_json())
+            try:
+                for chunk in chunks:
+                    record(_play_chunk(chunk))
+            finally:
+                _WORKER["policy"].close()
+        elif chunks:
+            ctx = mp.get_context("spawn")
+            with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg.model_dump_json(),)) as pool:
+                for rows in pool.imap_unordered(_play_chunk, chunks):
+                    record(rows)
+    bar.close()
+    order = {s.episode_id: i for i, s in enumerate(specs)}
+    episodes = sorted((d for d in have.values() if d["episode_id"] in order), key=lambda d: order[d["episode_id"]])
+    tmp = jsonl.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(d) + "\n" for d in episodes))
+    os.replace(tmp, jsonl)
+    summary = summarize([Trajectory.from_dict(d) for d in episodes], cfg)
+    summary["wall_s"] = round(time.perf_counter() - t0, 2)
+    write_report(summary, out)
+    return summary

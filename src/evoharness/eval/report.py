@@ -1,0 +1,110 @@
+"""Evaluation summary: per-type table (Markdown + JSON) and a success chart (PNG)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
+from evoharness.harness.base import META_VERBS
+from evoharness.rollout.records import Trajectory
+
+
+def _row(trajs: list[Trajectory]) -> dict[str, Any]:
+    n = len(trajs)
+    if n == 0:
+        return {"n": 0, "won": 0, "success": 0.0}
+    meta = Counter()
+    for t in trajs:
+        meta.update(t.meta_calls)
+    return {
+        "n": n,
+        "won": sum(t.won for t in trajs),
+        "success": round(100.0 * sum(t.won for t in trajs) / n, 1),
+        "mean_steps": round(sum(t.steps for t in trajs) / n, 2),
+        "prompt_tokens_per_ep": round(sum(t.prompt_tokens for t in trajs) / n, 1),
+        "completion_tokens_per_ep": round(sum(t.completion_tokens for t in trajs) / n, 1),
+        "invalid_per_ep": round(sum(t.invalid_actions for t in trajs) / n, 2),
+        "meta_per_ep": {v: round(meta[v] / n, 2) for v in META_VERBS},
+        "errors": sum(t.stop_reason == "error" for t in trajs),
+    }
+
+
+def summarize(trajs: list[Trajectory], cfg: Any = None) -> dict[str, Any]:
+    """Per-type and overall figures of a list of trajectories."""
+    by_type = {tt: _row([t for t in trajs if t.task_type == tt]) for tt in TASK_TYPES}
+    out: dict[str, Any] = {"overall": _row(trajs), "by_type": by_type}
+    if cfg is not None:
+        out.update(split=cfg.split, protocol=cfg.protocol, step_cap=cfg.step_cap, harness=cfg.harness.kind,
+                   policy=cfg.policy.kind, engine=cfg.env.engine, seed=cfg.seed)
+    out["failed_episodes"] = [t.episode_id for t in trajs if not t.won]
+    return out
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """The per-type table: counts, success, steps, tokens, meta-actions, invalids."""
+    head = "| type | n | won | success % | mean steps | prompt tok/ep | compl. tok/ep | invalid/ep | " + \
+        " | ".join(f"{v}/ep" for v in META_VERBS) + " |"
+    sep = "|" + "---|" * (8 + len(META_VERBS))
+    rows = [head, sep]
+    items = [(TASK_SHORT[t], summary["by_type"][t]) for t in TASK_TYPES] + [("**all**", summary["overall"])]
+    for name, r in items:
+        if not r["n"]:
+            continue
+        meta = " | ".join(str(r["meta_per_ep"][v]) for v in META_VERBS)
+        rows.append(f"| {name} | {r['n']} | {r['won']} | {r['success']} | {r['mean_steps']} | "
+                    f"{r['prompt_tokens_per_ep']} | {r['completion_tokens_per_ep']} | {r['invalid_per_ep']} | {meta} |")
+    return "\n".join(rows)
+
+
+def plot_success(series: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """Grouped bars: per-type success of one or more systems (name -> summary)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [TASK_SHORT[t] for t in TASK_TYPES] + ["all"]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / max(1, len(series))
+    for i, (name, s) in enumerate(series.items()):
+        vals = [s["by_type"][t]["success"] if s["by_type"][t]["n"] else 0 for t in TASK_TYPES] + [s["overall"]["success"]]
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(labels))]
+        ax.bar(xs, vals, width, label=name)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel("success %")
+    ax.set_ylim(0, 105)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_report(summary: dict[str, Any], out: Path) -> None:
+    """``summary.json``, ``report.md`` and ``success.png`` in `out`."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    title = f"{summary.get('policy', '?')} / {summary.get('harness', '?')} on {summary.get('split', '?')}"
+    plot_success({title: summary}, out / "success.png", title)
+    o = summary["overall"]
+    md = [
+        f"# Evaluation: {title}",
+        "",
+        f"Protocol `{summary.get('protocol')}` (step cap {summary.get('step_cap')}), engine `{summary.get('engine')}`, "
+        f"seed {summary.get('seed')}. Success: **{o['won']}/{o['n']} = {o['success']}%**.",
+        "",
+        markdown_table(summary),
+        "",
+        "![success by type](success.png)",
+        "",
+    ]
+    if summary.get("protocol") == "random128":
+        md.insert(2, "> verl-agent-style protocol: 128 games drawn with replacement; not a fixed panel.\n")
+    if summary["failed_episodes"]:
+        md += ["Failed episodes: " + ", ".join(f"`{e}`" for e in summary["failed_episodes"][:50]), ""]
+    (out / "report.md").write_text("\n".join(md))

@@ -1,0 +1,51 @@
+"""Build a harness from its config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from evoharness.config import Strict
+
+
+class HarnessConfig(Strict):
+    """Which harness renders the prompts.
+
+    Attributes:
+        kind: ``react`` (history window, admissible commands) or ``bpe``
+            (EvoHarness-RL Belief / Progress / Experience with meta-actions).
+        history_window: previous (action, feedback) pairs shown each turn.
+        experience_path: a saved experience store (JSON) for ``bpe``; None
+            starts from the built-in seed entries. Evaluation never writes it.
+    """
+
+    kind: Literal["react", "bpe"] = "bpe"
+    history_window: int = 8
+    experience_path: str | None = None
+
+
+def make_harness(cfg: HarnessConfig, experience=None):
+    """A fresh harness for one episode. `experience` (an `ExperienceStore`)
+    overrides ``cfg.experience_path`` so that many episodes share one frozen store."""
+    if cfg.kind == "react":
+        from evoharness.harness.react import ReActHarness
+
+        return ReActHarness(history_window=cfg.history_window)
+    from evoharness.harness.bpe import BPEHarness, ExperienceStore
+
+    if experience is None:
+        experience = load_experience(cfg.experience_path)
+    return BPEHarness(experience=experience, history_window=cfg.history_window)
+
+
+_STORES: dict[str | None, object] = {}
+
+
+def load_experience(path: str | None):
+    """The experience store at `path` (cached per process; frozen for evaluation)."""
+    from evoharness.harness.bpe import ExperienceStore
+
+    if path not in _STORES:
+        store = ExperienceStore.load(path) if path else ExperienceStore()
+        store.freeze()
+        _STORES[path] = store
+    return _STORES[path]

@@ -1,0 +1,211 @@
+"""Run episodes (env x harness x policy) in lock-step so a policy answers them as a batch.
+
+Every turn costs one step of the budget, whatever it is: an environment
+action, a meta-action or an invalid action (EvoHarness-RL §3). A crashed or
+hung environment ends its own episode with ``stop_reason="error"``; the others
+go on.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from evoharness.envs.base import Env, StepResult, TaskSpec
+from evoharness.harness.base import Harness, ParsedAction
+from evoharness.policies.base import Completion, Policy, PolicyRequest
+from evoharness.rollout.records import Trajectory, TurnRecord
+
+
+class EnvTimeout(TimeoutError):
+    pass
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise `EnvTimeout` if the block runs longer than `seconds` (main thread, POSIX only;
+    elsewhere it is a no-op)."""
+    if seconds <= 0 or not hasattr(signal, "setitimer"):
+        yield
+        return
+    try:
+        old = signal.signal(signal.SIGALRM, _raise_timeout)
+    except ValueError:  # not the main thread
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _raise_timeout(signum, frame):  # noqa: ARG001
+    raise EnvTimeout("environment call timed out")
+
+
+@dataclass
+class EpisodeSpec:
+    """One episode to play: a task, a unique id and a seed."""
+
+    task: TaskSpec
+    episode_id: str
+    seed: int = 0
+
+
+@dataclass
+class _Live:
+    spec: EpisodeSpec
+    env: Env
+    harness: Harness
+    traj: Trajectory
+    last: StepResult
+    t0: float
+
+
+def _error_trajectory(spec: EpisodeSpec, harness: str, policy: str, max_steps: int, err: str) -> Trajectory:
+    return Trajectory(
+        episode_id=spec.episode_id, task_id=spec.task.task_id, task_type=spec.task.task_type,
+        split=spec.task.split, harness=harness, policy=policy, stop_reason="error", error=err,
+        max_steps=max_steps, seed=spec.seed,
+    )
+
+
+def run_episodes(
+    specs: list[EpisodeSpec],
+    make_env: Callable[[TaskSpec], Env],
+    make_harness: Callable[[], Harness],
+    policy: Policy,
+    max_steps: int = 50,
+    env_timeout_s: float = 120.0,
+    on_finish: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Play `specs` concurrently in lock-step; return trajectories in `specs` order.
+
+    Args:
+        specs: episodes to play (all are live at once: size this batch to memory).
+        make_env / make_harness: factories; each episode gets fresh instances.
+        policy: answers all live episodes' requests in one `act` call per turn.
+        max_steps: step budget per episode (T_max; meta and invalid turns count).
+        env_timeout_s: a reset or step taking longer ends the episode as an error.
+        on_finish: called with each trajectory as soon as it ends (for streaming
+            JSONL writes and progress bars).
+    """
+    hname = make_harness().name
+    done: dict[str, Trajectory] = {}
+
+    def finish(traj: Trajectory) -> None:
+        done[traj.episode_id] = traj
+        if on_finish:
+            on_finish(traj)
+
+    live: list[_Live] = []
+    for spec in specs:
+        t0 = time.perf_counter()
+        env = None
+        try:
+            with time_limit(env_timeout_s):
+                env = make_env(spec.task)
+                first = env.reset()
+            harness = make_harness()
+            harness.reset(spec.task, first)
+        except Exception as e:  # a game that cannot load is a failed episode, not a crashed run
+            if env is not None:
+                _safe_close(env)
+            traj = _error_trajectory(spec, hname, policy.name, max_steps, _describe(e))
+            traj.wall_s = time.perf_counter() - t0
+            finish(traj)
+            continue
+        traj = Trajectory(
+            episode_id=spec.episode_id, task_id=spec.task.task_id, task_type=spec.task.task_type,
+            split=spec.task.split, harness=harness.name, policy=policy.name, goal=first.goal,
+            initial_observation=first.observation, max_steps=max_steps, seed=spec.seed,
+        )
+        live.append(_Live(spec, env, harness, traj, first, t0))
+
+    while live:
+        requests = [
+            PolicyRequest(messages=lv.harness.messages(), episode_id=lv.spec.episode_id, turn=len(lv.traj.turns),
+                          admissible_commands=list(lv.harness.admissible), env=lv.env, harness=lv.harness)
+            for lv in live
+        ]
+        try:
+            completions = policy.act(requests)
+        except Exception as e:  # the policy's own failure: every live episode records it
+            completions = [Completion(text="", finish_reason="error", error=_describe(e)) for _ in live]
+        still: list[_Live] = []
+        for lv, req, comp in zip(live, requests, completions):
+            if _advance(lv, req, comp, env_timeout_s, max_steps):
+                still.append(lv)
+            else:
+                lv.traj.wall_s = time.perf_counter() - lv.t0
+                _safe_close(lv.env)
+                finish(lv.traj)
+        live = still
+    return [done[s.episode_id] for s in specs]
+
+
+def _advance(lv: _Live, req: PolicyRequest, comp: Completion, timeout_s: float, max_steps: int) -> bool:
+    """Apply one completion to one episode; False when the episode has ended."""
+    h = lv.harness
+    views = h.views()
+    if comp.error:
+        parsed = ParsedAction("invalid", "", error=f"(policy error) {comp.error}")
+    else:
+        parsed = h.parse(comp.text)
+    result = lv.last
+    if parsed.kind == "env":
+        try:
+            with time_limit(timeout_s):
+                result = lv.env.step(parsed.command)
+        except Exception as e:
+            lv.traj.stop_reason, lv.traj.error = "error", _describe(e)
+            lv.traj.turns.append(_turn(lv, req, comp, parsed, "", views, result))
+            return False
+        h.after_env_step(parsed, result)
+        feedback = result.observation
+        lv.last = result
+    elif parsed.kind == "meta":
+        feedback = h.run_meta(parsed)
+    else:
+        h.after_invalid(parsed)
+        feedback = parsed.error
+    lv.traj.turns.append(_turn(lv, req, comp, parsed, feedback, views, result))
+    if result.won:
+        lv.traj.won, lv.traj.stop_reason = True, "won"
+        return False
+    if result.done:
+        lv.traj.stop_reason = "done"
+        return False
+    if len(lv.traj.turns) >= max_steps:
+        lv.traj.stop_reason = "max_steps"
+        return False
+    return True
+
+
+def _turn(lv: _Live, req: PolicyRequest, comp: Completion, parsed: ParsedAction, feedback: str,
+          views: dict[str, str], result: StepResult) -> TurnRecord:
+    return TurnRecord(
+        turn=req.turn, messages=req.messages, completion=comp.text, kind=parsed.kind, action=parsed.text,
+        feedback=feedback, views=views, admissible_commands=req.admissible_commands, won=result.won,
+        done=result.done, prompt_token_ids=comp.prompt_token_ids, completion_token_ids=comp.completion_token_ids,
+        logprobs=comp.logprobs, policy_version=comp.policy_version, prompt_tokens=comp.prompt_tokens,
+        completion_tokens=comp.completion_tokens, error=comp.error,
+    )
+
+
+def _describe(e: BaseException) -> str:
+    tb = traceback.format_exception_only(type(e), e)
+    return "".join(tb).strip()[-2000:]
+
+
+def _safe_close(env: Env) -> None:
+    try:
+        env.close()
+    except Exception:
+        pass

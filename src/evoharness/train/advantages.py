@@ -1,0 +1,160 @@
+"""Advantages for stage 2: GRPO group baseline, optional GiGPO step level.
+
+Shapes: ``_N`` groups (one task each), ``_G`` trajectories per group,
+``_T`` turns of one trajectory.
+
+GRPO (Shao et al. 2024, DeepSeekMath Eq. 3 "outcome supervision"): one scalar
+reward per trajectory, baselined by its group:
+
+    A_i = (R_i − mean_j R_j) / (std_j R_j + ε)        (normalize_std=True)
+    A_i =  R_i − mean_j R_j                           (normalize_std=False; Dr. GRPO,
+                                                       Liu et al. 2025, "mean_norm" in verl-agent)
+
+std is the unbiased (Bessel) sample std, as ``torch.std`` in verl. A group whose
+rewards are all equal (or that has one member) carries no signal: every
+advantage in it is exactly 0.
+
+GiGPO (Feng et al. 2025, arXiv 2505.10978, verl-agent ``gigpo/core_gigpo.py``):
+
+- episode level (paper Eq. 3): A^E(τ_i) = the GRPO advantage above;
+- anchor states (Eq. 6): within one group, steps of different trajectories
+  (or repeated steps of one) that act from the *same environment state* s̃ form
+  a step group G^S(s̃). verl-agent keys it by exact equality of the text
+  observation; here `anchor_key` hashes the observation the turn acted on
+  together with the sorted admissible commands;
+- step returns (Eq. 5): R_t = Σ_{k≥t} γ^{k−t} r_k. Our reward is per episode, so
+  r_k = 0 except r_{T−1} = R(τ) (`terminal_step_rewards`), R_t = γ^{T−1−t} R(τ):
+  from the same state, a step that leads to success sooner scores higher;
+- step level (Eq. 7): A^S_t = (R_t − mean_{G^S} R) / (std_{G^S} R + ε), or
+  without the std; a singleton step group gets 0 (as verl-agent);
+- combined (Eq. 8): A_t = A^E(τ_i) + ω · A^S_t (paper: ω = 1, γ = 0.95).
+
+Difference from verl-agent: its episode-level mean/std is taken over steps
+(``compute_mean_std_cross_steps=True``, long trajectories weigh more); here it
+is over trajectories, as the paper's Eq. 3.
+
+Per-turn assignment: every completion token of turn t of trajectory i takes
+A_{i,t} (= A_i for GRPO). `turn_advantages` returns them as [N][G][T] lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Literal
+
+import torch
+
+from evoharness.config import Strict
+from evoharness.rollout.records import Trajectory
+
+
+class AdvantageConfig(Strict):
+    estimator: Literal["grpo", "gigpo"] = "grpo"
+    normalize_std: bool = True
+    eps: float = 1e-6
+    gigpo_omega: float = 1.0
+    gigpo_gamma: float = 0.95
+
+
+def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages.
+
+    Args:
+        rewards_NG: [N, G] trajectory rewards, row = one group (same task).
+        normalize_std: divide by the group's (unbiased) std.
+        eps: added to the std.
+
+    Returns:
+        [N, G] float32 advantages; exactly 0 in all-equal or single-member groups.
+    """
+    r = rewards_NG.float()
+    if r.dim() != 2:
+        raise ValueError(f"rewards must be [n_groups, group_size], got {tuple(r.shape)}")
+    flat = (r == r[:, :1]).all(dim=1, keepdim=True)  # [N, 1]
+    adv = r - r.mean(dim=1, keepdim=True)
+    if normalize_std and r.shape[1] > 1:
+        adv = adv / (r.std(dim=1, keepdim=True) + eps)
+    return torch.where(flat, torch.zeros_like(adv), adv)
+
+
+def discounted_returns(rewards_T: Sequence[float], gamma: float) -> list[float]:
+    """R_t = Σ_{k≥t} γ^{k−t} r_k (GiGPO Eq. 5)."""
+    out = [0.0] * len(rewards_T)
+    running = 0.0
+    for t in reversed(range(len(rewards_T))):
+        running = float(rewards_T[t]) + gamma * running
+        out[t] = running
+    return out
+
+
+def terminal_step_rewards(reward: float, n_turns: int) -> list[float]:
+    """Per-step rewards of an episode-level reward: all of it on the last step."""
+    return [0.0] * (n_turns - 1) + [float(reward)] if n_turns else []
+
+
+def anchor_key(traj: Trajectory, t: int) -> str:
+    """The environment state turn ``t`` acted from: the text it last saw (the
+    initial observation, or turn t−1's feedback: observation, meta result or
+    invalid-action message) plus the set of admissible commands, hashed."""
+    seen = traj.initial_observation if t == 0 else traj.turns[t - 1].feedback
+    adm = "\n".join(sorted(traj.turns[t].admissible_commands))
+    return hashlib.sha1(f"{seen}\x00{adm}".encode()).hexdigest()
+
+
+def step_advantages(returns_GT: Sequence[Sequence[float]], keys_GT: Sequence[Sequence[Hashable]],
+                    normalize_std: bool = True, eps: float = 1e-6) -> list[list[float]]:
+    """GiGPO step-level advantages A^S for ONE group (Eq. 6-7).
+
+    Args:
+        returns_GT: per trajectory, the discounted return of each step.
+        keys_GT: per trajectory, each step's anchor-state key (same shape).
+
+    Returns:
+        A^S with the same [G][T] shape; 0 for steps whose anchor state occurs once
+        or whose step group has all-equal returns.
+    """
+    groups: dict[Hashable, list[tuple[int, int]]] = defaultdict(list)
+    for i, keys in enumerate(keys_GT):
+        if len(keys) != len(returns_GT[i]):
+            raise ValueError(f"trajectory {i}: {len(keys)} keys for {len(returns_GT[i])} returns")
+        for t, k in enumerate(keys):
+            groups[k].append((i, t))
+    out = [[0.0] * len(r) for r in returns_GT]
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        vals = torch.tensor([[returns_GT[i][t] for i, t in members]], dtype=torch.float64)
+        adv = grpo_advantages(vals, normalize_std, eps)[0]
+        for (i, t), a in zip(members, adv.tolist()):
+            out[i][t] = a
+    return out
+
+
+def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Tensor,
+                    cfg: AdvantageConfig | None = None,
+                    key_fn: Callable[[Trajectory, int], Hashable] = anchor_key) -> list[list[list[float]]]:
+    """Advantage of every turn: [N][G][T] nested lists (T varies per trajectory).
+
+    Args:
+        groups: N groups of G trajectories each (a group = one task, G samples).
+        rewards_NG: [N, G] trajectory rewards (`rewards.trajectory_reward(...).total`).
+        cfg: estimator (``grpo`` or ``gigpo``) and its knobs.
+        key_fn: anchor-state key of (trajectory, turn index), GiGPO only.
+    """
+    cfg = cfg or AdvantageConfig()
+    if tuple(rewards_NG.shape) != (len(groups), len(groups[0]) if groups else 0):
+        raise ValueError(f"rewards {tuple(rewards_NG.shape)} do not match {len(groups)} groups")
+    ep_NG = grpo_advantages(rewards_NG, cfg.normalize_std, cfg.eps).tolist()
+    out: list[list[list[float]]] = []
+    for n, group in enumerate(groups):
+        per_traj = [[ep_NG[n][i]] * tr.steps for i, tr in enumerate(group)]
+        if cfg.estimator == "gigpo":
+            returns = [discounted_returns(terminal_step_rewards(float(rewards_NG[n, i]), tr.steps), cfg.gigpo_gamma)
+                       for i, tr in enumerate(group)]
+            keys = [[key_fn(tr, t) for t in range(tr.steps)] for tr in group]
+            step = step_advantages(returns, keys, cfg.normalize_std, cfg.eps)
+            per_traj = [[a + cfg.gigpo_omega * s for a, s in zip(ep, st)] for ep, st in zip(per_traj, step)]
+        out.append(per_traj)
+    return out

@@ -1,0 +1,298 @@
+"""Stage 2 loss: PPO-clip GRPO over independent (prompt, completion) turns.
+
+Each turn of a trajectory is one training sample (`TurnSample`): its prompt is
+context only, its completion tokens are trained with the turn's advantage
+(`advantages.turn_advantages`). Per completion token k (shapes: ``_B`` turns in
+a micro-batch, ``_C`` completion positions, ``_V`` vocabulary):
+
+    ρ_k   = exp(log π_θ(y_k) − log π_behaviour(y_k))          (recorded TITO log-probs)
+    pg_k  = −min(ρ_k A, clip(ρ_k, 1 − ε_low, 1 + ε_high) A)     (PPO, Schulman et al. 2017;
+                                                                 ε_high > ε_low = DAPO clip-higher)
+    kl_k  = exp(d_k) − d_k − 1,  d_k = log π_ref(y_k) − log π_θ(y_k)
+                                                               (k3 estimator, Schulman 2020;
+                                                                GRPO, DeepSeekMath Eq. 4)
+    H_k   = entropy of π_θ(· | context) at that position
+    ℓ_k   = pg_k + β · kl_k − c_H · H_k
+
+Aggregation (QwenGyre "averaged over tokens within an execution, then across
+executions"): with N_j the completion tokens of trajectory j in the whole step
+batch and M the number of trajectories in it,
+
+    L = (1/M) Σ_j (1/N_j) Σ_{k ∈ j} ℓ_k,   i.e. token weight w_k = 1 / (M · N_j).
+
+The weights are fixed over the whole batch before micro-batching
+(`set_token_weights`), and each micro-batch's loss is Σ w_k ℓ_k, so summing
+micro-batch gradients gives exactly the full-batch gradient, independent of
+the micro-batch size or order. A trajectory weighs the same however many turns
+or tokens it has.
+
+Numerics follow verl: log-ratios clamped to [−20, 20] before ``exp``; k3 clamped
+to ≤ 10. Log-probs are computed at the sampling temperature (logits / T), to
+match behaviour log-probs recorded "after temperature scaling".
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from evoharness.config import Strict
+from evoharness.rollout.records import Trajectory
+from evoharness.train.advantages import AdvantageConfig
+from evoharness.train.rewards import RewardConfig
+
+
+class GRPOConfig(Strict):
+    """Stage 2 settings; defaults are the paper's Table 4 (Qwen3-8B, 8x H200)."""
+
+    group_size: int = 8
+    prompts_per_step: int = 16
+    epochs: int = 150
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    kl_beta: float = 0.01
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    entropy_coef: float = 0.0
+    grad_clip: float = 1.0
+    max_prompt_tokens: int = 12288
+    max_response_tokens: int = 512
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature the behaviour log-probs used")
+    micro_batch_size: int = Field(8, gt=0, description="turns per forward/backward")
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+
+
+@dataclass
+class TurnSample:
+    """One trainable turn.
+
+    Attributes:
+        prompt_ids: context token ids (≥ 1), never trained.
+        completion_ids: generated token ids, trained.
+        logprobs: behaviour log-prob of each completion token (same length).
+        advantage: the turn's advantage, shared by all its completion tokens.
+        episode_id: the trajectory it belongs to (the aggregation unit).
+        weight: per-token loss weight 1/(M·N_j), set by `set_token_weights`.
+        ref_logprobs: reference-model log-probs, if precomputed elsewhere;
+            otherwise the reference model is run in the loss.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    advantage: float
+    episode_id: str
+    weight: float = 0.0
+    ref_logprobs: list[float] | None = None
+
+
+def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]) -> list[TurnSample]:
+    """Flatten trajectories into trainable turns.
+
+    Args:
+        trajectories: episodes with TITO records.
+        advantages: per trajectory, one advantage per turn (a flattened
+            `advantages.turn_advantages` result, same order).
+
+    Turns without token ids (text-only policies) or with an empty completion
+    are skipped.
+    """
+    out = []
+    for traj, adv in zip(trajectories, advantages, strict=True):
+        for turn, a in zip(traj.turns, adv, strict=True):
+            if not turn.completion_token_ids or not turn.prompt_token_ids or turn.logprobs is None:
+                continue
+            if len(turn.logprobs) != len(turn.completion_token_ids):
+                raise ValueError(f"{traj.episode_id} turn {turn.turn}: logprobs/completion length mismatch")
+            out.append(TurnSample(list(turn.prompt_token_ids), list(turn.completion_token_ids),
+                                  list(turn.logprobs), float(a), traj.episode_id))
+    return out
+
+
+def set_token_weights(samples: Sequence[TurnSample]) -> None:
+    """Set every sample's per-token weight to 1/(M·N_j) over this step batch."""
+    n_tok: dict[str, int] = defaultdict(int)
+    for s in samples:
+        n_tok[s.episode_id] += len(s.completion_ids)
+    m = sum(1 for n in n_tok.values() if n > 0)
+    for s in samples:
+        s.weight = 1.0 / (m * n_tok[s.episode_id]) if n_tok[s.episode_id] else 0.0
+
+
+def _pad(rows: Sequence[Sequence[float]], width: int, value: float = 0.0, dtype=torch.float32) -> torch.Tensor:
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def completion_logits(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
+                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits that predict each completion token, from one forward pass.
+
+    The rows ``prompt + completion`` are right-padded into one [B, L] batch with
+    an attention mask (positions 0..len−1, so padding changes nothing). The
+    logit for completion token j of row i sits at position P_i − 1 + j; only
+    those positions go through the LM head, so prompt and padding positions get
+    no logits and no gradient (and a 12k-token prompt costs no [12k, V] tensor).
+    Assumes logits = lm_head(last hidden state) (Qwen/Llama families); models
+    with final logit soft-capping fall back to the full logits.
+
+    Args:
+        model: a Hugging Face causal LM.
+        prompt_ids: B prompts, each ≥ 1 token.
+        completion_ids: B completions.
+        temperature: logits are divided by it.
+
+    Returns:
+        logits [B, C, V] float32 (C = longest completion) and mask [B, C] bool.
+    """
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token")
+    p_len = torch.tensor([len(p) for p in prompt_ids])
+    c_len = torch.tensor([len(c) for c in completion_ids])
+    device = next(model.parameters()).device
+    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+    width = max(len(r) for r in rows)
+    input_ids = _pad(rows, width, 0, torch.long).to(device)
+    attn = _pad([[1] * len(r) for r in rows], width, 0, torch.long).to(device)
+    c_max = int(c_len.max())
+    j = torch.arange(c_max)
+    mask = j[None, :] < c_len[:, None]  # [B, C]
+    pos = (p_len[:, None] - 1 + j[None, :]).clamp(max=width - 1).to(device)  # [B, C]
+    if getattr(model.config, "final_logit_softcapping", None):
+        logits = model(input_ids=input_ids, attention_mask=attn).logits
+        logits = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))
+    else:
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attn).last_hidden_state  # [B, L, H]
+        hidden = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, C, H]
+        logits = model.get_output_embeddings()(hidden)
+    return logits.float() / temperature, mask.to(device)
+
+
+def _gather_logprobs(logits: torch.Tensor,
+                     completion_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs of the completion tokens [B, C], full log-softmax [B, C, V])."""
+    targets = _pad(completion_ids, logits.shape[1], 0, torch.long).to(logits.device)
+    logp_all = F.log_softmax(logits, dim=-1)
+    return logp_all.gather(-1, targets[..., None]).squeeze(-1), logp_all
+
+
+def logprobs_of(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
+                temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log-probs of completions given prompts (natural log).
+
+    Returns:
+        [B, C] float32, C = longest completion; entry (i, j) = log π(c_ij | p_i, c_i,<j)
+        for j < len(c_i), 0 in the padding. Differentiable (wrap in
+        ``torch.no_grad()`` for behaviour/reference log-probs).
+    """
+    logits, mask = completion_logits(model, prompt_ids, completion_ids, temperature)
+    logp, _ = _gather_logprobs(logits, completion_ids)
+    return logp.masked_fill(~mask, 0.0)
+
+
+def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
+                    ref_model: Any = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Σ_k w_k ℓ_k over the completion tokens of ``samples`` (weights already set).
+
+    Returns:
+        the scalar loss (call ``.backward()``), and sums for the metrics:
+        ``loss``, ``pg_loss``, ``kl``, ``entropy`` (weighted like the loss),
+        ``n_tokens``, ``n_clipped``, ``ratio_sum``, ``ratio_max``.
+    """
+    prompts = [s.prompt_ids for s in samples]
+    comps = [s.completion_ids for s in samples]
+    logits, mask = completion_logits(model, prompts, comps, cfg.temperature)
+    logp, logp_all = _gather_logprobs(logits, comps)  # [B, C], [B, C, V]
+    dev, width = logp.device, logp.shape[1]
+    old = _pad([s.logprobs for s in samples], width).to(dev)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=dev)[:, None]
+    w = torch.tensor([s.weight for s in samples], dtype=torch.float32, device=dev)[:, None] * mask
+
+    ratio = torch.exp((logp - old).clamp(-20.0, 20.0))
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    pg = torch.maximum(pg1, pg2)
+
+    kl = torch.zeros_like(logp)
+    if cfg.kl_beta > 0:
+        if all(s.ref_logprobs is not None for s in samples):
+            ref = _pad([s.ref_logprobs for s in samples], width).to(dev)
+        elif ref_model is None:
+            raise ValueError("kl_beta > 0 needs a reference model or precomputed ref_logprobs")
+        else:
+            with torch.no_grad():
+                ref = logprobs_of(ref_model, prompts, comps, cfg.temperature)
+        d = (ref - logp).clamp(-20.0, 20.0)
+        kl = (torch.exp(d) - d - 1.0).clamp(max=10.0)
+
+    with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coef != 0):
+        ent = -(logp_all.exp() * logp_all).sum(-1)  # [B, C]
+
+    per_tok = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent
+    zero = torch.zeros_like(per_tok)
+    loss = torch.where(mask, per_tok * w, zero).sum()
+
+    def wsum(x: torch.Tensor) -> float:
+        return float(torch.where(mask, x.detach() * w, zero).sum())
+
+    r = ratio.detach()[mask]
+    stats = {
+        "loss": float(loss.detach()), "pg_loss": wsum(pg), "kl": wsum(kl), "entropy": wsum(ent),
+        "n_tokens": int(mask.sum()), "n_clipped": int(((pg2 > pg1) & mask).sum()),
+        "ratio_sum": float(r.sum()), "ratio_max": float(r.max()) if r.numel() else 0.0,
+    }
+    return loss, stats
+
+
+def accumulate_gradients(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
+                         ref_model: Any = None) -> dict[str, float]:
+    """Weights over the whole batch, then forward/backward per micro-batch
+    (``cfg.micro_batch_size`` turns, length-sorted to limit padding); gradients
+    accumulate in ``.grad``. Returns step metrics: ``loss``, ``pg_loss``, ``kl``,
+    ``entropy`` (trajectory-token means, as the loss), ``clip_fraction``,
+    ``ratio_mean`` (plain token means), ``ratio_max``, ``n_tokens``."""
+    set_token_weights(samples)
+    order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+    tot: dict[str, float] = defaultdict(float)
+    ratio_max = 0.0
+    for k in range(0, len(order), cfg.micro_batch_size):
+        loss, st = microbatch_loss(model, order[k : k + cfg.micro_batch_size], cfg, ref_model)
+        loss.backward()
+        ratio_max = max(ratio_max, st.pop("ratio_max"))
+        for key, v in st.items():
+            tot[key] += v
+    n = max(tot["n_tokens"], 1)
+    return {
+        "loss": tot["loss"], "pg_loss": tot["pg_loss"], "kl": tot["kl"], "entropy": tot["entropy"],
+        "clip_fraction": tot["n_clipped"] / n, "ratio_mean": tot["ratio_sum"] / n, "ratio_max": ratio_max,
+        "n_tokens": int(tot["n_tokens"]),
+    }
+
+
+def make_optimizer(model: Any, cfg: GRPOConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (Table 4: lr 1e-6)."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                             weight_decay=cfg.weight_decay)
+
+
+def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample], cfg: GRPOConfig,
+              ref_model: Any = None) -> dict[str, float]:
+    """One optimizer step on one step batch of turns: accumulate, clip the
+    gradient norm to ``cfg.grad_clip``, step. Returns `accumulate_gradients`'
+    metrics plus ``grad_norm`` (before clipping)."""
+    optimizer.zero_grad(set_to_none=True)
+    metrics = accumulate_gradients(model, samples, cfg, ref_model)
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return metrics

@@ -1,0 +1,102 @@
+"""GRPO group advantages and GiGPO step-level advantages."""
+
+import math
+
+import pytest
+import torch
+
+from evoharness.rollout.records import Trajectory, TurnRecord
+from evoharness.train.advantages import (
+    AdvantageConfig,
+    anchor_key,
+    discounted_returns,
+    grpo_advantages,
+    step_advantages,
+    turn_advantages,
+)
+
+
+def test_grpo_hand_checked():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
+    a = grpo_advantages(r, normalize_std=True, eps=0.0)
+    s = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    assert a[0].tolist() == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s])
+    s2 = math.sqrt(2 / 3)  # unbiased std of [3, 1, 2, 2]
+    assert a[1].tolist() == pytest.approx([1 / s2, -1 / s2, 0.0, 0.0])
+    b = grpo_advantages(r, normalize_std=False)
+    assert torch.allclose(b, torch.tensor([[0.5, -0.5, -0.5, 0.5], [1.0, -1.0, 0.0, 0.0]]))
+    assert a.sum(dim=1).abs().max() < 1e-6
+
+
+def test_zero_variance_group_gives_zeros():
+    r = torch.tensor([[0.1, 0.1, 0.1], [10.5, 10.5, 10.5], [1.0, 2.0, 3.0]])
+    for norm in (True, False):
+        a = grpo_advantages(r, normalize_std=norm)
+        assert torch.equal(a[:2], torch.zeros(2, 3))
+        assert a[2, 0] < 0 < a[2, 2]
+    assert torch.equal(grpo_advantages(torch.tensor([[5.0]])), torch.zeros(1, 1))  # G = 1
+
+
+def test_discounted_returns():
+    assert discounted_returns([0, 0, 10], 0.5) == pytest.approx([2.5, 5.0, 10.0])
+    assert discounted_returns([], 0.9) == []
+
+
+def test_step_advantages_singletons_zero():
+    adv = step_advantages([[1.0, 2.0], [3.0]], [["a", "b"], ["a"]], normalize_std=False)
+    assert adv == [[-1.0, 0.0], [1.0]]
+
+
+ROOM = "You are in the middle of a room."
+ADM0 = ["go to fridge 1", "go to desk 1", "look", "inventory"]
+AT_FRIDGE = "You arrive at fridge 1. The fridge 1 is closed."
+ADM_FRIDGE = ["open fridge 1", "go to desk 1", "look", "inventory"]
+
+
+def traj(name: str, steps: list[tuple[str, str, list[str]]], won: bool) -> Trajectory:
+    """steps: (action, feedback, admissible commands shown at that turn)."""
+    turns = [TurnRecord(turn=i, messages=[], completion="", kind="env", action=a, feedback=f,
+                        admissible_commands=adm) for i, (a, f, adm) in enumerate(steps)]
+    return Trajectory(episode_id=f"task#{name}", task_id="task", task_type="pick_cool", split="train",
+                      harness="react", policy="test", initial_observation=ROOM, turns=turns, won=won)
+
+
+def test_gigpo_favours_action_with_higher_return_from_shared_anchor():
+    a = traj("A", [("go to fridge 1", AT_FRIDGE, ADM0), ("open fridge 1", "You open the fridge 1.", ADM_FRIDGE),
+                   ("take apple 1 from fridge 1", "You pick up the apple 1.", ["take apple 1 from fridge 1"])], True)
+    c = traj("C", [("go to fridge 1", AT_FRIDGE, ADM0), ("look", "You are facing the fridge 1.", ADM_FRIDGE),
+                   ("open fridge 1", "You open the fridge 1.", ADM_FRIDGE),
+                   ("take apple 1 from fridge 1", "You pick up the apple 1.", ["take apple 1 from fridge 1"])], True)
+    b = traj("B", [("go to desk 1", "You arrive at desk 1.", ADM0), ("look", "You are facing desk 1.", ["look"]),
+                   ("inventory", "You are not carrying anything.", ["look"])], False)
+    # anchors: turn 0 of all three (same room, same admissible set); turn 1 of A and C (same fridge state).
+    assert anchor_key(a, 0) == anchor_key(b, 0) == anchor_key(c, 0)
+    assert anchor_key(a, 1) == anchor_key(c, 1) != anchor_key(b, 1)
+    rewards = torch.tensor([[10.0 + (1 - 3 / 70), 10.0 + (1 - 4 / 70), 0.0]])
+    g = 0.95
+    cfg = AdvantageConfig(estimator="gigpo", normalize_std=False, gigpo_gamma=g, gigpo_omega=1.0)
+    adv = turn_advantages([[a, c, b]], rewards, cfg)[0]
+    ep = grpo_advantages(rewards, normalize_std=False)[0].tolist()
+
+    ra, rc = rewards[0, 0].item(), rewards[0, 1].item()
+    ret0 = [g**2 * ra, g**3 * rc, 0.0]  # returns from the room, per trajectory
+    m0 = sum(ret0) / 3
+    assert adv[0][0] == pytest.approx(ep[0] + ret0[0] - m0, rel=1e-5)
+    assert adv[1][0] == pytest.approx(ep[1] + ret0[1] - m0, rel=1e-5)
+    assert adv[2][0] == pytest.approx(ep[2] + ret0[2] - m0, rel=1e-5)
+    # at the fridge: "open" (A, return γ·R_A) beats "look" (C, return γ²·R_C).
+    m1 = (g * ra + g**2 * rc) / 2
+    assert adv[0][1] == pytest.approx(ep[0] + g * ra - m1, rel=1e-5)
+    assert adv[1][1] == pytest.approx(ep[1] + g**2 * rc - m1, rel=1e-5)
+    assert adv[0][1] - ep[0] > 0 > adv[1][1] - ep[1]
+    assert adv[0][0] - ep[0] > 0 > adv[2][0] - ep[2]
+    # the opened fridge is reached by A at turn 2 and by C at turn 3: an anchor across times.
+    assert adv[0][2] == pytest.approx(ep[0] + (ra - rc) / 2, rel=1e-5)
+    assert adv[1][3] == pytest.approx(ep[1] + (rc - ra) / 2, rel=1e-5)
+    # singleton anchors (C's "look" result, B after the desk): episode advantage only.
+    assert adv[1][2] == pytest.approx(ep[1]) and adv[2][1] == pytest.approx(ep[2])
+
+    grpo = turn_advantages([[a, c, b]], rewards, AdvantageConfig(normalize_std=False))[0]
+    assert grpo == [[ep[0]] * 3, [ep[1]] * 4, [ep[2]] * 3]
+    no_step = turn_advantages([[a, c, b]], rewards, cfg.model_copy(update={"gigpo_omega": 0.0}))[0]
+    assert no_step == grpo

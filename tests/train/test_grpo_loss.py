@@ -1,0 +1,188 @@
+"""GRPO loss on real forward passes of a tiny randomly initialised Qwen3 (fp32, CPU)."""
+
+import copy
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from evoharness.rollout.records import Trajectory, TurnRecord
+from evoharness.train.grpo import (
+    GRPOConfig,
+    TurnSample,
+    accumulate_gradients,
+    grpo_step,
+    logprobs_of,
+    microbatch_loss,
+    set_token_weights,
+    turn_samples,
+)
+
+
+def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    return Qwen3ForCausalLM(cfg).float()
+
+
+def behaviour(model, prompt, comp, temperature=1.0) -> list[float]:
+    with torch.no_grad():
+        return logprobs_of(model, [prompt], [comp], temperature)[0, : len(comp)].tolist()
+
+
+def samples_for(model, spec, temperature=1.0) -> list[TurnSample]:
+    """spec: (prompt, completion, advantage, episode_id)."""
+    return [TurnSample(p, c, behaviour(model, p, c, temperature), a, e) for p, c, a, e in spec]
+
+
+SPEC = [
+    ([1, 2, 3, 4, 5], [10, 11, 12], 1.0, "a"),
+    ([1, 2, 3, 4, 5, 6, 7, 8, 9], [20, 21], 1.0, "a"),
+    ([7, 7], [30, 31, 32, 33, 34], -0.5, "b"),
+    ([9, 8, 7, 6], [40], 2.0, "c"),
+]
+
+
+def test_logprobs_of_matches_full_forward_and_ignores_padding():
+    model = tiny_model()
+    p, c = [1, 2, 3, 4], [5, 6, 7]
+    alone = logprobs_of(model, [p], [c])
+    batched = logprobs_of(model, [p, list(range(1, 20))], [c, [8] * 9])
+    assert alone.shape == (1, 3) and batched.shape == (2, 9)
+    assert torch.allclose(alone[0], batched[0, :3], atol=1e-5)
+    assert torch.equal(batched[0, 3:], torch.zeros(6))
+    with torch.no_grad():
+        full = torch.log_softmax(model(torch.tensor([p + c])).logits[0], -1)
+    ref = torch.stack([full[3 + j, c[j]] for j in range(3)])
+    assert torch.allclose(alone[0], ref, atol=1e-5)
+    t2 = logprobs_of(model, [p], [c], temperature=2.0)
+    ref2 = torch.log_softmax(model(torch.tensor([p + c])).logits[0, 3:6] / 2.0, -1)
+    assert torch.allclose(t2[0], ref2.gather(-1, torch.tensor(c)[:, None])[:, 0], atol=1e-5)
+
+
+def test_one_update_moves_bandit_towards_positive_completion():
+    model = tiny_model()
+    ref = copy.deepcopy(model).eval()
+    prompt, good, bad = [1, 2, 3, 4, 5], [10, 11, 12, 13], [20, 21, 22, 23]
+    samples = samples_for(model, [(prompt, good, 1.0, "g"), (prompt, bad, -1.0, "b")])
+    before = logprobs_of(model, [prompt, prompt], [good, bad]).detach().sum(-1)
+    cfg = GRPOConfig(lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    m = grpo_step(model, opt, samples, cfg, ref_model=ref)
+    after = logprobs_of(model, [prompt, prompt], [good, bad]).detach().sum(-1)
+    assert after[0] > before[0] + 0.1
+    assert after[1] < before[1] - 0.1
+    assert m["n_tokens"] == 8 and m["kl"] == 0.0 and m["clip_fraction"] == 0.0
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["grad_norm"] > 0
+    assert m["pg_loss"] == pytest.approx(0.0, abs=1e-6)  # ratio 1: -(+1 - 1)/2
+    assert m["entropy"] > 0
+
+
+def test_no_gradient_reaches_prompt_or_padding_positions():
+    model = tiny_model()
+    ref = tiny_model(seed=1)  # differs: KL term active
+    samples = samples_for(model, SPEC)
+    for s in samples:
+        s.logprobs = [x - 0.1 for x in s.logprobs]  # ratio != 1
+    set_token_weights(samples)
+    grabbed = {}
+
+    def hook(_module, _inp, out):
+        out.retain_grad()
+        grabbed["h"] = out
+
+    handle = model.model.norm.register_forward_hook(hook)
+    cfg = GRPOConfig(kl_beta=0.1, entropy_coef=0.05)
+    loss, _ = microbatch_loss(model, samples, cfg, ref_model=ref)
+    handle.remove()
+    loss.backward()
+    g = grabbed["h"].grad.abs().sum(-1)  # [B, L]: gradient at each position's final hidden state
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        predicts = torch.zeros(g.shape[1], dtype=torch.bool)
+        predicts[p - 1 : p + c - 1] = True  # positions whose logits predict completion tokens
+        assert torch.all(g[i, ~predicts] == 0.0)
+        assert torch.all(g[i, predicts] > 0.0)
+
+
+def test_kl_zero_at_reference_positive_otherwise():
+    model = tiny_model()
+    samples = samples_for(model, SPEC)
+    set_token_weights(samples)
+    cfg = GRPOConfig(kl_beta=0.01)
+    _, st = microbatch_loss(model, samples, cfg, ref_model=copy.deepcopy(model))
+    assert st["kl"] == 0.0
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.lm_head.weight.add_(0.05 * torch.randn_like(other.lm_head.weight))
+    _, st = microbatch_loss(model, samples, cfg, ref_model=other)
+    assert st["kl"] > 0.0
+
+    class Boom(torch.nn.Module):
+        def forward(self, *a, **k):
+            raise AssertionError("reference model must not run when kl_beta == 0")
+
+    _, st = microbatch_loss(model, samples, GRPOConfig(kl_beta=0.0), ref_model=Boom())
+    assert st["kl"] == 0.0
+
+
+def test_token_mean_per_trajectory_then_mean_over_trajectories():
+    model = tiny_model()
+    samples = samples_for(model, SPEC)
+    set_token_weights(samples)
+    # a: 3 + 2 tokens, b: 5, c: 1; M = 3 trajectories.
+    assert [s.weight for s in samples] == pytest.approx([1 / 15, 1 / 15, 1 / 15, 1 / 3])
+    m = accumulate_gradients(model, samples, GRPOConfig(kl_beta=0.0))
+    # ratio == 1, so per-token pg = -A and L = -(1/M) Σ_j A_j
+    assert m["loss"] == pytest.approx(-(1.0 - 0.5 + 2.0) / 3, abs=1e-5)
+    assert m["n_tokens"] == 11
+
+
+def test_micro_batch_size_does_not_change_loss_or_gradients():
+    results = []
+    for mbs in (4, 2, 1):
+        model = tiny_model()
+        ref = tiny_model(seed=1)
+        samples = samples_for(model, SPEC)
+        for s in samples:
+            s.logprobs = [x + 0.3 * ((k % 3) - 1) for k, x in enumerate(s.logprobs)]  # some clipped tokens
+        m = accumulate_gradients(model, samples, GRPOConfig(kl_beta=0.05, entropy_coef=0.01, micro_batch_size=mbs),
+                                 ref_model=ref)
+        results.append((m, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (m0, g0) = results[0]
+    assert m0["clip_fraction"] > 0
+    for m, g in results[1:]:
+        for k in ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "ratio_mean", "ratio_max", "n_tokens"):
+            assert m[k] == pytest.approx(m0[k], rel=1e-5, abs=1e-7), k
+        for n in g0:
+            assert torch.allclose(g[n], g0[n], rtol=1e-4, atol=1e-7), n
+
+
+def test_clip_stops_gradient_only_on_the_clipped_side():
+    model = tiny_model()
+    p, c = [1, 2, 3], [4, 5, 6]
+    cfg = GRPOConfig(kl_beta=0.0)
+    for adv, clipped in ((1.0, True), (-1.0, False)):
+        model.zero_grad()
+        s = TurnSample(p, c, [x - 1.0 for x in behaviour(model, p, c)], adv, "e")  # ratio = e > 1.2
+        set_token_weights([s])
+        loss, st = microbatch_loss(model, [s], cfg)
+        loss.backward()
+        gnorm = sum(float(q.grad.abs().sum()) for q in model.parameters() if q.grad is not None)
+        assert st["n_clipped"] == (3 if clipped else 0)
+        assert (gnorm == 0.0) == clipped
+        assert st["ratio_max"] == pytest.approx(torch.e, rel=1e-4)
+
+
+def test_turn_samples_from_trajectory_records():
+    def rec(i, prompt, comp, kind="env"):
+        return TurnRecord(turn=i, messages=[], completion="x", kind=kind, action="look", feedback="",
+                          prompt_token_ids=prompt, completion_token_ids=comp,
+                          logprobs=[-1.0] * len(comp) if comp is not None else None)
+
+    t = Trajectory(episode_id="task#0", task_id="task", task_type="pick", split="train", harness="bpe",
+                   policy="local", turns=[rec(0, [1, 2], [3, 4]), rec(1, [1, 2, 3], None), rec(2, [5], [6], "invalid")])
+    out = turn_samples([t], [[0.5, 0.5, 0.5]])
+    assert [(s.prompt_ids, s.completion_ids, s.advantage, s.episode_id) for s in out] == [
+        ([1, 2], [3, 4], 0.5, "task#0"), ([5], [6], 0.5, "task#0")]

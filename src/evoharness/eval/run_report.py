@@ -1,0 +1,106 @@
+"""The main job's report: systems side by side, training curves (Markdown + PNG)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
+from evoharness.eval.report import plot_success
+from evoharness.harness.base import META_VERBS
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _plot_curves(path: Path, panels: list[tuple[str, list[tuple[str, list[float], list[float]]]]]) -> None:
+    """One row of line plots; each panel is (title, [(label, xs, ys), ...])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels):
+        for label, xs, ys in lines:
+            ax.plot(xs, ys, label=label, lw=1.4)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        if len(lines) > 1:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _smooth(ys: list[float], k: int = 5) -> list[float]:
+    out = []
+    for i in range(len(ys)):
+        window = ys[max(0, i - k + 1): i + 1]
+        out.append(sum(window) / len(window))
+    return out
+
+
+def write_run_report(out: Path, systems: dict[str, dict[str, Any]], sft_metrics: Path | None,
+                     rl_metrics: Path | None, notes: list[str]) -> Path:
+    """Write ``report.md`` with ``success.png``, ``sft_loss.png``, ``rl_curves.png``.
+
+    Args:
+        systems: name -> evaluation summary (`eval.report.summarize`), in display order.
+        sft_metrics / rl_metrics: the stages' ``metrics.jsonl`` (skipped when absent).
+        notes: lines appended under "Notes" (budget, limits, what was skipped).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    md = ["# EvoHarness main job", ""]
+    if systems:
+        plot_success(systems, out / "success.png", "ALFWorld valid_seen success by task type")
+        md += ["## Success on the valid_seen panel (BPE harness)", "",
+               "| system | " + " | ".join(TASK_SHORT[t] for t in TASK_TYPES) + " | all | steps/ep | "
+               "prompt tok/ep | compl. tok/ep | harness calls/ep | invalid/ep |",
+               "|---|" + "---|" * (len(TASK_TYPES) + 6)]
+        for name, s in systems.items():
+            o = s["overall"]
+            cells = [f"{s['by_type'][t]['won']}/{s['by_type'][t]['n']}" for t in TASK_TYPES]
+            calls = sum(o.get("meta_per_ep", {}).get(v, 0) for v in META_VERBS)
+            md.append(f"| {name} | " + " | ".join(cells) + f" | **{o['success']}%** | {o.get('mean_steps', 0)} | "
+                      f"{o.get('prompt_tokens_per_ep', 0)} | {o.get('completion_tokens_per_ep', 0)} | {calls:.2f} | "
+                      f"{o.get('invalid_per_ep', 0)} |")
+        md += ["", "![success](success.png)", ""]
+        md += ["Harness calls per episode by meta-action:", "",
+               "| system | " + " | ".join(META_VERBS) + " |", "|---|" + "---|" * len(META_VERBS)]
+        for name, s in systems.items():
+            meta = s["overall"].get("meta_per_ep", {})
+            md.append(f"| {name} | " + " | ".join(str(meta.get(v, 0)) for v in META_VERBS) + " |")
+        md.append("")
+    sft = [r for r in _read_jsonl(sft_metrics) if "loss" in r] if sft_metrics else []
+    if sft:
+        xs = [r["step"] for r in sft]
+        _plot_curves(out / "sft_loss.png", [("SFT loss (assistant tokens)", [("loss", xs, [r["loss"] for r in sft]),
+                                                                              ("smoothed", xs, _smooth([r["loss"] for r in sft], 20))])])
+        md += ["## Stage 1: SFT", "", f"{len(sft)} steps; final loss {sft[-1]['loss']:.4f}.", "",
+               "![sft loss](sft_loss.png)", ""]
+    rl = _read_jsonl(rl_metrics) if rl_metrics else []
+    if rl:
+        xs = [r["step"] for r in rl]
+        panels = [
+            ("reward (mean)", [("reward", xs, [r["reward"] for r in rl]), ("smoothed", xs, _smooth([r["reward"] for r in rl]))]),
+            ("training success", [("success", xs, [r["success"] for r in rl]),
+                                  ("smoothed", xs, _smooth([r["success"] for r in rl]))]),
+            ("harness calls / episode", [(v, xs, [r.get(f"harness/{v}_per_episode", 0) for r in rl]) for v in META_VERBS]),
+        ]
+        _plot_curves(out / "rl_curves.png", panels)
+        first, last = rl[0], rl[-1]
+        md += ["## Stage 2: cost-aware GRPO", "",
+               f"{len(rl)} steps. Training success {first['success']:.2f} -> {last['success']:.2f} "
+               f"(mean of first/last 5: {sum(r['success'] for r in rl[:5]) / min(5, len(rl)):.2f} -> "
+               f"{sum(r['success'] for r in rl[-5:]) / min(5, len(rl)):.2f}); reward {first['reward']:.2f} -> {last['reward']:.2f}.",
+               "", "![rl curves](rl_curves.png)", ""]
+    if notes:
+        md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    return path

@@ -19,7 +19,7 @@ class HarnessConfig(Strict):
     """
 
     kind: Literal["react", "bpe"] = "bpe"
-    history_window: int = 8
+    history_window: int | None = None  # None: the harness's own default (react 8, bpe 4)
     experience_path: str | None = None
 
 
@@ -29,12 +29,16 @@ def make_harness(cfg: HarnessConfig, experience=None):
     if cfg.kind == "react":
         from evoharness.harness.react import ReActHarness
 
-        return ReActHarness(history_window=cfg.history_window)
+        return ReActHarness(**_window(cfg))
     from evoharness.harness.bpe import BPEHarness, ExperienceStore
 
     if experience is None:
         experience = load_experience(cfg.experience_path)
-    return BPEHarness(experience=experience, history_window=cfg.history_window)
+    return BPEHarness(experience=experience, **_window(cfg))
+
+
+def _window(cfg: HarnessConfig) -> dict:
+    return {} if cfg.history_window is None else {"history_window": cfg.history_window}
 
 
 _STORES: dict[str | None, object] = {}

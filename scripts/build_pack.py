@@ -7,7 +7,7 @@ train games per task type (ALFWorld's filter applied first), in the official
 json_2.1.1 layout.
 """
 import argparse
-import io
+
 import json
 import tarfile
 import tempfile

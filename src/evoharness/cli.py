@@ -61,11 +61,97 @@ def eval_cmd(
     typer.echo(f"report: {Path(cfg.out_dir) / 'report.md'}")
 
 
+@app.command("run")
+def run_cmd(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (RunConfig)."),
+    budget_minutes: Optional[float] = typer.Option(None, help="Wall-clock budget for the whole job."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default runs/main); a rerun resumes."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set sft.lr=1e-3"),
+) -> None:
+    """The main job: teacher traces, tokenizer + model, SFT, GRPO, evaluation, report."""
+    from evoharness.config import ConfigError, load_config
+    from evoharness.envs.alfworld.games import GameDataError
+    from evoharness.pipeline import RunConfig, run_pipeline
+
+    flags = {"budget_minutes": budget_minutes, "out_dir": out and str(out)}
+    overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
+    try:
+        cfg = load_config(RunConfig, config, overrides)
+        report = run_pipeline(cfg, log=lambda m: typer.secho(m, fg=typer.colors.CYAN))
+    except (ConfigError, GameDataError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.echo((report.parent / "report.md").read_text().split("## Stage 1")[0])
+    typer.secho(f"report: {report}", bold=True)
+
+
+@app.command("sft")
+def sft_cmd(
+    examples: Path = typer.Option(..., help="SFT examples JSONL ({messages, completion} per line)."),
+    model_path: Path = typer.Option(..., help="HF model directory to fine-tune."),
+    out: Path = typer.Option(Path("runs/sft"), help="Output directory (resumes from its checkpoints)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (SFTConfig)."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set lr=1e-4"),
+) -> None:
+    """Stage 1 alone: supervised harness fine-tuning of any HF model directory."""
+    from evoharness.config import ConfigError, load_config
+    from evoharness.train.sft import SFTConfig, train_sft
+
+    try:
+        cfg = load_config(SFTConfig, config, list(set_))
+        if not examples.is_file():
+            raise FileNotFoundError(f"examples file not found: {examples}")
+        final = train_sft(cfg, examples, model_path, out)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.secho(f"model: {final}", bold=True)
+
+
+@app.command("rl")
+def rl_cmd(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (RLConfig), e.g. configs/rl_qwen3_8b.toml."),
+    model_path: Optional[Path] = typer.Option(None, help="The SFT model directory (policy init and KL reference)."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (resumes from its checkpoints)."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set grpo.lr=1e-6"),
+) -> None:
+    """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
+    from evoharness.config import ConfigError, load_config
+    from evoharness.envs.alfworld.games import GameDataError
+    from evoharness.train.rl import RLConfig, train_rl
+
+    flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out)}
+    overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
+    try:
+        cfg = load_config(RLConfig, config, overrides)
+        final = train_rl(cfg)
+    except (ConfigError, GameDataError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.secho(f"model: {final}", bold=True)
+
+
 def _toml(v) -> str:
     """A CLI value as a TOML literal for `load_config` overrides."""
     import json
 
     return json.dumps(v)
+
+
+@app.command("simulate")
+def simulate_cmd(
+    workload: Path = typer.Option(..., "--workload", "-w", help="Workload TOML or JSONL trace of executions."),
+    cells: Optional[int] = typer.Option(None, "--cells", "-k", help="K cells (default: the workload's cluster)."),
+    policies: str = typer.Option("colocate,async,elastic", help="Comma-separated schedules."),
+    steps: Optional[int] = typer.Option(None, help="RL steps to simulate."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the workload draws."),
+    out: Optional[Path] = typer.Option(None, help="Write table.md, results.json and timeline.png here."),
+    set_: list[str] = typer.Option([], "--set", help="Override any key: --set cluster.train_tps=3000"),
+) -> None:
+    """Simulate colocate / async / elastic rollout-train schedules of a workload on K cells."""
+    from evoharness.runtime.sim_report import run_cli
+
+    try:
+        typer.echo(run_cli(workload, cells, policies, steps, seed, out, list(set_)))
+    except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError
+        fail(str(e))
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -30,7 +30,7 @@ def make_harness(cfg: HarnessConfig, experience=None):
         from evoharness.harness.react import ReActHarness
 
         return ReActHarness(**_window(cfg))
-    from evoharness.harness.bpe import BPEHarness, ExperienceStore
+    from evoharness.harness.bpe import BPEHarness
 
     if experience is None:
         experience = load_experience(cfg.experience_path)

@@ -1,0 +1,123 @@
+"""A byte-level BPE tokenizer trained locally on environment text.
+
+No model hub is reachable, so the tiny models get their own tokenizer: the
+`tokenizers` library trains a byte-level BPE (Qwen2/3-style pre-tokenizer:
+words and numbers keep their leading space) and `transformers` wraps it as
+a `PreTrainedTokenizerFast` with a Qwen-style chat template::
+
+    <|im_start|>system\\n{content}<|im_end|>\\n
+    <|im_start|>user\\n{content}<|im_end|>\\n
+    <|im_start|>assistant\\n            <- add_generation_prompt=True
+
+Special tokens (each a single id, never split or merged):
+``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos), and the harness
+markers ``<think>``, ``</think>``, ``<action>``, ``</action>``.
+
+Vocabulary size: ALFWorld text supports only ~750 merges, so the trainer stops
+early; the tokenizer then has ~1,000 ids whatever `vocab_size` asks for. The
+model's embedding is padded up to a multiple of 64 (`models.init`); the engine
+never samples the padding ids.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+PAD = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+MARKERS = ("<think>", "</think>", "<action>", "</action>")
+SPECIAL_TOKENS = [PAD, IM_START, IM_END, *MARKERS]
+
+# Qwen2/Qwen3 pre-tokenizer pattern (contractions, words with one leading
+# non-letter, punctuation runs, newlines, spaces), except that numbers keep
+# their leading space and up to 3 digits (" 12"): ALFWorld names every
+# receptacle "cabinet 12", and one id per " 12" saves a token per mention.
+PRETOKENIZE_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `corpus` and wrap it for `transformers`.
+
+    Args:
+        corpus: strings of environment text (observations, commands, prompts).
+            Any iterable; it is read once.
+        vocab_size: upper bound on ids, specials and the 256 byte symbols
+            included. Must be >= 256 + len(SPECIAL_TOKENS). The result is smaller
+            when the corpus has fewer pairs seen `min_frequency` times.
+        min_frequency: a pair must occur this often to be merged.
+
+    Returns:
+        A fast tokenizer with ``eos_token=<|im_end|>``, ``pad_token=<|endoftext|>``
+        and `CHAT_TEMPLATE`. Any byte string round-trips (byte-level).
+
+    Raises:
+        ValueError: `vocab_size` too small.
+    """
+    floor = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < floor:
+        raise ValueError(f"vocab_size must be >= {floor} (256 bytes + {len(SPECIAL_TOKENS)} specials), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_segments(corpus), trainer)
+    return wrap(tok)
+
+
+_SPECIAL_RE = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
+
+
+def _segments(corpus: Iterable[str]) -> Iterator[str]:
+    """The text between special tokens, as encoding will see it (a special token
+    is split out before pre-tokenisation), so no merge is spent on "<think"."""
+    for text in corpus:
+        yield from (seg for seg in _SPECIAL_RE.split(text) if seg)
+
+
+def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    """Wrap a raw `tokenizers.Tokenizer` holding `SPECIAL_TOKENS` for `transformers`."""
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD,
+        additional_special_tokens=[IM_START, *MARKERS],
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=1 << 20,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tokenizer(corpus: Iterable[str], out_dir: str | Path, vocab_size: int = 2048,
+                    min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """Train (see `train_tokenizer`) and `save_pretrained` into `out_dir`."""
+    tok = train_tokenizer(corpus, vocab_size=vocab_size, min_frequency=min_frequency)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(out_dir))
+    return tok

@@ -1,0 +1,124 @@
+"""`LocalHFPolicy`: a local Hugging Face causal LM served by the project's engine.
+
+Each `act` call renders every request's messages with the model's chat
+template (``add_generation_prompt=True``), keeps the last ``max_prompt_tokens``
+tokens, and decodes the whole batch at once with `engine.Engine`. Sampling
+seeds are derived from (policy seed, episode id, turn), so an episode's samples
+do not depend on which other episodes share the batch. With
+``constrained=True`` the action is restricted to the request's admissible
+commands and the harness's meta verbs (`engine.ActionGrammar`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from evoharness.engine import Engine, GenRequest
+from evoharness.harness.base import META_VERBS
+from evoharness.models.init import load_model, load_tokenizer
+from evoharness.policies.base import Completion, PolicyRequest
+
+
+def request_seed(seed: int, episode_id: str, turn: int) -> int:
+    """A stable 63-bit seed for one (policy seed, episode, turn)."""
+    digest = hashlib.sha256(f"{seed}:{episode_id}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class LocalHFPolicy:
+    """A local HF model directory as a `Policy` (token ids and behaviour log-probs included).
+
+    Args:
+        model_path: local HF causal-LM directory (weights, tokenizer, chat template).
+        device / dtype: where and how to load it (dtype default: bf16 on CUDA, fp32 on CPU).
+        temperature: 0 for greedy; log-probs are of ``softmax(logits / temperature)``.
+        top_p: nucleus mass when sampling.
+        max_new_tokens: completion cap (finish_reason ``length`` when hit).
+        max_prompt_tokens: prompts are truncated from the left to this many tokens.
+        constrained: restrict the action to admissible commands / meta-actions.
+        seed: base sampling seed.
+        policy_version: version stamped on completions; `update_weights` bumps it.
+        meta_verbs: meta verbs allowed under `constrained` when a request has no
+            harness (else the harness's ``meta_verbs``).
+    """
+
+    name = "local"
+
+    def __init__(self, model_path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None,
+                 temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
+                 max_prompt_tokens: int = 4096, constrained: bool = False, seed: int = 0,
+                 policy_version: int = 0, meta_verbs: tuple[str, ...] = META_VERBS):
+        self.model_path = str(model_path)
+        self.model = load_model(model_path, device, dtype)
+        self.tokenizer = load_tokenizer(model_path)
+        self.engine = Engine(self.model, self.tokenizer)
+        self.temperature, self.top_p = temperature, top_p
+        self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
+        self.constrained, self.seed, self.policy_version = constrained, seed, policy_version
+        self.meta_verbs = tuple(meta_verbs)
+        self._drop = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, *self.engine.stop_ids} - {
+            self.tokenizer.convert_tokens_to_ids("</action>")}
+
+    def _prompt_ids(self, req: PolicyRequest) -> list[int]:
+        text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids[-self.max_prompt_tokens:]
+
+    def act(self, requests: list[PolicyRequest]) -> list[Completion]:
+        """Answer the requests together; a request that cannot be rendered gets an error completion."""
+        out: list[Completion | None] = [None] * len(requests)
+        gen: list[tuple[int, GenRequest]] = []
+        for i, req in enumerate(requests):
+            try:
+                grammar = None
+                if self.constrained:
+                    verbs = getattr(req.harness, "meta_verbs", self.meta_verbs) if req.harness is not None else self.meta_verbs
+                    grammar = self.engine.grammar(list(req.admissible_commands), tuple(verbs))
+                gen.append((i, GenRequest(self._prompt_ids(req), request_seed(self.seed, req.episode_id, req.turn), grammar)))
+            except Exception as e:  # noqa: BLE001 -- one bad request must not sink the batch
+                out[i] = Completion(text="", finish_reason="error", error=f"{type(e).__name__}: {e}",
+                                    policy_version=self.policy_version)
+        try:
+            results = self.engine.generate([g for _, g in gen], self.max_new_tokens, self.temperature, self.top_p)
+        except Exception as e:  # noqa: BLE001 -- e.g. out of memory: every pending request fails
+            results = None
+            err = f"{type(e).__name__}: {e}"
+        for k, (i, g) in enumerate(gen):
+            if results is None:
+                out[i] = Completion(text="", prompt_token_ids=g.prompt_ids, prompt_tokens=len(g.prompt_ids),
+                                    finish_reason="error", error=err, policy_version=self.policy_version)
+                continue
+            r = results[k]
+            text_ids = r.token_ids[:-1] if r.token_ids and r.token_ids[-1] in self._drop else r.token_ids
+            out[i] = Completion(
+                text=self.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False),
+                prompt_token_ids=g.prompt_ids, completion_token_ids=r.token_ids, logprobs=r.logprobs,
+                policy_version=self.policy_version, prompt_tokens=len(g.prompt_ids),
+                completion_tokens=len(r.token_ids), finish_reason=r.finish_reason, extra={"seed": g.seed},
+            )
+        return out  # type: ignore[return-value]
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> int:
+        """Load new weights in place (RL weight sync); returns the new policy version
+        (`version`, or the old one + 1).
+
+        A tied weight (``lm_head.weight`` sharing the embedding) may be left out.
+
+        Raises:
+            KeyError: unexpected keys, or missing keys that are not tied weights.
+        """
+        own = self.model.state_dict()
+        res = self.model.load_state_dict(state_dict, strict=False)
+        given = {own[k].data_ptr() for k in state_dict if k in own}
+        missing = [k for k in res.missing_keys if own[k].data_ptr() not in given]
+        if missing or res.unexpected_keys:
+            raise KeyError(f"state_dict does not fit the model: missing {missing[:5]}, unexpected {res.unexpected_keys[:5]}")
+        self.policy_version = self.policy_version + 1 if version is None else version
+        return self.policy_version
+
+    def close(self) -> None:
+        self.engine = None  # type: ignore[assignment]
+        self.model = None  # type: ignore[assignment]

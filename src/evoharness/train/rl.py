@@ -1,0 +1,251 @@
+"""Stage 2: cost-aware GRPO with the EvoHarness reward (EvoHarness-RL §4, Table 4).
+
+The loop, one RL step per epoch u of the reward's cosine schedule::
+
+    for step u:
+        freeze the experience store
+        rollout: P train games x G samples, in lock-step, with the BPE harness
+        reward:  Eq. 5-6 per trajectory (`rewards.trajectory_reward`)
+        advantage: group-relative (GRPO), optionally GiGPO step-level
+        update:  one PPO-clip step with KL to the frozen SFT reference
+        consolidate the experience store (notes, pickup priors)
+        evaluate every `eval_every` steps; checkpoint atomically
+
+A checkpoint (``checkpoints/step_N``) holds the weights, optimizer, experience
+store, RNG states, step and the game order; `train_rl` with the same
+``out_dir`` resumes from the last one. Metrics records after the checkpoint's
+step are dropped on resume so ``metrics.jsonl`` continues without gaps or
+duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+from tqdm.auto import tqdm
+
+from evoharness.config import Strict
+from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld.games import discover_games
+from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from evoharness.train.advantages import turn_advantages
+from evoharness.train.checkpoint import (
+    append_jsonl, atomic_dir, atomic_write_text, get_rng_state, latest_checkpoint, set_rng_state, truncate_metrics,
+)
+from evoharness.train.grpo import GRPOConfig, grpo_step, make_optimizer, turn_samples
+from evoharness.train.rewards import trajectory_reward
+
+
+class RLConfig(Strict):
+    """``evoharness rl`` settings. Defaults: the paper's Table 4 (``grpo``) on
+    ALFWorld train games with T_max = 70; the main job overrides the sizes for CPU."""
+
+    model_path: str = ""  # the SFT model directory (policy init and KL reference)
+    out_dir: str = "runs/rl"
+    steps: int = 150
+    split: str = "train"
+    data_path: str | None = None
+    engine: Literal["textworld", "fast"] = "fast"
+    max_steps: int = 70
+    harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe"))
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    device: str = "cpu"
+    dtype: str = "auto"
+    constrained: bool = True
+    max_new_tokens: int = 96
+    max_prompt_tokens: int = 2048
+    seed: int = 0
+    ckpt_every: int = 1
+    keep_checkpoints: int = 2
+    eval_every: int = 0  # 0: no periodic evaluation
+    eval_split: str = "valid_seen"
+    eval_limit: int | None = 42
+    max_minutes: float | None = None
+
+
+class TimedEnv:
+    """Wraps an env and adds its reset/step wall time to a shared counter."""
+
+    def __init__(self, env, clock: list[float]) -> None:
+        self._env, self._clock, self.task = env, clock, env.task
+
+    def reset(self):
+        t = time.perf_counter()
+        try:
+            return self._env.reset()
+        finally:
+            self._clock[0] += time.perf_counter() - t
+
+    def step(self, action):
+        t = time.perf_counter()
+        try:
+            return self._env.step(action)
+        finally:
+            self._clock[0] += time.perf_counter() - t
+
+    def facts(self):
+        return self._env.facts()
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def _save(out: Path, step: int, policy, optimizer, store, order: list[int], keep: int) -> None:
+    def write(tmp: Path) -> None:
+        policy.model.save_pretrained(str(tmp), safe_serialization=True)
+        policy.tokenizer.save_pretrained(str(tmp))
+        torch.save({"optimizer": optimizer.state_dict(), "rng": get_rng_state()}, tmp / "trainer_state.pt")
+        store.save(tmp / "experience.json")
+        (tmp / "state.json").write_text(json.dumps({"step": step, "order": order, "policy_version": policy.policy_version}))
+
+    ckpts = out / "checkpoints"
+    path = atomic_dir(ckpts / f"step_{step:07d}", write)
+    atomic_write_text(ckpts / "latest", path.name)
+    import shutil
+
+    for old in sorted(ckpts.glob("step_*"))[:-max(1, keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
+    """Run (or resume) GRPO from ``cfg.model_path``; returns the final model directory.
+
+    Raises:
+        ValueError: no model path; GameDataError: bad data path or split.
+    """
+    from evoharness.models.init import load_model
+    from evoharness.policies.local import LocalHFPolicy
+
+    if not cfg.model_path:
+        raise ValueError("rl needs model_path (the SFT model directory)")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
+    metrics_path = out / "metrics.jsonl"
+    tasks = discover_games(cfg.split, cfg.data_path)
+    g = cfg.grpo
+
+    ckpt = latest_checkpoint(out)
+    start_path = str(ckpt) if ckpt else cfg.model_path
+    policy = LocalHFPolicy(start_path, device=cfg.device, dtype=cfg.dtype, temperature=g.temperature,
+                           max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
+                           constrained=cfg.constrained, seed=cfg.seed)
+    policy.model.train()
+    ref = None
+    if g.kl_beta > 0:
+        ref = load_model(cfg.model_path, cfg.device, cfg.dtype)
+        ref.eval().requires_grad_(False)
+    optimizer = make_optimizer(policy.model, g)
+    if ckpt:
+        state = json.loads((ckpt / "state.json").read_text())
+        trainer = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(trainer["optimizer"])
+        set_rng_state(trainer["rng"])
+        store = load_experience_fresh(ckpt / "experience.json")
+        start, order = state["step"], state["order"]
+        policy.policy_version = state["policy_version"]
+        truncate_metrics(metrics_path, start)
+    else:
+        store = load_experience_fresh(cfg.harness.experience_path)
+        start = 0
+        order = list(range(len(tasks)))
+        random.Random(cfg.seed).shuffle(order)
+
+    t_start = time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=start, desc="rl", unit="step", disable=not progress, dynamic_ncols=True)
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        idx = [order[(step * g.prompts_per_step + i) % len(order)] for i in range(g.prompts_per_step)]
+        specs = [EpisodeSpec(tasks[i], f"{tasks[i].task_id}#u{step}g{k}", cfg.seed) for i in idx for k in range(g.group_size)]
+        env_clock = [0.0]
+        store.freeze()
+        policy.model.eval()
+        trajs = run_episodes(
+            specs, make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine), env_clock),
+            make_harness=lambda: make_harness(cfg.harness, experience=store), policy=policy, max_steps=cfg.max_steps,
+        )
+        t_rollout = time.perf_counter() - t0
+        groups = [trajs[i * g.group_size:(i + 1) * g.group_size] for i in range(g.prompts_per_step)]
+        breakdowns = [[trajectory_reward(t, step, g.reward) for t in grp] for grp in groups]
+        rewards = torch.tensor([[b.total for b in row] for row in breakdowns], dtype=torch.float32)
+        adv = turn_advantages(groups, rewards, g.advantage)
+        samples = turn_samples(trajs, [a for ga in adv for a in ga])
+        t1 = time.perf_counter()
+        policy.model.train()
+        upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref) if samples else {}
+        policy.policy_version += 1
+        t_train = time.perf_counter() - t1
+        store.unfreeze()
+        ops = store.consolidate(epoch=step)
+
+        flat = [b for row in breakdowns for b in row]
+        rec = {
+            "step": step + 1,
+            "success": sum(t.won for t in trajs) / len(trajs),
+            "reward": float(rewards.mean()),
+            **{f"reward/{k}": sum(float(b.as_dict()[k]) for b in flat) / len(flat)
+               for k in flat[0].as_dict() if k not in ("solved",)},
+            "steps_per_episode": sum(t.steps for t in trajs) / len(trajs),
+            "completion_tokens_per_episode": sum(t.completion_tokens for t in trajs) / len(trajs),
+            "invalid_per_episode": sum(t.invalid_actions for t in trajs) / len(trajs),
+            **{f"harness/{v}_per_episode": sum(t.meta_calls[v] for t in trajs) / len(trajs)
+               for v in ("track", "commit", "recall", "note")},
+            **{f"train/{k}": v for k, v in upd.items()},
+            "experience_ops": len(ops),
+            "timing_s/rollout": t_rollout,
+            "timing_s/env": env_clock[0],
+            "timing_s/gen": t_rollout - env_clock[0],
+            "timing_s/train": t_train,
+            "timing_s/step": time.perf_counter() - t0,
+            "policy_version": policy.policy_version,
+        }
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+            rec.update(_quick_eval(cfg, policy, store))
+        done_all = step + 1 == cfg.steps
+        if (step + 1) % cfg.ckpt_every == 0 or done_all:
+            _save(out, step + 1, policy, optimizer, store, order, cfg.keep_checkpoints)
+        append_jsonl(metrics_path, rec)
+        bar.update(1)
+        bar.set_postfix(success=f"{rec['success']:.2f}", reward=f"{rec['reward']:.2f}")
+        if cfg.max_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_minutes:
+            if not (step + 1) % cfg.ckpt_every == 0:
+                _save(out, step + 1, policy, optimizer, store, order, cfg.keep_checkpoints)
+            break
+    bar.close()
+    def write_final(tmp: Path) -> None:
+        policy.model.save_pretrained(str(tmp), safe_serialization=True)
+        policy.tokenizer.save_pretrained(str(tmp))
+        store.save(tmp / "experience.json")
+
+    return atomic_dir(out / "final", write_final)
+
+
+def load_experience_fresh(path):
+    """A trainable (unfrozen) experience store: from `path`, or the seeded default."""
+    from evoharness.harness.bpe import ExperienceStore
+
+    return ExperienceStore.load(path) if path else ExperienceStore()
+
+
+def _quick_eval(cfg: RLConfig, policy, store) -> dict:
+    """Greedy success on the first ``eval_limit`` games of the eval panel."""
+    tasks = discover_games(cfg.eval_split, cfg.data_path)[: cfg.eval_limit or None]
+    temp = policy.temperature
+    policy.temperature = 0.0
+    store.freeze()
+    try:
+        trajs = run_episodes([EpisodeSpec(t, f"{t.task_id}#eval", cfg.seed) for t in tasks],
+                             make_env=lambda task: make_env(task, engine=cfg.engine),
+                             make_harness=lambda: make_harness(cfg.harness, experience=store), policy=policy,
+                             max_steps=cfg.max_steps)
+    finally:
+        policy.temperature = temp
+        store.unfreeze()
+    return {"eval/success": sum(t.won for t in trajs) / len(trajs), "eval/n": len(trajs)}

@@ -1,0 +1,388 @@
+"""Stage 1: supervised fine-tuning on (chat messages -> completion) examples.
+
+An example is ``{"messages": [{"role", "content"}, ...], "completion": str}``
+(one JSONL line). It becomes one token row::
+
+    input_ids = template(messages, add_generation_prompt=True)[-max_prompt_tokens:]
+                + tokens(completion + eos)[:max_completion_tokens]
+    labels    = -100 on every prompt token, the token ids on the completion
+
+so the loss (mean cross-entropy per completion token over the whole step) is
+computed on assistant tokens only. Prompts are truncated from the left (the
+end of the prompt, nearest the answer, is kept).
+
+Batches are length-bucketed: each epoch the examples are sorted by length
+(random tie-break), cut into batches of at most `batch_tokens` padded tokens,
+and the batches shuffled. Rows are right-padded; with causal attention a real
+token never sees a later pad, so no attention mask is needed (SDPA's causal
+fast path). Only target positions go through the LM head.
+
+The loop: AdamW, linear warm-up then cosine decay to ``min_lr_ratio * lr``,
+gradient clipping, fp32 on CPU, bf16 autocast on CUDA. Every ``ckpt_every``
+steps an atomic checkpoint (model as an HF directory, optimizer, scheduler,
+RNG states, step, this epoch's batch order) is written; calling `train_sft`
+again with the same `out_dir` resumes from it and reaches the same weights as
+an uninterrupted run. ``max_minutes`` stops cleanly after a checkpoint.
+
+Outputs in `out_dir`: ``metrics.jsonl`` (one record per step: step, epoch,
+loss, lr, grad_norm, tokens (padded tokens run), target_tokens (tokens with
+loss), tok_per_s (tokens / step seconds), elapsed_s; eval records carry
+``eval_loss``; a time-budget stop adds ``{"event": "stopped"}``), ``checkpoints/step_NNNNNNN/`` + ``checkpoints/latest``,
+``sft_config.json``, and ``final/`` (an HF model directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from evoharness.config import Strict
+from evoharness.models.init import load_model, load_tokenizer
+from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, get_rng_state, latest_checkpoint,
+                                         set_rng_state, truncate_metrics)
+
+IGNORE = -100
+
+
+class SFTConfig(Strict):
+    """Supervised fine-tuning settings (TOML section ``[sft]``)."""
+
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1          # cosine decays to lr * min_lr_ratio
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    epochs: int = 3
+    max_steps: int | None = None       # overrides epochs (cycles through epochs)
+    batch_tokens: int = 8192           # padded tokens per optimizer step
+    micro_batch_tokens: int | None = None  # split a step into micro-batches of this many padded tokens
+    warmup_steps: int = 10
+    max_prompt_tokens: int = 1536
+    max_completion_tokens: int = 256
+    grad_clip: float = 1.0             # <= 0: no clipping
+    seed: int = 0
+    device: str = "cpu"
+    precision: Literal["auto", "fp32", "bf16_autocast", "bf16"] = "auto"  # auto: fp32 on CPU, bf16 autocast on CUDA
+    max_minutes: float | None = None   # time budget; stops after a checkpoint
+    ckpt_every: int = 50               # steps; 0: only at the end / budget
+    keep_checkpoints: int = 2
+    eval_every: int = 0                # steps; 0: only at the end (when eval examples are given)
+    progress: bool = True
+
+
+# ---------------------------------------------------------------- data
+
+def load_examples(path: str | Path) -> list[dict[str, Any]]:
+    """Read SFT examples from a JSONL file (blank lines skipped).
+
+    Raises:
+        ValueError: a line that is not an example (names file and line).
+    """
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            ex = json.loads(line)
+            if not isinstance(ex, dict) or "messages" not in ex or "completion" not in ex:
+                raise ValueError(f"{path}:{n}: an SFT example needs 'messages' and 'completion'")
+            out.append(ex)
+    return out
+
+
+def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_tokens: int,
+                      max_completion_tokens: int) -> list[tuple[list[int], int]]:
+    """Tokenise examples into rows ``(input_ids, n_prompt)``.
+
+    ``input_ids[:n_prompt]`` is the (left-truncated) chat-templated prompt with
+    the generation prompt; the rest is ``completion + eos`` (right-truncated).
+    Labels are `labels_for` of a row. Examples whose completion is empty are
+    dropped.
+    """
+    prompts = [tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
+               for ex in examples]
+    eos = tokenizer.eos_token or ""
+    targets = [ex["completion"] + eos for ex in examples]
+    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    c_ids = tokenizer(targets, add_special_tokens=False)["input_ids"]
+    rows = []
+    for p, c, ex in zip(p_ids, c_ids, examples):
+        if not ex["completion"]:
+            continue
+        p = p[-max_prompt_tokens:] if max_prompt_tokens > 0 else p
+        c = c[:max_completion_tokens]
+        rows.append((p + c, len(p)))
+    return rows
+
+
+def labels_for(row: tuple[list[int], int]) -> list[int]:
+    """-100 on exactly the prompt tokens, the token ids on the completion."""
+    ids, n_prompt = row
+    return [IGNORE] * n_prompt + ids[n_prompt:]
+
+
+def plan_epoch(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Length-bucketed batches of example indices for one epoch.
+
+    Sort by length (random tie-break), cut where the padded size
+    ``rows * longest`` would exceed `batch_tokens` (a longer example gets a
+    batch of its own), shuffle the batches. Deterministic in (seed, epoch).
+    """
+    rng = random.Random(f"sft:{seed}:{epoch}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches, cur, longest = [], [], 0
+    for i in order:
+        if cur and (len(cur) + 1) * max(longest, lengths[i]) > batch_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, lengths[i])
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids`` and ``labels`` ([b, T] long; labels -100 on prompt and pad)."""
+    T = max(len(r[0]) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), T), IGNORE, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row[0])] = torch.tensor(row[0])
+        labels[i, :len(row[0])] = torch.tensor(labels_for(row))
+    return ids, labels
+
+
+def split_micro(rows: list[tuple[list[int], int]], micro_tokens: int | None) -> list[list[tuple[list[int], int]]]:
+    """Split a batch into micro-batches of at most `micro_tokens` padded tokens."""
+    if not micro_tokens:
+        return [rows]
+    out, cur = [], []
+    for r in sorted(rows, key=lambda r: len(r[0])):
+        if cur and (len(cur) + 1) * len(r[0]) > micro_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(r)
+    return out + [cur] if cur else out
+
+
+# ---------------------------------------------------------------- loss
+
+def completion_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Summed next-token cross-entropy over completion tokens.
+
+    Args:
+        model: an HF causal LM (``model.base_model`` gives hidden states,
+            ``get_output_embeddings()`` the LM head; no logit soft-capping).
+        input_ids, labels: [b, T]; right-padded rows, labels -100 where no loss.
+
+    Returns:
+        (loss_sum fp32 scalar, number of target tokens). Position t's logits
+        predict ``labels[t + 1]``; only positions whose next label is not
+        -100 reach the LM head.
+    """
+    hidden = model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+    target = labels[:, 1:]
+    keep = target != IGNORE
+    logits = model.get_output_embeddings()(hidden[:, :-1][keep]).float()
+    loss = torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum")
+    return loss, int(keep.sum())
+
+
+def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up over `warmup` steps, cosine to `min_ratio` at `total`."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def save_checkpoint(out_dir: Path, model, tokenizer, opt, sched, state: dict[str, Any], keep: int) -> Path:
+    """Atomically write ``checkpoints/step_N`` (HF model dir + optimizer, scheduler,
+    RNG, state.json), point ``checkpoints/latest`` at it, prune old ones."""
+    ckpts = out_dir / "checkpoints"
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": get_rng_state()},
+                   tmp / "trainer_state.pt")
+        (tmp / "state.json").write_text(json.dumps(state))
+
+    path = atomic_dir(ckpts / f"step_{state['step']:07d}", write)
+    atomic_write_text(ckpts / "latest", path.name)
+    for old in sorted(ckpts.glob("step_*"))[:-max(1, keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+# ---------------------------------------------------------------- loop
+
+def _fingerprint(rows: list[tuple[list[int], int]]) -> str:
+    h = hashlib.sha256()
+    for ids, n in rows:
+        h.update(f"{n}:{','.join(map(str, ids))};".encode())
+    return h.hexdigest()[:16]
+
+
+@torch.no_grad()
+def evaluate(model, rows: list[tuple[list[int], int]], pad_id: int, batch_tokens: int, autocast) -> float:
+    """Mean per-token completion loss on `rows`."""
+    model.eval()
+    total, n = 0.0, 0
+    for batch in plan_epoch([len(r[0]) for r in rows], batch_tokens, 0, 0):
+        ids, labels = collate([rows[i] for i in batch], pad_id)
+        with autocast():
+            loss, k = completion_loss(model, ids.to(model.device), labels.to(model.device))
+        total, n = total + float(loss), n + k
+    model.train()
+    return total / max(1, n)
+
+
+def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]], model_dir: str | Path,
+              out_dir: str | Path, eval_examples: str | Path | Iterable[dict[str, Any]] | None = None,
+              on_step: Callable[[int, dict[str, Any]], None] | None = None) -> Path:
+    """Fine-tune the model in `model_dir` on `examples`; returns ``out_dir/final``.
+
+    Args:
+        config: an `SFTConfig`.
+        examples: a JSONL path or a list of example dicts.
+        model_dir: a local HF model directory (weights + tokenizer).
+        out_dir: run directory; if it holds a checkpoint, training resumes
+            from it (same config and data required for an exact resume).
+        eval_examples: optional held-out examples (path or list) for eval_loss.
+        on_step: called as ``on_step(step, record)`` after each logged step
+            (an exception raised there interrupts the run like a crash).
+
+    Returns:
+        Path of the final HF model directory. When the time budget stops the
+        run early it holds the latest weights and ``sft_state.json`` says
+        ``"complete": false``; calling again resumes.
+
+    Raises:
+        ValueError: no usable examples, or a checkpoint made on other data.
+    """
+    cfg, out = config, Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    dev = torch.device(cfg.device)
+    precision = cfg.precision if cfg.precision != "auto" else ("bf16_autocast" if dev.type == "cuda" else "fp32")
+    autocast = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if precision == "bf16_autocast" \
+        else (lambda: torch.autocast(dev.type, enabled=False))
+
+    ckpt = latest_checkpoint(out)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(ckpt or model_dir, dev, torch.bfloat16 if precision == "bf16" else torch.float32)
+    model.train()
+
+    exs = load_examples(examples) if isinstance(examples, (str, Path)) else list(examples)
+    rows = tokenize_examples(tokenizer, exs, cfg.max_prompt_tokens, cfg.max_completion_tokens)
+    if not rows:
+        raise ValueError("no SFT examples with a non-empty completion")
+    eval_rows = None
+    if eval_examples is not None:
+        ev = load_examples(eval_examples) if isinstance(eval_examples, (str, Path)) else list(eval_examples)
+        eval_rows = tokenize_examples(tokenizer, ev, cfg.max_prompt_tokens, cfg.max_completion_tokens) or None
+    lengths, pad_id = [len(r[0]) for r in rows], tokenizer.pad_token_id
+    fingerprint = _fingerprint(rows)
+    steps_per_epoch = len(plan_epoch(lengths, cfg.batch_tokens, cfg.seed, 0))
+    total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps_per_epoch
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_lambda(s, cfg.warmup_steps, total, cfg.min_lr_ratio))
+
+    step, epoch_batches = 0, {}
+    torch.manual_seed(cfg.seed)
+    if ckpt is not None:
+        state = json.loads((ckpt / "state.json").read_text())
+        if state["fingerprint"] != fingerprint:
+            raise ValueError(f"{ckpt} was made on other examples or tokenisation; use a new out_dir")
+        ts = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        opt.load_state_dict(ts["optimizer"])
+        sched.load_state_dict(ts["scheduler"])
+        set_rng_state(ts["rng"])
+        step = state["step"]
+        epoch_batches[state["epoch"]] = state["epoch_batches"]
+        truncate_metrics(out / "metrics.jsonl", step)
+    (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
+
+    def batches_of(epoch: int) -> list[list[int]]:
+        if epoch not in epoch_batches:
+            epoch_batches.clear()
+            epoch_batches[epoch] = plan_epoch(lengths, cfg.batch_tokens, cfg.seed, epoch)
+        return epoch_batches[epoch]
+
+    def checkpoint() -> None:
+        epoch = min(step // steps_per_epoch, (total - 1) // steps_per_epoch) if total else 0
+        save_checkpoint(out, model, tokenizer, opt, sched, {
+            "step": step, "epoch": epoch, "epoch_batches": batches_of(epoch), "total_steps": total,
+            "fingerprint": fingerprint, "examples": len(rows)}, cfg.keep_checkpoints)
+
+    metrics = out / "metrics.jsonl"
+    bar = tqdm(total=total, initial=step, desc="sft", disable=not cfg.progress, dynamic_ncols=True)
+    stopped = None
+    while step < total:
+        epoch, k = divmod(step, steps_per_epoch)
+        batch = [rows[i] for i in batches_of(epoch)[k]]
+        t0 = time.perf_counter()
+        micro = split_micro(batch, cfg.micro_batch_tokens)
+        n_target = sum(len(r[0]) - r[1] for r in batch)
+        opt.zero_grad(set_to_none=True)
+        loss_sum, n_tok = 0.0, 0
+        for mb in micro:
+            ids, labels = collate(mb, pad_id)
+            n_tok += ids.numel()
+            with autocast():
+                loss, _ = completion_loss(model, ids.to(dev), labels.to(dev))
+            (loss / max(1, n_target)).backward()
+            loss_sum += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        lr = sched.get_last_lr()[0]
+        opt.step()
+        sched.step()
+        step += 1
+        dt = time.perf_counter() - t0
+        rec = {"step": step, "epoch": epoch, "loss": loss_sum / max(1, n_target), "lr": lr,
+               "grad_norm": float(grad_norm), "tokens": n_tok, "target_tokens": n_target,
+               "tok_per_s": n_tok / dt, "elapsed_s": round(time.monotonic() - t_start, 3)}
+        append_jsonl(metrics, rec)
+        bar.update(1)
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{rec['tok_per_s']:.0f}")
+        if eval_rows and cfg.eval_every and step % cfg.eval_every == 0 and step < total:
+            append_jsonl(metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)})
+        if on_step is not None:
+            on_step(step, rec)
+        over_budget = cfg.max_minutes is not None and time.monotonic() - t_start >= cfg.max_minutes * 60
+        if step == total or over_budget or (cfg.ckpt_every and step % cfg.ckpt_every == 0):
+            checkpoint()
+        if over_budget and step < total:
+            stopped = "time_budget"
+            break
+    bar.close()
+    if eval_rows and stopped is None:
+        append_jsonl(metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)})
+    if stopped:
+        append_jsonl(metrics, {"step": step, "event": "stopped", "reason": stopped})
+
+    def write_final(tmp: Path) -> None:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "sft_state.json").write_text(json.dumps({"step": step, "total_steps": total, "complete": stopped is None}))
+
+    return atomic_dir(out / "final", write_final)

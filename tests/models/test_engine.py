@@ -1,0 +1,135 @@
+"""The batched KV-cache engine against transformers' reference decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evoharness.engine import Engine, GenRequest
+from evoharness.harness.base import META_VERBS, parse_completion
+
+from model_helpers import alfworld_corpus
+
+SYSTEM = ("You are an agent in a household. Reply with <think>your reasoning</think> then "
+          "<action>one admissible command</action>. Use track, commit, recall and note to manage your plan.")
+COMMANDS = ["go to fridge 1", "go to cabinet 12", "go to countertop 2", "open fridge 1", "close fridge 1",
+            "take apple 1 from countertop 2", "put apple 1 in/on fridge 1", "examine countertop 2",
+            "look", "inventory"]
+
+
+def chat_prompts(tokenizer, n: int, shared_system: bool) -> list[list[int]]:
+    text = "\n".join(alfworld_corpus())
+    out = []
+    for i in range(n):
+        user = text[997 * i: 997 * i + 60 + 90 * i]  # different lengths
+        msgs = ([{"role": "system", "content": SYSTEM}] if shared_system else []) + [{"role": "user", "content": user}]
+        out.append(tokenizer.encode(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                                    add_special_tokens=False))
+    return out
+
+
+def hf_greedy(model, tokenizer, prompts, new, stop_ids):
+    batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt", padding_side="left")
+    sup = list(range(len(tokenizer), model.config.vocab_size)) or None
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=new, do_sample=False, suppress_tokens=sup,
+                             eos_token_id=stop_ids or None, pad_token_id=tokenizer.pad_token_id)
+    res = []
+    for row in out[:, batch["input_ids"].shape[1]:].tolist():
+        cut = next((k + 1 for k, t in enumerate(row) if t in stop_ids), len(row))
+        res.append(row[:cut])
+    return res
+
+
+@pytest.mark.parametrize("shared_system", [False, True])
+def test_greedy_equals_hf_generate(model, tokenizer, shared_system):
+    prompts = chat_prompts(tokenizer, 4, shared_system)
+    assert len({len(p) for p in prompts}) == 4
+    eng = Engine(model, tokenizer, stop_ids=[])
+    got = [r.token_ids for r in eng.generate([GenRequest(p) for p in prompts], max_new_tokens=24)]
+    want = hf_greedy(model, tokenizer, prompts, 24, [])
+    assert got == want
+    assert len({tuple(g) for g in got}) > 1 and all(len(set(g)) > 3 for g in got)  # not a degenerate repeat
+
+
+def test_stop_tokens_end_a_sequence_and_finished_rows_leave_the_batch(model, tokenizer):
+    prompts = chat_prompts(tokenizer, 3, True)
+    free = Engine(model, tokenizer, stop_ids=[]).generate([GenRequest(p) for p in prompts], 16)
+    stop = free[1].token_ids[5]  # make row 1 stop at its 6th token
+    eng = Engine(model, tokenizer, stop_ids=[stop])
+    got = eng.generate([GenRequest(p) for p in prompts], 16)
+    for r, f in zip(got, free):
+        cut = next((k + 1 for k, t in enumerate(f.token_ids) if t == stop), 16)
+        assert r.token_ids == f.token_ids[:cut]
+        assert r.finish_reason == ("stop" if cut < 16 or f.token_ids[15] == stop else "length")
+    assert got[1].finish_reason == "stop" and len(got[1].token_ids) <= 6
+    assert [r.token_ids for r in got] == hf_greedy(model, tokenizer, prompts, 16, [stop])
+
+
+def test_logprobs_match_a_full_forward_pass(model, tokenizer):
+    """Behaviour log-probs = log_softmax(logits / T) of the sampled token, as a trainer recomputes them."""
+    prompts = chat_prompts(tokenizer, 3, True)
+    T = 0.7
+    res = Engine(model, tokenizer, stop_ids=[]).generate(
+        [GenRequest(p, seed=i) for i, p in enumerate(prompts)], 12, temperature=T, top_p=0.9)
+    for p, r in zip(prompts, res):
+        ids = torch.tensor([p + r.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(p) - 1:-1] / T
+        ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(r.logprobs), ref, atol=1e-4)
+
+
+def test_seeded_sampling_does_not_depend_on_batch_composition(model, tokenizer):
+    prompts = chat_prompts(tokenizer, 4, True)
+    eng = Engine(model, tokenizer, stop_ids=[])
+    alone = eng.generate([GenRequest(prompts[2], seed=42)], 20, temperature=1.0, top_p=0.95)[0]
+    mixed = eng.generate([GenRequest(prompts[0], seed=1), GenRequest(prompts[2], seed=42),
+                          GenRequest(prompts[3], seed=7)], 20, temperature=1.0, top_p=0.95)[1]
+    rev = eng.generate([GenRequest(p, seed=s) for p, s in zip(prompts[::-1], [9, 42, 3, 4])][::-1],
+                       20, temperature=1.0, top_p=0.95)
+    # rev's request for prompts[2] has seed 42 too (index 1 of the reversed list)
+    assert alone.token_ids == mixed.token_ids == rev[2].token_ids
+    other = eng.generate([GenRequest(prompts[2], seed=43)], 20, temperature=1.0, top_p=0.95)[0]
+    assert other.token_ids != alone.token_ids
+    # a vanishing top_p keeps only the best token: sampling becomes greedy
+    greedy = eng.generate([GenRequest(prompts[2])], 20)[0]
+    assert eng.generate([GenRequest(prompts[2], seed=5)], 20, temperature=1.0, top_p=1e-9)[0].token_ids == greedy.token_ids
+
+
+def test_constrained_decoding_always_yields_a_valid_action(model, tokenizer):
+    """On a random model every completion parses as an admissible command or a meta-action."""
+    prompts = chat_prompts(tokenizer, 4, True)
+    eng = Engine(model, tokenizer)
+    kinds = set()
+    for verbs in (META_VERBS, ()):
+        for temp in (0.0, 1.5):
+            reqs = [GenRequest(p, seed=s, grammar=eng.grammar(COMMANDS, verbs)) for s, p in enumerate(prompts * 3)]
+            for r in eng.generate(reqs, max_new_tokens=40, temperature=temp):
+                text = tokenizer.decode(r.token_ids, skip_special_tokens=False)
+                parsed = parse_completion(text, COMMANDS, verbs)
+                assert r.finish_reason == "stop" and text.startswith("<think>") and text.endswith("</action>"), text
+                assert parsed.kind in ("env", "meta"), (text, parsed)
+                kinds.add(parsed.kind)
+                if parsed.kind == "meta":
+                    assert parsed.command in verbs
+    assert kinds == {"env", "meta"}
+
+
+def test_constrained_decoding_fits_a_tight_budget(model, tokenizer):
+    prompt = chat_prompts(tokenizer, 1, True)[0]
+    eng = Engine(model, tokenizer)
+    longest = max(len(tokenizer.encode(c, add_special_tokens=False)) for c in COMMANDS)
+    budget = longest + 5  # <think> </think> <action> command </action>
+    for s in range(6):
+        r = eng.generate([GenRequest(prompt, seed=s, grammar=eng.grammar(COMMANDS))], budget, temperature=2.0)[0]
+        text = tokenizer.decode(r.token_ids, skip_special_tokens=False)
+        assert parse_completion(text, COMMANDS).kind == "env", text
+
+
+def test_grammar_needs_something_to_allow(model, tokenizer):
+    eng = Engine(model, tokenizer)
+    assert eng.grammar([], ()) is None
+    g = eng.grammar(["look"], ())
+    assert g is not None and not g.v.free[tokenizer.convert_tokens_to_ids("<action>")]
+    assert not any("<" in tokenizer.decode([i]) for i in g.v.free.nonzero().flatten().tolist())

@@ -1,0 +1,199 @@
+"""Elastic vs colocate vs async on QwenGyre-like workloads, and what the gap depends on.
+
+    python benchmarks/sim_speedups.py            # ~5 min on 2 shared cores
+    python benchmarks/sim_speedups.py --quick    # main tables only
+
+Workloads: configs/workloads/qwengyre_nl2repo.toml and qwengyre_122b.toml
+(hours-long executions, ~700K tokens, a tail piled up under the timeout;
+every number there is an assumption written to match QwenGyre's description,
+arXiv 2609.33848). Paper: elastic is 1.36-1.85x faster than colocate and
+1.38-1.78x faster than async (1.38-1.57x on the 122B model); 4 cells of 8
+nodes instead of 8 of 4 cost +2.2%.
+
+Two ways a finished execution may become trainable are shown, because the
+speedup depends on it: ``group`` (GRPO: the advantage needs every member of the
+group, so a group trains once its slowest member finished) and ``execution``
+(trainable at once: an upper bound for streaming training). Async is shown at
+the default split (K/4 train cells, AReaL-like: a step starts when its batch
+is in), at its best split, and with a streaming trainer at its best split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from evoharness.runtime.sim import SimResult, simulate  # noqa: E402
+from evoharness.runtime.workload import SimConfig, Workload, load_sim_config  # noqa: E402
+
+WORKLOADS = ROOT / "configs" / "workloads"
+PAPER_VS_COLOCATE = (1.36, 1.85)
+PAPER_VS_ASYNC = {"qwengyre_nl2repo": (1.38, 1.78), "qwengyre_122b": (1.38, 1.57)}
+PAPER_GRANULARITY = 0.022
+
+
+def load(name: str, *sets: str) -> SimConfig:
+    return load_sim_config(WORKLOADS / f"{name}.toml", list(sets))[0]
+
+
+def with_policy(cfg: SimConfig, **policy) -> SimConfig:
+    c = cfg.model_copy(deep=True)
+    for k, v in policy.items():
+        setattr(c.policy, k, v)
+    return c
+
+
+def verdict(x: float, lo: float, hi: float) -> str:
+    return "inside" if lo <= x <= hi else ("BELOW" if x < lo else "ABOVE")
+
+
+def best_async(cfg: SimConfig, stream: bool) -> tuple[int, SimResult]:
+    runs = {k: simulate(with_policy(cfg, async_train_cells=k, async_stream=stream), "async")
+            for k in range(1, cfg.cluster.cells // 2 + 1)}
+    k = min(runs, key=lambda i: runs[i].wall_s)
+    return k, runs[k]
+
+
+def row(label: str, r: SimResult, ref: SimResult) -> str:
+    m = r.metrics
+    return (f"  {label:<28} {m['wall_h']:7.2f} {r.wall_s / ref.wall_s:7.2f}x {m['accelerator_hours']:9.0f} "
+            f"{100 * m['idle_rollout']:6.1f}% {100 * m['util_rollout']:6.1f}% {100 * m['idle_train']:6.1f}% "
+            f"{m['staleness_max']:5.0f} {m['aborted_turns']:5.0f} {m['switches']:5.0f}")
+
+
+def main_tables(name: str) -> dict[str, float]:
+    base = load(name)
+    b = Workload(base.workload, base.seed).sample_step(0)
+    cl = base.cluster
+    print(f"\n## {name}: {cl.cells} cells x {cl.accelerators_per_cell} accelerators, "
+          f"{base.workload.groups_per_step}x{base.workload.group_size} executions/step, {base.steps} steps")
+    print(f"   step 0: tokens/execution mean {b.tokens.mean() / 1e3:.0f}K (p50 {np.median(b.tokens) / 1e3:.0f}K, "
+          f"max {b.tokens.max() / 1e3:.0f}K), turns mean {b.n_turns.mean():.0f}, training of one step on all cells "
+          f"{b.tokens.sum() / cl.train_tps / cl.cells / 3600:.2f} h")
+    out: dict[str, float] = {}
+    for unit in ("group", "execution"):
+        cfg = with_policy(base, train_unit=unit)
+        col, ela = simulate(cfg, "colocate"), simulate(cfg, "elastic")
+        adef = simulate(cfg, "async")
+        k, abest = best_async(cfg, stream=False)
+        ks, astream = best_async(cfg, stream=True)
+        print(f"\n  trainable unit: {unit}")
+        print(f"  {'policy':<28} {'wall h':>7} {'elastic':>8} {'accel-h':>9} {'idle R':>7} {'util R':>7} "
+              f"{'idle T':>7} {'stale':>5} {'abort':>5} {'switch':>5}")
+        d = max(1, cl.cells // 4)
+        for label, r in (("colocate", col), (f"async (default {d} train cells)", adef),
+                         (f"async (best: {k} train cells)", abest), (f"async stream (best: {ks})", astream),
+                         ("elastic", ela)):
+            print(row(label, r, ela))
+        vs_col = col.wall_s / ela.wall_s
+        vs_def, vs_best, vs_stream = adef.wall_s / ela.wall_s, abest.wall_s / ela.wall_s, astream.wall_s / ela.wall_s
+        lo, hi = PAPER_VS_COLOCATE
+        alo, ahi = PAPER_VS_ASYNC[name]
+        print(f"  elastic vs colocate {vs_col:.2f}x (paper {lo}-{hi}x: {verdict(vs_col, lo, hi)}); "
+              f"vs async default {vs_def:.2f}x, best split {vs_best:.2f}x, streaming best {vs_stream:.2f}x "
+              f"(paper {alo}-{ahi}x: {verdict(vs_def, alo, ahi)} / {verdict(vs_best, alo, ahi)} / "
+              f"{verdict(vs_stream, alo, ahi)})")
+        out.update({f"{unit}_vs_colocate": vs_col, f"{unit}_vs_async_default": vs_def,
+                    f"{unit}_vs_async_best": vs_best, f"{unit}_vs_async_stream": vs_stream})
+    return out
+
+
+def sweep_switch_cost() -> None:
+    print("\n## Sensitivity: role-switch cost (qwengyre_nl2repo, 3 steps, trainable unit group)")
+    print(f"  {'x measured':>10} {'to train s':>10} {'to rollout s':>12} {'colocate h':>10} {'elastic h':>9} "
+          f"{'speedup':>8} {'switches':>8}")
+    for mult in (0, 1, 5, 20, 60):
+        cfg = load("qwengyre_nl2repo", "steps=3", f"cluster.switch_to_train_s={8.52 * mult}",
+                   f"cluster.switch_to_rollout_s={3.46 * mult}")
+        col, ela = simulate(cfg, "colocate"), simulate(cfg, "elastic")
+        print(f"  {mult:>10} {8.52 * mult:10.1f} {3.46 * mult:12.1f} {col.metrics['wall_h']:10.2f} "
+              f"{ela.metrics['wall_h']:9.2f} {col.wall_s / ela.wall_s:7.2f}x {ela.metrics['switches']:8.0f}")
+
+
+def sweep_tail() -> None:
+    print("\n## Sensitivity: tail heaviness (qwengyre_nl2repo, 3 steps; turns lognormal median 110)")
+    print(f"  {'sigma':>5} {'timeout':>7} {'p50 h':>6} {'max h':>6} {'at cap':>6} {'unit':>9} {'colocate h':>10} "
+          f"{'elastic h':>9} {'vs col':>7} {'async h':>8} {'vs async':>8}")
+    for sigma in (0.3, 0.5, 0.75, 1.0):
+        for timeout in ("18000", "none"):
+            sets = ["steps=3", f"workload.turns.sigma={sigma}"]
+            cfg0 = load("qwengyre_nl2repo", *sets)
+            if timeout == "none":
+                cfg0.workload.timeout_s = None
+            b = Workload(cfg0.workload, 0).sample_step(0)
+            nominal = np.add.reduceat(b.completion / cfg0.workload.timeout_ref_tps + b.tool_s, b.offsets[:-1])
+            cap = float(np.mean(nominal > 0.95 * 18000))
+            for unit in ("group", "execution"):
+                cfg = with_policy(cfg0, train_unit=unit)
+                col, ela = simulate(cfg, "colocate"), simulate(cfg, "elastic")
+                _, asy = best_async(cfg, stream=False)
+                print(f"  {sigma:5.2f} {timeout:>7} {np.median(nominal) / 3600:6.2f} {nominal.max() / 3600:6.2f} "
+                      f"{100 * cap:5.1f}% {unit:>9} {col.metrics['wall_h']:10.2f} {ela.metrics['wall_h']:9.2f} "
+                      f"{col.wall_s / ela.wall_s:6.2f}x {asy.metrics['wall_h']:8.2f} {asy.wall_s / ela.wall_s:7.2f}x")
+    print("  (nominal durations count tool latency and decoding at timeout_ref_tps; async = best split)")
+
+
+def sweep_granularity() -> None:
+    print("\n## Sensitivity: cell granularity, same 256 accelerators (qwengyre_nl2repo, 3 steps)")
+    base = load("qwengyre_nl2repo", "steps=3")
+    fine = base.cluster.model_copy(update=dict(
+        cells=16, accelerators_per_cell=16, capacity=16, train_tps=base.cluster.train_tps / 2,
+        gen_tps_single=base.cluster.gen_tps_single / 2 ** (1 - base.cluster.gen_concurrency_exponent)))
+    print(f"  {'layout':>16} {'unit':>9} {'elastic h':>9} {'vs 8x4 nodes':>12} {'colocate h':>10} {'vs col':>7}")
+    for unit in ("group", "execution"):
+        ref = None
+        for factor in (1, 2, 4, 8):
+            cfg = with_policy(base, train_unit=unit)
+            cfg.cluster = fine.regrouped(factor) if factor > 1 else fine
+            ela, col = simulate(cfg, "elastic"), simulate(cfg, "colocate")
+            if factor == 2:
+                ref = ela.wall_s
+            rel = "" if ref is None else f"{100 * (ela.wall_s / ref - 1):+11.1f}%"
+            layout = f"{cfg.cluster.cells} x {cfg.cluster.accelerators_per_cell // 8} nodes"
+            print(f"  {layout:>16} {unit:>9} {ela.metrics['wall_h']:9.2f} {rel:>12} {col.metrics['wall_h']:10.2f} "
+                  f"{col.wall_s / ela.wall_s:6.2f}x")
+    print(f"  (paper: 4 cells x 8 nodes costs +{100 * PAPER_GRANULARITY:.1f}% vs 8 x 4; rows above 8 x 4 have no "
+          "reference yet)")
+
+
+def sweep_staleness() -> None:
+    print("\n## Sensitivity: async staleness bound η (qwengyre_nl2repo, 3 steps, 4 train cells)")
+    print(f"  {'eta':>3} {'stream':>6} {'async h':>8} {'stale mean':>10} {'stale max':>9} {'idle train':>10}")
+    for eta in (0, 1, 2, 4):
+        for stream in (False, True):
+            cfg = with_policy(load("qwengyre_nl2repo", "steps=3"), staleness=eta, async_train_cells=4,
+                              async_stream=stream)
+            r = simulate(cfg, "async")
+            m = r.metrics
+            print(f"  {eta:3d} {str(stream):>6} {m['wall_h']:8.2f} {m['staleness_mean']:10.2f} "
+                  f"{m['staleness_max']:9.0f} {100 * m['idle_train']:9.1f}%")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="main tables only")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    print("# Simulated schedules vs QwenGyre's claims (arXiv 2609.33848)")
+    print("# columns: wall h; elastic = this policy's wall time / elastic's; accel-h = accelerator-hours;")
+    print("# idle R / idle T = share of rollout / train time with nothing running; util R = rollout throughput")
+    print("# used (tps(n)/tps(capacity)); stale = max staleness; abort = aborted turns; switch = role switches")
+    for name in ("qwengyre_nl2repo", "qwengyre_122b"):
+        main_tables(name)
+    if not args.quick:
+        sweep_switch_cost()
+        sweep_tail()
+        sweep_granularity()
+        sweep_staleness()
+    print(f"\n(simulated in {time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

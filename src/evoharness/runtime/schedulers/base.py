@@ -1,0 +1,159 @@
+"""The scheduler interface and what every schedule shares.
+
+A scheduler is a plain object: ``start()`` and ``handle(event)`` return the
+commands to carry out (see `runtime.events`). It never sees a clock, so the
+same object can drive the discrete-event simulator (`runtime.sim`) or a real
+runtime. Shared pieces live here: the gateway queue with least-loaded routing,
+the d/p/f counters, GRPO group completion, and a streaming trainer whose train
+cells claim micro-batches (one execution's trajectory each) from a shared
+queue (QwenGyre, arXiv 2609.33848, "streaming training with dynamic
+membership"; weights stay fixed within a step).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from evoharness.runtime.cells import CellPool, Counters, Role
+from evoharness.runtime.events import (Bind, Command, Dispatch, Event, ExecutionDispatched,
+                                       ExecutionFinished, ExecutionOrphaned, ExecutionStarted,
+                                       MicroBatchDone, ModelCallFinished, ModelCallStarted,
+                                       RoleSwitchDone, RunMicroBatch, WeightSyncDone)
+
+
+class Scheduler:
+    """Base scheduler: subclasses override the ``on_*`` hooks they need.
+
+    Args:
+        cells: K.
+        capacity: executions one cell hosts at once in rollout (C_e).
+        groups_per_step: GRPO groups per training batch.
+        group_size: executions per group.
+        steps: optimizer steps to run; ``done`` turns True after the last
+            weight sync.
+        train_unit: when a finished execution becomes trainable: ``group``
+            (GRPO: once every member of its group finished, since the
+            advantage needs the group's rewards) or ``execution`` (at once,
+            e.g. a baseline that does not wait for the group).
+    """
+
+    name = "base"
+    observes_model_calls = False
+
+    def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
+                 train_unit: str = "group"):
+        if train_unit not in ("group", "execution"):
+            raise ValueError(f"train_unit must be 'group' or 'execution', got {train_unit!r}")
+        self.train_unit = train_unit
+        if cells < 1 or capacity < 1 or groups_per_step < 1 or group_size < 1 or steps < 1:
+            raise ValueError("cells, capacity, groups_per_step, group_size and steps must be >= 1")
+        self.K, self.capacity = cells, capacity
+        self.G, self.group_size, self.steps = groups_per_step, group_size, steps
+        self.N = groups_per_step * group_size  # executions per step
+        self.pool = CellPool(capacity, self.initial_roles())
+        self.counters = Counters()
+        self.version = 0          # policy version of the newest weights
+        self.steps_done = 0
+        self.done = False
+        self.queue: deque[int] = deque()          # dispatched, waiting for a cell
+        self.group_left: dict[int, int] = {}      # group -> members not finished
+        self.tokens: dict[int, int] = {}          # finished execution -> trajectory tokens
+        self.mb_queue: deque[int] = deque()       # executions ready to train this step
+        self.idle_train: deque[int] = deque()     # train cells waiting for a micro-batch
+        self.mb_pending = 0                       # micro-batches of this step not yet done
+        self._handlers = {
+            ExecutionDispatched: self.on_dispatched, ExecutionStarted: self.on_started,
+            ExecutionFinished: self.on_finished, ExecutionOrphaned: self.on_orphaned,
+            ModelCallStarted: self.on_model_call, ModelCallFinished: self.on_model_call,
+            MicroBatchDone: self.on_micro_batch_done, RoleSwitchDone: self.on_role_switch_done,
+            WeightSyncDone: self.on_weight_sync_done,
+        }
+
+    # ---- interface ---------------------------------------------------------
+    def initial_roles(self) -> list[Role]:
+        return [Role.ROLLOUT] * self.K
+
+    def start(self) -> list[Command]:
+        raise NotImplementedError
+
+    def handle(self, event: Event) -> list[Command]:
+        out: list[Command] = []
+        self._handlers[type(event)](event, out)
+        return out
+
+    # ---- shared helpers ----------------------------------------------------
+    def dispatch(self, group: int, out: list[Command]) -> None:
+        self.group_left[group] = self.group_size
+        out.append(Dispatch(group, self.version))
+
+    def route(self, out: list[Command]) -> None:
+        """Bind waiting executions to the least-loaded rollout cells."""
+        pool, q = self.pool, self.queue
+        while q:
+            cell = pool.least_loaded()
+            if cell is None:
+                return
+            e = q.popleft()
+            pool.bind(e, cell)
+            out.append(Bind(e, cell.id))
+
+    def members(self, group: int) -> range:
+        return range(group * self.group_size, (group + 1) * self.group_size)
+
+    def claim(self, out: list[Command]) -> None:
+        """Idle train cells claim micro-batches from the shared queue."""
+        while self.idle_train and self.mb_queue:
+            e = self.mb_queue.popleft()
+            out.append(RunMicroBatch(self.idle_train.popleft(), (e,), self.version))
+
+    # ---- default event handlers -------------------------------------------
+    def on_dispatched(self, ev: ExecutionDispatched, out: list[Command]) -> None:
+        self.counters.dispatched += 1
+        self.queue.append(ev.execution)
+        self.route(out)
+
+    def on_started(self, ev: ExecutionStarted, out: list[Command]) -> None:
+        self.counters.started += 1
+
+    def on_finished(self, ev: ExecutionFinished, out: list[Command]) -> None:
+        self.counters.finished += 1
+        self.tokens[ev.execution] = ev.tokens
+        if self.pool.unbind(ev.execution) is None and ev.execution in self.queue:
+            self.queue.remove(ev.execution)   # an orphan that finished its last tool call unbound
+        g = ev.execution // self.group_size
+        self.group_left[g] -= 1
+        if self.train_unit == "execution":
+            self.on_trainable([ev.execution], out)
+        if self.group_left[g] == 0:
+            del self.group_left[g]
+            if self.train_unit == "group":
+                self.on_trainable(list(self.members(g)), out)
+        self.route(out)
+
+    def on_orphaned(self, ev: ExecutionOrphaned, out: list[Command]) -> None:
+        self.pool.unbind(ev.execution)
+        self.queue.appendleft(ev.execution)
+        self.route(out)
+
+    def on_model_call(self, ev: ModelCallStarted | ModelCallFinished, out: list[Command]) -> None:
+        pass
+
+    def on_trainable(self, executions: list[int], out: list[Command]) -> None:
+        """Finished executions whose micro-batches may now be trained."""
+
+    def on_micro_batch_done(self, ev: MicroBatchDone, out: list[Command]) -> None:
+        self.mb_pending -= len(ev.executions)
+        self.idle_train.append(ev.cell)
+        if self.mb_pending == 0:
+            self.on_step_trained(out)
+        else:
+            self.claim(out)
+
+    def on_step_trained(self, out: list[Command]) -> None:
+        pass
+
+    def on_role_switch_done(self, ev: RoleSwitchDone, out: list[Command]) -> None:
+        pass
+
+    def on_weight_sync_done(self, ev: WeightSyncDone, out: list[Command]) -> None:
+        pass

@@ -1,0 +1,129 @@
+"""Elastic (QwenGyre, arXiv 2609.33848): cells move between rollout and train.
+
+All cells start a step in rollout and the step's executions are dispatched at
+once. Each time an execution finishes or a transfer completes, the next cell
+may move rollout -> train only when the remaining rollout capacity still
+covers the outstanding work:
+
+    w(t) = d(t) - f(t)  <=  C_R(t) - C_e
+
+(C_R: capacity of the cells in rollout, C_e: one cell's capacity). Transfers
+are serial, the core cell first, then the least-loaded rollout cell. A cell
+leaving rollout takes no new requests and its executions are migrated to other
+rollout cells; a model call in flight is re-issued there (harness-preserving
+role transfer: no agent turn is aborted). Training is streaming with dynamic
+membership: a cell joins the running step when its transfer completes and
+claims micro-batches from the shared queue (a GRPO group becomes trainable
+when all its members finished); weights stay fixed within the step. After the
+optimizer step and weight sync every train cell returns to rollout. The
+schedule stays on-policy (staleness 0).
+"""
+
+from __future__ import annotations
+
+from evoharness.runtime.cells import Role
+from evoharness.runtime.events import (Command, ExecutionFinished, ExecutionStarted, Migrate, RoleSwitchDone,
+                                       SwitchRole, SyncWeights, WeightSyncDone)
+from evoharness.runtime.schedulers.base import Scheduler
+
+
+class Elastic(Scheduler):
+    """Args (beyond `Scheduler`'s): reissue: migrate a leaving cell's
+    executions (True, QwenGyre); False switches it bluntly, so the world aborts
+    its in-flight turns (an ablation that shows what re-issuing saves)."""
+
+    name = "elastic"
+
+    def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
+                 train_unit: str = "group", reissue: bool = True):
+        super().__init__(cells, capacity, groups_per_step, group_size, steps, train_unit)
+        self.reissue = reissue
+        self.transferring: int | None = None   # the cell in rollout -> train transfer
+        self.sync_waiting = False
+        self.transfers = 0
+
+    def start(self) -> list[Command]:
+        out: list[Command] = []
+        self._begin_step(out)
+        return out
+
+    def _begin_step(self, out: list[Command]) -> None:
+        self.mb_pending = self.N
+        s = self.steps_done
+        for g in range(s * self.G, (s + 1) * self.G):
+            self.dispatch(g, out)
+
+    def maybe_transfer(self, out: list[Command]) -> None:
+        """Move the next cell to train if w(t) <= C_R(t) - C_e."""
+        pool = self.pool
+        if self.transferring is not None or self.mb_pending == 0:
+            return
+        w = self.counters.outstanding
+        if w == 0 and not self.mb_queue:
+            return  # nothing left for one more trainer to do
+        if w > pool.rollout_capacity - self.capacity:
+            return
+        core = pool.cells[0]
+        cell = core if core.role == Role.ROLLOUT else pool.least_loaded(need_free=False)
+        if cell is None:
+            return
+        pool.set_role(cell, Role.TO_TRAIN)    # stops taking new requests
+        for e in sorted(cell.bound):
+            pool.unbind(e)
+            if self.reissue:
+                target = pool.least_loaded()
+                assert target is not None, "w <= C_R - C_e guarantees room elsewhere"
+                pool.bind(e, target)
+                out.append(Migrate(e, target.id))
+        out.append(SwitchRole(cell.id, Role.TRAIN))
+        self.transferring = cell.id
+        self.transfers += 1
+
+    def on_started(self, ev: ExecutionStarted, out: list[Command]) -> None:
+        super().on_started(ev, out)
+        self.maybe_transfer(out)   # a small batch may not need every cell
+
+    def on_finished(self, ev: ExecutionFinished, out: list[Command]) -> None:
+        super().on_finished(ev, out)
+        self.maybe_transfer(out)
+
+    def on_trainable(self, executions: list[int], out: list[Command]) -> None:
+        self.mb_queue.extend(executions)
+        self.claim(out)
+
+    def on_role_switch_done(self, ev: RoleSwitchDone, out: list[Command]) -> None:
+        cell = self.pool.cells[ev.cell]
+        self.pool.set_role(cell, ev.role)
+        if ev.role == Role.TRAIN:
+            self.transferring = None
+            self.idle_train.append(ev.cell)
+            if self.sync_waiting:
+                self.sync_waiting = False
+                self._sync(out)
+                return
+            self.claim(out)
+            self.maybe_transfer(out)
+        else:
+            self.route(out)
+
+    def on_step_trained(self, out: list[Command]) -> None:
+        if self.transferring is not None:
+            self.sync_waiting = True   # sync once the cell in transfer has landed
+        else:
+            self._sync(out)
+
+    def _sync(self, out: list[Command]) -> None:
+        out.append(SyncWeights(self.version + 1, tuple(range(self.K))))
+
+    def on_weight_sync_done(self, ev: WeightSyncDone, out: list[Command]) -> None:
+        self.version = ev.version
+        self.steps_done += 1
+        self.idle_train.clear()
+        if self.steps_done == self.steps:
+            self.done = True
+            return
+        for c in self.pool.cells:
+            if c.role == Role.TRAIN:
+                self.pool.set_role(c, Role.TO_ROLLOUT)
+                out.append(SwitchRole(c.id, Role.ROLLOUT))
+        self._begin_step(out)

@@ -1,0 +1,159 @@
+"""Schedule-specific guarantees: async staleness, elastic transfers and re-issue, engine guards."""
+
+from __future__ import annotations
+
+import pytest
+
+from evoharness.runtime.cells import Role
+from evoharness.runtime.events import (Bind, Dispatch, ExecutionDispatched, ExecutionFinished, ExecutionStarted,
+                                       Migrate, RoleSwitchDone, RunMicroBatch, SwitchRole, WeightSyncDone)
+from evoharness.runtime.schedulers import Elastic
+from evoharness.runtime.schedulers.base import Scheduler
+from evoharness.runtime.sim import SchedulingError, Simulator, build_scheduler, simulate
+
+# ---- async ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("eta", [0, 1, 2])
+def test_async_never_exceeds_staleness_bound(make_cfg, eta, stream):
+    cfg = make_cfg(steps=5, policy={"staleness": eta, "async_stream": stream, "async_train_cells": 1})
+    r = simulate(cfg, "async")
+    assert r.checks["trained_once"] and len(r.step_end_s) == 5
+    assert max(r.staleness) <= eta
+    assert r.metrics["switches"] == 0   # the split is fixed
+    if eta >= 1:
+        assert max(r.staleness) >= 1    # the bound is actually exercised
+
+
+def test_async_staleness_counts_match_behaviour_versions(make_cfg, recorder):
+    cfg = make_cfg(steps=4, policy={"staleness": 2})
+    rec = recorder(build_scheduler("async", cfg))
+    r = Simulator(cfg, rec).run()
+    gs = cfg.workload.group_size
+    behaviour = {}
+    for kind, x in rec.log:
+        if isinstance(x, Dispatch):
+            for e in range(x.group * gs, (x.group + 1) * gs):
+                behaviour[e] = x.version
+    counts: dict[int, int] = {}
+    for kind, x in rec.log:
+        if isinstance(x, RunMicroBatch):
+            for e in x.executions:
+                counts[x.version - behaviour[e]] = counts.get(x.version - behaviour[e], 0) + 1
+    assert counts == r.staleness
+
+
+# ---- elastic -------------------------------------------------------------------------
+
+
+def test_elastic_reissues_and_never_aborts(make_cfg):
+    r = simulate(make_cfg(), "elastic")
+    assert r.metrics["aborted_turns"] == 0
+    assert r.metrics["migrations"] > 0 and r.metrics["reissued_calls"] > 0
+    assert r.checks["finished_once"]
+
+
+def test_elastic_without_reissue_aborts_turns(make_cfg):
+    """The ablation shows the aborted-turn counter is live."""
+    r = simulate(make_cfg(policy={"elastic_reissue": False}), "elastic")
+    assert r.metrics["aborted_turns"] > 0
+    assert r.checks["finished_once"] and r.checks["trained_once"]
+
+
+def test_elastic_transfer_rule_serial_core_first(make_cfg, recorder):
+    cfg = make_cfg()
+    cl = cfg.cluster
+    rec = recorder(build_scheduler("elastic", cfg))
+    Simulator(cfg, rec).run()
+    role = [Role.ROLLOUT] * cl.cells
+    d = f = 0
+    to_train: set[int] = set()
+    first_of_step = True
+    transfers = 0
+    for kind, x in rec.log:
+        if isinstance(x, ExecutionDispatched):
+            d += 1
+        elif isinstance(x, ExecutionFinished):
+            f += 1
+        elif isinstance(x, WeightSyncDone):
+            first_of_step = True
+        elif isinstance(x, SwitchRole):
+            if x.role == Role.TRAIN:
+                c_r = sum(cl.capacity for i, r in enumerate(role) if r == Role.ROLLOUT)
+                assert d - f <= c_r - cl.capacity          # w(t) <= C_R(t) - C_e
+                assert not to_train                        # serial
+                if first_of_step:
+                    assert x.cell == 0                     # core first
+                    first_of_step = False
+                to_train.add(x.cell)
+                transfers += 1
+            role[x.cell] = Role.TO_TRAIN if x.role == Role.TRAIN else Role.TO_ROLLOUT
+        elif isinstance(x, RoleSwitchDone):
+            to_train.discard(x.cell)
+            role[x.cell] = x.role
+    assert transfers >= cfg.steps
+
+
+def test_elastic_is_a_plain_object_driven_by_events():
+    """No simulator, no clock: feed events by hand and read the decisions."""
+    s = Elastic(cells=2, capacity=2, groups_per_step=1, group_size=4, steps=1)
+    assert s.start() == [Dispatch(0, 0)]
+    binds = [c for e in range(4) for c in s.handle(ExecutionDispatched(e, 0))]
+    assert binds == [Bind(0, 0), Bind(1, 1), Bind(2, 0), Bind(3, 1)]
+    for b in binds:
+        assert s.handle(ExecutionStarted(b.execution, b.cell)) == []
+    assert s.handle(ExecutionFinished(1, 1, 100)) == []               # w = 3 > C_R - C_e = 2
+    cmds = s.handle(ExecutionFinished(3, 1, 100))                     # w = 2 <= 2: core leaves
+    assert cmds == [Migrate(0, 1), Migrate(2, 1), SwitchRole(0, Role.TRAIN)]
+    assert s.handle(RoleSwitchDone(0, Role.TRAIN)) == []              # group not complete yet
+    assert s.handle(ExecutionFinished(0, 1, 100)) == []
+    cmds = s.handle(ExecutionFinished(2, 1, 100))                     # group done, w = 0
+    assert cmds == [RunMicroBatch(0, (0,), 0), SwitchRole(1, Role.TRAIN)]
+    assert s.counters.outstanding == 0 and s.transfers == 2
+
+
+# ---- the world refuses impossible schedules ---------------------------------------------
+
+
+class _Base(Scheduler):
+    name = "broken"
+
+    def start(self):
+        out = []
+        self.dispatch(0, out)
+        return out
+
+
+class Overfill(_Base):
+    def on_dispatched(self, ev, out):
+        out.append(Bind(ev.execution, 0))          # ignores capacity
+
+
+class TrainOnRollout(_Base):
+    def on_finished(self, ev, out):
+        out.append(RunMicroBatch(1, (ev.execution,), 0))   # cell 1 is in rollout
+
+
+class TwoRoles(_Base):
+    def start(self):
+        return [SwitchRole(0, Role.TRAIN), SwitchRole(0, Role.TRAIN)]
+
+
+@pytest.mark.parametrize("cls", [Overfill, TrainOnRollout, TwoRoles])
+def test_engine_rejects_impossible_commands(make_cfg, cls):
+    cfg = make_cfg(cluster={"capacity": 2})
+    s = cls(cells=cfg.cluster.cells, capacity=2, groups_per_step=cfg.workload.groups_per_step,
+            group_size=cfg.workload.group_size, steps=1)
+    with pytest.raises(SchedulingError):
+        Simulator(cfg, s).run()
+
+
+def test_deadlock_is_reported(make_cfg):
+    class Idle(_Base):
+        def start(self):
+            return []
+    cfg = make_cfg()
+    s = Idle(cells=4, capacity=4, groups_per_step=4, group_size=4, steps=1)
+    with pytest.raises(SchedulingError, match="deadlock"):
+        Simulator(cfg, s).run()

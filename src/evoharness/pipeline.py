@@ -44,7 +44,7 @@ class RunConfig(Strict):
     seed: int = 0
     budget_minutes: float = 40.0
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
-    harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe"))
+    harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))
     teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(kind="teacher"))
     train_split: str = "train"
     train_games: int | None = None  # None: every train game available
@@ -99,17 +99,20 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     t0 = time.perf_counter()
     traces, sft_data = out / "teacher_traces.jsonl", out / "sft_examples.jsonl"
     model_dir, sft_dir, rl_dir = out / "model_init", out / "sft", out / "rl"
+    # The experience store the teacher built on the train games: the student starts from it.
+    experience = out / "experience.json"
+    harness_cfg = cfg.harness.model_copy(update={"experience_path": str(experience)})
 
     def collect() -> None:
         tasks = discover_games(cfg.train_split, cfg.env.data_path)
         if cfg.train_games:
             tasks = tasks[: cfg.train_games]
-        collect_traces(tasks, make_policy(cfg.teacher), lambda: make_harness(cfg.harness),
-                       lambda task: make_env(task, engine=cfg.env.engine, wording=cfg.env.wording), traces,
-                       samples=cfg.teacher_samples, max_steps=cfg.max_steps, seed=cfg.seed)
-        examples = traces_to_sft(traces)
-        _write_jsonl(sft_data, examples)
-        log(f"  {len(examples)} SFT examples from {traces}")
+        stats = collect_traces(tasks, make_policy(cfg.teacher), lambda store: make_harness(cfg.harness, experience=store),
+                               lambda task: make_env(task, engine=cfg.env.engine, wording=cfg.env.wording), traces,
+                               samples=cfg.teacher_samples, max_steps=cfg.max_steps, batch_size=32,
+                               experience_path=experience, seed=cfg.seed)
+        examples = traces_to_sft(traces, out_path=sft_data)
+        log(f"  teacher won {stats.won}/{stats.played} train episodes; {len(examples)} SFT examples")
 
     def build_model() -> None:
         from evoharness.models.init import count_params, init_model
@@ -132,15 +135,15 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     def rl() -> None:
         rl_cfg = cfg.rl.model_copy(deep=True)
         rl_cfg.model_path, rl_cfg.out_dir = str(sft_dir / "final"), str(rl_dir)
-        rl_cfg.engine, rl_cfg.data_path, rl_cfg.harness = cfg.env.engine, cfg.env.data_path, cfg.harness
+        rl_cfg.engine, rl_cfg.data_path, rl_cfg.harness = cfg.env.engine, cfg.env.data_path, harness_cfg
         rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
         if rl_cfg.max_minutes is None:
             rl_cfg.max_minutes = cfg.budget_minutes * cfg.rl_budget_share
         train_rl(rl_cfg)
 
-    def evaluate_system(name: str, policy: PolicyConfig, experience: str | None = None) -> Callable[[], None]:
+    def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience) -> Callable[[], None]:
         def run() -> None:
-            harness = cfg.harness.model_copy(update={"experience_path": experience} if experience else {})
+            harness = cfg.harness.model_copy(update={"experience_path": str(store)})
             ecfg = EvalConfig(split=cfg.eval_split, limit=cfg.eval_limit, seed=cfg.seed, max_steps=cfg.max_steps,
                               workers=cfg.eval_workers, batch_size=cfg.eval_batch, out_dir=str(out / "eval" / name),
                               env=cfg.env, harness=harness, policy=policy)
@@ -166,7 +169,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     names = ["random", "scripted_teacher", "sft"]
     if not cfg.skip_rl and (rl_dir / "final").exists():
         stage("eval_sft_grpo", evaluate_system("sft_grpo", model_policy(rl_dir / "final"),
-                                               str(rl_dir / "final" / "experience.json")))
+                                               rl_dir / "final" / "experience.json"))
         names.append("sft_grpo")
     labels = {"random": "random", "scripted_teacher": "scripted teacher (non-privileged)", "sft": "SFT (from scratch)",
               "sft_grpo": "SFT + GRPO"}
@@ -184,14 +187,6 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
 
 def _slug(name: str) -> str:
     return name.replace(" ", "_")
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    import os
-
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
 
 
 def _read_jsonl(path: Path) -> list[dict]:

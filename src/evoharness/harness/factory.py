@@ -16,11 +16,14 @@ class HarnessConfig(Strict):
         history_window: previous (action, feedback) pairs shown each turn.
         experience_path: a saved experience store (JSON) for ``bpe``; None
             starts from the built-in seed entries. Evaluation never writes it.
+        system_prompt: ``full`` or ``compact`` (bpe only; one line for small
+            from-scratch models whose training cost is dominated by prompt tokens).
     """
 
     kind: Literal["react", "bpe"] = "bpe"
     history_window: int | None = None  # None: the harness's own default (react 8, bpe 4)
     experience_path: str | None = None
+    system_prompt: Literal["full", "compact"] = "full"
 
 
 def make_harness(cfg: HarnessConfig, experience=None):
@@ -34,7 +37,7 @@ def make_harness(cfg: HarnessConfig, experience=None):
 
     if experience is None:
         experience = load_experience(cfg.experience_path)
-    return BPEHarness(experience=experience, **_window(cfg))
+    return BPEHarness(experience=experience, system_prompt=cfg.system_prompt, **_window(cfg))
 
 
 def _window(cfg: HarnessConfig) -> dict:

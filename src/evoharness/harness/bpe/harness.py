@@ -45,6 +45,11 @@ SYSTEM_PROMPT = (
     "- note <insight>: save a lesson for future episodes.\n"
     "Reply as: <think>your reasoning</think><action>one command or meta-action</action>"
 )
+# For small models trained from scratch: the same contract in one line (the
+# full prompt's ~230 tokens would be ~40% of every SFT row; EvoHarness-RL's
+# models read the full one).
+COMPACT_SYSTEM_PROMPT = ("Household agent. Act with one admissible command or a meta-action (track, commit, recall, "
+                         "note). Reply as: <think>reason</think><action>command</action>")
 FEEDBACK_CHARS = 200  # older PREVIOUS ACTIONS feedback is cut to this
 
 
@@ -76,6 +81,8 @@ class BPEHarness(Harness):
         plan_capacity: subgoals in the plan (8).
         learn_locations: feed successful pickups (and the receptacle types
             searched before the objective's object was found) to the store.
+        system_prompt: ``full`` (explains every section and meta-action) or
+            ``compact`` (one line, for small from-scratch models).
 
     Attributes a scripted teacher reads: ``goal`` (`Goal`), ``belief``
     (`Belief`), ``progress`` (`Progress`), ``experience``, ``hints`` (the
@@ -93,7 +100,11 @@ class BPEHarness(Harness):
         belief_capacity: int = BELIEF_CAPACITY,
         plan_capacity: int = PLAN_CAPACITY,
         learn_locations: bool = True,
+        system_prompt: str = "full",
     ) -> None:
+        if system_prompt not in ("full", "compact"):
+            raise ValueError(f"system_prompt must be 'full' or 'compact', got {system_prompt!r}")
+        self.system_prompt = SYSTEM_PROMPT if system_prompt == "full" else COMPACT_SYSTEM_PROMPT
         self.experience = experience
         self.history_window = history_window
         self.hints_k = hints_k
@@ -226,4 +237,4 @@ class BPEHarness(Harness):
             f"PREVIOUS ACTIONS:\n{self.format_history()}",
         ]
         sections += [f"{name}:\n{text}" for name, text in self.views().items()]
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(sections)}]
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": "\n\n".join(sections)}]

@@ -1,0 +1,504 @@
+"""The scripted BPE teacher: a non-privileged ALFWorld player for stage-1 SFT traces.
+
+It reads **only the rendered user message** of the BPE harness, the text the
+student sees: OBJECTIVE, OBSERVATION, ADMISSIBLE COMMANDS, PREVIOUS ACTIONS,
+PLAN, RECALLED HINTS, TRACK RESULT, RECALL RESULT. It never reads the
+environment (``request.env``) nor the harness objects (``request.harness``):
+whatever the belief or the experience store know reaches it only through a
+``track`` or ``recall`` whose result the harness renders. Every decision is
+therefore a deterministic function of the prompt (`decide(parse_prompt(text))`),
+which is what a student can imitate (design.md, "Known pitfalls").
+
+Decision rules (the current subgoal decides which apply; event rules 2-5 first):
+
+1. **Plan.** Empty PLAN -> ``commit plan: …`` with the task type's subgoals:
+   pick ``find X; put X in Y``; pick-two ``find first X; put first X in Y;
+   find second X; put second X in Y``; heat/cool/clean ``find X; heat X with
+   microwave; put X in Y``; look ``find X; use desklamp while holding X``.
+   The current phase is the first PLAN item not ``done``.
+2. **Subgoal switch.** Right after the action that completes the phase (a take
+   of an X, a heat/cool/clean of it, the first put of pick-two) ->
+   ``commit <phase>: done; <next>: active``.
+3. **Note.** Right after taking an X from a receptacle type that RECALLED HINTS
+   did not list (or finding the lamp where RECALL RESULT did not point) ->
+   ``note X is sometimes found in/on T`` first, then the commit.
+4. **Recall.** Entering a heat/cool/clean phase -> ``recall how: heat X``;
+   entering "find second X" -> ``recall mistakes: pick two``; the lamp not
+   seen yet (TRACK RESULT says so) -> ``recall where: desklamp``.
+5. **Track.** Entering "find second X" (after the recall) -> ``track world``
+   (earlier sightings of X and the unsearched receptacles); entering "use
+   desklamp" with no lamp at hand -> ``track desklamp``.
+6. **Find X.** ``take X n from R`` admissible -> take it (in "find second X"
+   never from a Y-type receptacle: that is the first one). At a receptacle the
+   OBSERVATION calls closed -> open it. Else go on to the receptacle after the
+   current one (the latest ``go to``/``open``/``examine`` target in PREVIOUS
+   ACTIONS) in the search order: the types RECALLED HINTS lists, in hint
+   order, then the open types of `GENERIC_ORDER`, then its closed types;
+   instances in natural order. A hinted cabinet/drawer family of
+   `MANY_CLOSED` or more instances keeps its generic place (each visit costs
+   go + open). Pick and pick-two skip Y-type receptacles (the objective is
+   not met yet, so no X lies there). The scene's receptacles are the ``go
+   to`` targets plus those sharing the agent's place (``open``/``examine``
+   targets: reached by opening or examining them, they have no ``go to``).
+   For "find second X" a receptacle TRACK RESULT (``track world``) shows an X
+   in comes first; else the candidates are TRACK RESULT's unsearched
+   receptacles, in the same order. Nothing left -> ``look``.
+7. **Transform.** ``heat X n with microwave 1`` (cool/fridge, clean/sinkbasin)
+   admissible -> do it; else go to the appliance (first instance).
+8. **Place.** A put of an X into a Y-type receptacle admissible -> put it; at a
+   closed target -> open it; else go to the first Y instance in natural order.
+9. **Look.** ``use desklamp n`` admissible -> use it; a lamp TRACK RESULT
+   located -> go there; else search (rule 6) TRACK RESULT's unsearched
+   receptacles, the types RECALL RESULT lists first.
+
+Each completion is ``<think>reason</think><action>command</action>``; the
+reason names the rule that fired. `GENERIC_ORDER` was counted once, offline,
+from the train games' initial states (per receptacle instance, how often it
+holds the goal object, divided by the steps a visit costs: 2 for closed
+types): a fixed constant a student can learn, like the seed priors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from evoharness.envs.alfworld.wording import parse_place
+from evoharness.harness.bpe.belief import type_of
+from evoharness.harness.bpe.goal import Goal, parse_goal
+from evoharness.policies.base import Completion, PolicyRequest, estimate_tokens, format_action
+
+# Receptacle types after the recalled ones: most likely per visited instance first.
+GENERIC_ORDER = (
+    "diningtable", "desk", "tvstand", "dresser", "toilet", "countertop", "sidetable", "sofa", "coffeetable",
+    "bed", "bathtubbasin", "armchair", "ottoman", "garbagecan", "shelf", "fridge", "sinkbasin",
+    "handtowelholder", "coffeemachine", "microwave", "stoveburner", "safe", "toiletpaperhanger", "cabinet",
+    "drawer", "towelholder", "toaster", "laundryhamper", "cart",
+)
+_UNKNOWN_RANK = GENERIC_ORDER.index("safe")  # an unlisted type is searched before cabinets and drawers
+CLOSED_TYPES = ("fridge", "microwave", "safe", "cabinet", "drawer")  # a visit costs go + open
+CLOSED_FAMILIES = ("cabinet", "drawer")
+MANY_CLOSED = 5  # a recalled cabinet/drawer prior with this many instances loses its priority
+_ALIAS = {"sink": "sinkbasin", "bathtub": "bathtubbasin", "lamp": "desklamp"}
+
+_SECTION_RE = re.compile(
+    r"(?:^|\n\n)(OBJECTIVE|OBSERVATION|ADMISSIBLE COMMANDS|PREVIOUS ACTIONS|PLAN|RECALLED HINTS|TRACK RESULT|"
+    r"RECALL RESULT):[ \n]"
+)
+_PLAN_LINE_RE = re.compile(r"^\d+\. \[.\] (.*) \((pending|active|done|failed)\)$")
+_HINT_RE = re.compile(r"^- ([a-z]+): look in ([a-z]+)")
+_VIEW_HEAD_RE = re.compile(r"^\((track|recall) (.*), (?:last step|\d+ steps ago)\)$")
+_PICK_RE = re.compile(r"You pick up the ([a-z]+ \d+) from the ([a-z]+ \d+)\.")
+_PUT_RE = re.compile(r"You (?:put the ([a-z]+ \d+) in/on the|move the ([a-z]+ \d+) to the) ([a-z]+ \d+)\.")
+_TAKE_CMD_RE = re.compile(r"^take ([a-z]+ \d+) from ([a-z]+ \d+)$")
+_LOCATED_RE = re.compile(r"^([a-z]+ \d+): in/on ([a-z]+ \d+)")
+_UNSEARCHED_RE = re.compile(r"[Uu]nsearched \((?:\d+/)?\d+\): (.*?)\.?$")
+
+
+def _natural(name: str) -> tuple[str, int]:
+    base, _, num = name.rpartition(" ")
+    return (base, int(num)) if num.isdigit() else (name, 0)
+
+
+def _rtype(name: str) -> str:
+    t = type_of(name)
+    return _ALIAS.get(t, t)
+
+
+# ----------------------------------------------------------------- the prompt
+
+
+@dataclass
+class PromptView:
+    """What the BPE harness's user message shows, parsed.
+
+    Attributes:
+        goal: the parsed OBJECTIVE.
+        observation: the latest environment observation.
+        admissible: the admissible commands.
+        history: PREVIOUS ACTIONS as (action, feedback), oldest first.
+        plan: PLAN as (subgoal, status).
+        hints: receptacle types RECALLED HINTS lists for the objective's object, in order.
+        track: (query, result text) of TRACK RESULT, or None.
+        recall: (query, result text) of RECALL RESULT, or None.
+    """
+
+    goal: Goal
+    observation: str = ""
+    admissible: list[str] = field(default_factory=list)
+    history: list[tuple[str, str]] = field(default_factory=list)
+    plan: list[tuple[str, str]] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    track: tuple[str, str] | None = None
+    recall: tuple[str, str] | None = None
+
+
+def _sections(text: str) -> dict[str, str]:
+    marks = list(_SECTION_RE.finditer(text))
+    return {m.group(1): text[m.end(): marks[i + 1].start() if i + 1 < len(marks) else len(text)].strip("\n")
+            for i, m in enumerate(marks)}
+
+
+def _history(text: str) -> list[tuple[str, str]]:
+    if text.strip() == "(none)":
+        return []
+    out: list[tuple[str, list[str]]] = []
+    for line in text.split("\n"):
+        if line.startswith("> "):
+            out.append((line[2:].strip(), []))
+        elif out:
+            out[-1][1].append(line)
+    return [(a, "\n".join(f).strip()) for a, f in out]
+
+
+def _view(text: str | None) -> tuple[str, str] | None:
+    if not text:
+        return None
+    head, _, body = text.partition("\n")
+    m = _VIEW_HEAD_RE.match(head.strip())
+    return (m.group(2).strip(), body.strip()) if m else None
+
+
+def parse_prompt(user_text: str) -> PromptView:
+    """Parse the BPE harness's user message (see `harness.bpe.harness.BPEHarness.messages`)."""
+    s = _sections(user_text)
+    plan = [(m.group(1), m.group(2)) for ln in s.get("PLAN", "").split("\n") if (m := _PLAN_LINE_RE.match(ln.strip()))]
+    goal = parse_goal(s.get("OBJECTIVE", ""))
+    hints = []
+    for ln in s.get("RECALLED HINTS", "").split("\n"):
+        if (m := _HINT_RE.match(ln.strip())) and m.group(1) == goal.obj and _rtype(m.group(2)) not in hints:
+            hints.append(_rtype(m.group(2)))
+    adm = s.get("ADMISSIBLE COMMANDS", "").strip()
+    return PromptView(
+        goal=goal,
+        observation=s.get("OBSERVATION", ""),
+        admissible=[c.strip() for c in adm.split(", ") if c.strip()] if adm else [],
+        history=_history(s.get("PREVIOUS ACTIONS", "(none)")),
+        plan=plan,
+        hints=hints,
+        track=_view(s.get("TRACK RESULT")),
+        recall=_view(s.get("RECALL RESULT")),
+    )
+
+
+# ----------------------------------------------------------------- the plan
+
+
+def plan_for(goal: Goal) -> list[str]:
+    """The subgoals the teacher commits at the start of an episode."""
+    o, y = goal.obj, goal.target
+    if goal.count == 2:
+        return [f"find first {o}", f"put first {o} in {y}", f"find second {o}", f"put second {o} in {y}"]
+    if goal.transform:
+        return [f"find {o}", f"{goal.transform} {o} with {goal.appliance}", f"put {o} in {y}"]
+    if goal.light:
+        return [f"find {o}", f"use {goal.light} while holding {o}"]
+    return [f"find {o}", f"put {o} in {y}"]
+
+
+def _phase(v: PromptView) -> tuple[int, str]:
+    """(index, text) of the first PLAN item not done; (-1, "") when all are done."""
+    for i, (text, status) in enumerate(v.plan):
+        if status != "done":
+            return i, text
+    return -1, ""
+
+
+def current_subgoal(v: PromptView) -> str:
+    """The PLAN item being worked on (the first not done), "" if none."""
+    return _phase(v)[1]
+
+
+# ----------------------------------------------------------------- the scene
+
+
+def _location(v: PromptView) -> str | None:
+    """The receptacle the agent is at: the latest ``go to R`` (arrived), ``open R``
+    or ``examine R`` in PREVIOUS ACTIONS (receptacles sharing a location are
+    opened or examined where the agent stands: they have no ``go to``)."""
+    for a, f in reversed(v.history):
+        if a.startswith("go to ") and f.startswith("You arrive"):
+            return a[len("go to "):]
+        for verb in ("open ", "examine "):
+            if a.startswith(verb) and type_of(a[len(verb):]) != v.goal.obj and not f.startswith("Nothing happens"):
+                return a[len(verb):]
+    return None
+
+
+def _receptacles(v: PromptView) -> list[str]:
+    """The scene's receptacles: ``go to`` targets, those sharing the agent's
+    location (``open``/``examine`` targets other than a held X), the current one."""
+    out = set()
+    for c in v.admissible:
+        for verb in ("go to ", "open ", "examine "):
+            if c.startswith(verb) and (verb == "go to " or type_of(c[len(verb):]) != v.goal.obj):
+                out.add(c[len(verb):])
+    if here := _location(v):
+        out.add(here)
+    return sorted(out, key=_natural)
+
+
+def _closed_here(v: PromptView, here: str | None) -> str | None:
+    """``open R`` when the agent stands at R and the observation says R is closed."""
+    if here and f"The {here} is closed." in v.observation and f"open {here}" in v.admissible:
+        return f"open {here}"
+    return None
+
+
+def search_order(receps: list[str], prior_types: list[str], skip_types: tuple[str, ...] = ()) -> list[str]:
+    """Receptacles in search order.
+
+    Prior (recalled) types first, in their order; then the open types (not
+    `CLOSED_TYPES`) in `GENERIC_ORDER`; then the closed ones in that order.
+    A prior type of a big closed family (`MANY_CLOSED` or more cabinets or
+    drawers: each visit costs go + open) is not searched first but in its
+    generic place. Instances in natural order.
+    """
+    counts: dict[str, int] = {}
+    for r in receps:
+        counts[_rtype(r)] = counts.get(_rtype(r), 0) + 1
+
+    def key(r: str):
+        t = _rtype(r)
+        rank = GENERIC_ORDER.index(t) if t in GENERIC_ORDER else _UNKNOWN_RANK
+        if t in prior_types and not (t in CLOSED_FAMILIES and counts[t] >= MANY_CLOSED):
+            return (0, prior_types.index(t), _natural(r))
+        return (2 if t in CLOSED_TYPES else 1, rank, _natural(r))
+
+    return sorted((r for r in receps if _rtype(r) not in skip_types), key=key)
+
+
+def _next_after(order: list[str], here: str | None) -> str | None:
+    if not order:
+        return None
+    if here in order:
+        i = order.index(here)
+        return order[i + 1] if i + 1 < len(order) else None
+    return order[0]
+
+
+def _go(v: PromptView, recep: str, why: str) -> tuple[str, str] | None:
+    """``go to R``; for an R sharing the agent's location (no ``go to``): ``open R``
+    if closed, else ``examine R`` to see what is on it."""
+    for cmd in (f"go to {recep}", f"open {recep}", f"examine {recep}"):
+        if cmd in v.admissible:
+            return cmd, why
+    return None
+
+
+def _first_of_type(v: PromptView, rtype: str) -> str | None:
+    return next((r for r in _receptacles(v) if _rtype(r) == rtype), None)
+
+
+def _recalled_types(v: PromptView, obj: str) -> list[str]:
+    """Receptacle types a ``recall where: obj`` result lists (RECALL RESULT)."""
+    if not v.recall or v.recall[0] != f"where: {obj}":
+        return []
+    out = []
+    for ln in v.recall[1].split("\n"):
+        if (m := _HINT_RE.match(ln.strip())) and m.group(1) == obj and _rtype(m.group(2)) not in out:
+            out.append(_rtype(m.group(2)))
+    return out
+
+
+def _unsearched(track_text: str) -> list[str]:
+    for ln in track_text.split("\n"):
+        if m := _UNSEARCHED_RE.search(ln.strip()):
+            return [r.strip() for r in m.group(1).split(",") if r.strip() and r.strip() != "none"]
+    return []
+
+
+def _seen_in_world(track_text: str, obj: str) -> list[str]:
+    """Receptacles a ``track world`` result shows holding an `obj`."""
+    out = []
+    for ln in track_text.split("\n"):
+        if not ln.startswith("seen: "):
+            continue
+        for part in ln[len("seen: "):].split("; "):
+            rec, _, objs = part.partition(": ")
+            if any(type_of(o.strip()) == obj for o in objs.split(",")):
+                out.append(rec.strip())
+    return sorted(out, key=_natural)
+
+
+# ----------------------------------------------------------------- decisions
+
+
+def _last(v: PromptView) -> tuple[str, str]:
+    return v.history[-1] if v.history else ("", "")
+
+
+def _switch(v: PromptView, k: int, why: str) -> tuple[str, str]:
+    items = [t for t, _ in v.plan]
+    update = f"{items[k]}: done" + (f"; {items[k + 1]}: active" if k + 1 < len(items) else "")
+    return f"commit {update}", why
+
+
+def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
+    g = v.goal
+    o, y = g.obj, g.target
+    last_a, last_f = _last(v)
+    if last_a.startswith("take ") and (m := _PICK_RE.search(last_f)) and type_of(m.group(1)) == o:
+        rtype = _rtype(m.group(2))
+        if rtype not in v.hints:
+            return (f"note {o} is sometimes found in/on {rtype}",
+                    f"I found the {o} in a {rtype}, which my recalled hints did not list; "
+                    "I note it for later episodes.")
+        return _switch(v, k, f"I hold the {m.group(1)}; this subgoal is done, so I update the plan.")
+    if last_a.startswith(f"note {o} is "):
+        return _switch(v, k, f"I hold the {o} and noted where it was; I mark the subgoal done.")
+    if second and last_a.startswith("commit "):
+        return ("recall mistakes: pick two",
+                f"The first {o} is placed; before searching again I check the known mistakes of pick-two tasks.")
+    if second and last_a.startswith("recall mistakes"):
+        return ("track world", f"A second {o} may already have been seen; I check everything I have seen so far.")
+    for c in v.admissible:
+        m = _TAKE_CMD_RE.match(c)
+        if m and type_of(m.group(1)) == o and not (second and _rtype(m.group(2)) == y):
+            return c, f"There is a {m.group(1)} here; I take it."
+    here = _location(v)
+    if cmd := _closed_here(v, here):
+        return cmd, f"The {here} is closed; I open it to see inside."
+    receps = _receptacles(v)
+    if not second:
+        skip = (y,) if y and not g.transform else ()
+        order = search_order(receps, v.hints, skip)
+        why = "hinted" if v.hints else "likely"
+    else:
+        world = v.track[1] if v.track and v.track[0] == "world" else ""
+        known = [r for r in _seen_in_world(world, o) if _rtype(r) != y]
+        if known and known[0] != here and (step := _go(v, known[0], f"I saw another {o} in {known[0]}; I go get it.")):
+            return step
+        order = search_order([r for r in _unsearched(world) if _rtype(r) != y], v.hints)
+        why = "unsearched"
+    nxt = _next_after(order, here)
+    if nxt and (step := _go(v, nxt, f"No {o} here; the next {why} receptacle to search is {nxt}.")):
+        return step
+    return _exhausted(v, o)
+
+
+def _exhausted(v: PromptView, obj: str) -> tuple[str, str]:
+    return "look", f"I have searched everywhere I know for the {obj}."
+
+
+def _transform(v: PromptView, k: int) -> tuple[str, str]:
+    g = v.goal
+    verb, o = g.transform, g.obj
+    last_a, last_f = _last(v)
+    if last_a.startswith("commit "):
+        return f"recall how: {verb} {o}", f"Before I {verb} the {o} I recall how it is done."
+    if re.search(rf"You {verb} the {o} \d+ using the", last_f):
+        return _switch(v, k, f"The {o} is done ({verb}); I update the plan.")
+    for c in v.admissible:
+        if c.startswith(f"{verb} ") and type_of(c[len(verb) + 1:].split(" with ")[0]) == o:
+            return c, f"I am at the {g.appliance} holding the {o}; I {verb} it."
+    app = _first_of_type(v, g.appliance) or (_first_of_type(v, "bathtubbasin") if verb == "clean" else None)
+    if app and f"go to {app}" in v.admissible:
+        return f"go to {app}", f"To {verb} the {o} I go to the {app}."
+    return "look", f"I cannot reach a {g.appliance}."
+
+
+def _place(v: PromptView, k: int, first_of_two: bool) -> tuple[str, str]:
+    g = v.goal
+    o, y = g.obj, g.target
+    last_a, last_f = _last(v)
+    if first_of_two and (m := _PUT_RE.search(last_f)) and type_of(m.group(1) or m.group(2)) == o:
+        return _switch(v, k, f"The first {o} is in the {m.group(3)}; I mark it done and move on to the second.")
+    for c in v.admissible:
+        p = parse_place(c)
+        if p and type_of(p[0]) == o and _rtype(p[1]) == y:
+            return c, f"I hold the {p[0]} at the {p[1]}; I put it there."
+    target = _first_of_type(v, y)
+    if target and f"open {target}" in v.admissible:
+        return f"open {target}", f"The {target} is closed; I open it to put the {o} in."
+    if target and f"go to {target}" in v.admissible:
+        return f"go to {target}", f"I carry the {o} to the {target}."
+    return "look", f"I cannot reach a {y}."
+
+
+def _use_light(v: PromptView, k: int) -> tuple[str, str]:
+    g = v.goal
+    lamp, o = g.light, g.obj
+    last_a, _ = _last(v)
+    track = v.track[1] if v.track and v.track[0] == lamp else None
+    searched = track is not None and "not seen yet" in track
+    for c in v.admissible:
+        if c.startswith(f"use {lamp} "):
+            here = _location(v)
+            rtype = _rtype(here) if here else ""
+            noted = last_a.startswith(f"note {lamp} is ")
+            if searched and rtype and rtype not in _recalled_types(v, lamp) and not noted:
+                return (f"note {lamp} is sometimes found in/on {rtype}",
+                        f"The {lamp} was in a {rtype}, which I did not recall; I note it for later episodes.")
+            return c, f"I hold the {o} next to the {c[4:]}; I turn it on to look at the {o}."
+    if last_a.startswith("commit ") or track is None:
+        return f"track {lamp}", f"I hold the {o}; I check whether I have already seen a {lamp}."
+    here = _location(v)
+    for ln in track.split("\n"):
+        m = _LOCATED_RE.match(ln.strip())
+        if m and type_of(m.group(1)) == lamp and f"go to {m.group(2)}" in v.admissible:
+            return f"go to {m.group(2)}", f"I saw the {m.group(1)} on the {m.group(2)}; I go there."
+    if searched and not (v.recall and v.recall[0] == f"where: {lamp}"):
+        return f"recall where: {lamp}", f"I have not seen a {lamp} yet; I recall where one is usually found."
+    if cmd := _closed_here(v, here):
+        return cmd, f"The {here} is closed; I open it to see inside."
+    order = search_order(_unsearched(track), _recalled_types(v, lamp))
+    nxt = _next_after(order, here)
+    if nxt and (step := _go(v, nxt, f"No {lamp} here; the next receptacle to search is {nxt}.")):
+        return step
+    return "look", f"I have searched everywhere I know for the {lamp}."
+
+
+def decide(v: PromptView) -> tuple[str, str]:
+    """The teacher's (action, reason) for a parsed prompt (rules in the module docstring)."""
+    g = v.goal
+    if not g.parsed:
+        return "look", "I cannot read the objective; I look around."
+    if not v.plan:
+        return "commit plan: " + "; ".join(plan_for(g)), "New task: I write my plan as subgoals before acting."
+    k, item = _phase(v)
+    if k < 0:
+        return "look", "Every subgoal of my plan is done."
+    if item.startswith("find "):
+        return _find(v, k, second=item.startswith("find second"))
+    if g.transform and item.startswith(f"{g.transform} "):
+        return _transform(v, k)
+    if item.startswith("use "):
+        return _use_light(v, k)
+    return _place(v, k, first_of_two=item.startswith("put first"))
+
+
+def teacher_completion(user_text: str) -> str:
+    """The teacher's completion for a rendered BPE user message."""
+    action, think = decide(parse_prompt(user_text))
+    return format_action(action, think)
+
+
+class TeacherPolicy:
+    """Scripted, non-privileged BPE teacher (rules in the module docstring).
+
+    Only the requests' rendered messages are read (the last user message);
+    ``request.env`` and ``request.harness`` are ignored. Deterministic: `seed`
+    is accepted for the factory's signature and unused.
+    """
+
+    name = "teacher"
+    privileged = False
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    def act(self, requests: list[PolicyRequest]) -> list[Completion]:
+        return [self._one(r) for r in requests]
+
+    def _one(self, req: PolicyRequest) -> Completion:
+        user = next((m["content"] for m in reversed(req.messages) if m.get("role") == "user"), "")
+        prompt_tokens = sum(estimate_tokens(m["content"]) for m in req.messages)
+        if "\n\nPLAN:" not in user:
+            return Completion(text="", finish_reason="error", prompt_tokens=prompt_tokens,
+                              error="the teacher plays the BPE harness only (no PLAN view in the prompt)")
+        text = teacher_completion(user)
+        return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=estimate_tokens(text))
+
+    def close(self) -> None:
+        pass

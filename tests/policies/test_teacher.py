@@ -1,0 +1,129 @@
+"""The scripted BPE teacher on real games: solves them, acts only on the rendered prompt."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+
+import pytest
+
+from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld.games import TASK_TYPES
+from evoharness.harness.base import META_VERBS
+from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.harness.react import ReActHarness
+from evoharness.policies.base import PolicyRequest
+from evoharness.policies.teacher import TeacherPolicy, parse_prompt, plan_for, search_order, teacher_completion
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
+
+FORMAT = re.compile(r"^<think>[^<]+</think><action>[^<]+</action>$")
+
+
+def pick_engine(task) -> str:
+    """$EVOHARNESS_TEST_ENGINE, else the fast engine when it works here, else the stock one."""
+    if os.environ.get("EVOHARNESS_TEST_ENGINE"):
+        return os.environ["EVOHARNESS_TEST_ENGINE"]
+    try:
+        env = make_env(task, engine="fast")
+        try:
+            env.reset()
+        finally:
+            env.close()
+        return "fast"
+    except Exception:
+        return "textworld"
+
+
+class Blindfolded:
+    """Hands the teacher only the messages: no environment, no harness object."""
+
+    name = "teacher"
+
+    def __init__(self) -> None:
+        self.teacher = TeacherPolicy()
+
+    def act(self, requests):
+        return self.teacher.act([PolicyRequest(r.messages, r.episode_id, r.turn, r.admissible_commands)
+                                 for r in requests])
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def played(valid_seen):
+    """The teacher on the first 2 valid_seen games of each type, cap 50."""
+    tasks = [t for tt in TASK_TYPES for t in [g for g in valid_seen if g.task_type == tt][:2]]
+    engine = pick_engine(tasks[0])
+    specs = [EpisodeSpec(t, f"{t.task_id}#0") for t in tasks]
+    return run_episodes(specs, lambda t: make_env(t, engine=engine), lambda: make_harness(HarnessConfig()),
+                        Blindfolded(), max_steps=50)
+
+
+def test_teacher_solves_two_games_of_each_type_within_50_steps(played):
+    failed = [(t.task_id, t.stop_reason, t.error) for t in played if not t.won]
+    assert not failed
+    assert all(t.steps <= 50 and t.invalid_actions == 0 for t in played)
+    assert Counter(t.task_type for t in played) == {tt: 2 for tt in TASK_TYPES}
+
+
+def test_teacher_uses_every_meta_action_and_commits_its_plan_first(played):
+    verbs = Counter()
+    for t in played:
+        verbs.update(t.meta_calls)
+        assert t.turns[0].action.startswith("commit plan: ")
+    assert set(verbs) == set(META_VERBS)
+    share = sum(verbs.values()) / sum(t.steps for t in played)
+    assert 0.1 < share < 0.5
+
+
+def test_every_completion_is_a_function_of_the_user_message_alone(played):
+    for t in played:
+        for turn in t.turns:
+            assert FORMAT.match(turn.completion), turn.completion
+            user = turn.messages[-1]["content"]
+            assert teacher_completion(user) == turn.completion
+            # the same text handed over in a fresh request, without env or harness
+            again = TeacherPolicy().act([PolicyRequest([{"role": "user", "content": user}], "x", 0, [])])[0]
+            assert again.text == turn.completion and again.error is None
+
+
+def test_prompt_parser_reads_the_bpe_views(played):
+    t = next(t for t in played if t.task_type == "pick_two_obj_and_place")
+    track_turn = next(i for i, turn in enumerate(t.turns) if turn.action == "track world")
+    v = parse_prompt(t.turns[track_turn + 1].messages[-1]["content"])
+    assert v.goal.count == 2 and v.plan and [s for s, _ in v.plan] == plan_for(v.goal)
+    assert v.track and v.track[0] == "world" and "unsearched" in v.track[1]
+    assert v.recall and v.recall[0] == "mistakes: pick two"
+    assert v.history[-1][0] == "track world"
+    assert v.admissible == t.turns[track_turn + 1].admissible_commands
+
+
+def test_teacher_refuses_a_prompt_without_bpe_views(valid_seen):
+    h = ReActHarness()
+    h.reset(valid_seen[0], _first(valid_seen[0]))
+    out = TeacherPolicy().act([PolicyRequest(h.messages(), "e", 0, h.admissible)])[0]
+    assert out.error and "BPE" in out.error and out.text == ""
+
+
+def _first(task):
+    env = make_env(task, engine=pick_engine(task))
+    try:
+        return env.reset()
+    finally:
+        env.close()
+
+
+def test_search_order_hints_first_big_closed_families_in_their_generic_place():
+    receps = [f"cabinet {i}" for i in range(1, 7)] + ["countertop 2", "countertop 1", "fridge 1", "sinkbasin 1",
+                                                      "toaster 1"]
+    order = search_order(receps, ["cabinet", "fridge"])
+    # six cabinets: the cabinet hint loses its priority; fridge (hinted) first, then open types, then closed
+    assert order[0] == "fridge 1"
+    assert order[1:3] == ["countertop 1", "countertop 2"]
+    assert order.index("sinkbasin 1") < order.index("cabinet 1")
+    assert order[-6:] == [f"cabinet {i}" for i in range(1, 7)]
+    few = search_order(receps[:3] + ["countertop 1"], ["cabinet"])
+    assert few[:3] == ["cabinet 1", "cabinet 2", "cabinet 3"]
+    assert "countertop 1" not in search_order(receps, [], skip_types=("countertop",))

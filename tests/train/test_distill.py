@@ -1,0 +1,188 @@
+"""Distillation of noisy agent logs into BPE next-action pairs, on real noisy-expert logs."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+
+import pytest
+
+from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld.games import TASK_TYPES, discover_games
+from evoharness.harness.bpe import ExperienceStore
+from evoharness.harness.react import ReActHarness
+from evoharness.policies.scripted import NoisyExpertPolicy
+from evoharness.rollout.collect import traces_to_sft
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from evoharness.train.distill import (
+    LogStep,
+    clean_steps,
+    distill,
+    find_tasks,
+    parse_log,
+    state_trace,
+)
+
+BATCH = 4
+FORMAT = re.compile(r"^<think>[^<]+</think><action>[^<]+</action>$")
+
+
+def pick_engine(task) -> str:
+    """$EVOHARNESS_TEST_ENGINE, else the fast engine when it works here, else the stock one."""
+    if os.environ.get("EVOHARNESS_TEST_ENGINE"):
+        return os.environ["EVOHARNESS_TEST_ENGINE"]
+    try:
+        env = make_env(task, engine="fast")
+        try:
+            env.reset()
+        finally:
+            env.close()
+        return "fast"
+    except Exception:
+        return "textworld"
+
+
+@pytest.fixture(scope="module")
+def world():
+    """2 train games of each type on the fast engine, 1 on the stock one (1-11 s per reset)."""
+    train = discover_games("train")
+    engine = pick_engine(train[0])
+    per_type = 2 if engine == "fast" else 1
+    tasks = [t for tt in TASK_TYPES for t in [g for g in train if g.task_type == tt][:per_type]]
+    return tasks, (lambda t: make_env(t, engine=engine)), engine
+
+
+@pytest.fixture(scope="module")
+def noisy_logs(world):
+    """Real noisy-expert logs (epsilon 0.3) of the `world` games."""
+    tasks, env_factory, _ = world
+    trajs = run_episodes([EpisodeSpec(t, f"{t.task_id}#0") for t in tasks], env_factory, ReActHarness,
+                         NoisyExpertPolicy(epsilon=0.3, seed=3), max_steps=50)
+    return [t.to_dict() for t in trajs]
+
+
+@pytest.fixture(scope="module")
+def distilled(noisy_logs, world):
+    tasks, env_factory, _ = world
+    store = ExperienceStore()
+    trajs, stats = distill([parse_log(d) for d in noisy_logs], make_env=env_factory,
+                           tasks={t.task_id: t for t in tasks}, store=store, batch_size=BATCH)
+    return trajs, stats, store
+
+
+def test_noisy_logs_are_noisy(noisy_logs):
+    steps = [LogStep(t["action"], t["feedback"]) for d in noisy_logs for t in d["turns"]]
+    assert clean_steps(steps).removed["loop"] > 0
+
+
+def test_every_won_log_is_distilled_shorter(distilled, noisy_logs):
+    trajs, stats, _ = distilled
+    won = [d for d in noisy_logs if d["won"]]
+    assert len(won) >= len(noisy_logs) - 2 and stats.won == len(won)
+    assert stats.distilled == len(won) and not stats.dropped
+    assert stats.steps_out < stats.steps_in and stats.removed["loop"] > 0
+    by_id = {d["episode_id"]: d for d in won}
+    for t in trajs:
+        assert t.won and t.env_steps <= by_id[t.episode_id]["env_steps"]
+
+
+def test_distilled_pairs_have_no_invalid_actions_and_no_loops(distilled):
+    trajs, _, _ = distilled
+    for t in trajs:
+        env_turns = [x for x in t.turns if x.kind == "env"]
+        assert not any(x.feedback.startswith("Nothing happens") for x in env_turns)
+        states = state_trace([(x.action, x.feedback) for x in env_turns])
+        assert len(set(states)) == len(states), t.episode_id
+
+
+def test_distilled_actions_replay_and_win_without_revisiting_a_state(distilled, world):
+    """Checked against the engine's own PDDL state (privileged, test-only)."""
+    trajs, _, _ = distilled
+    tasks, env_factory, engine = world
+    by_id = {t.task_id: t for t in tasks}
+    for t in trajs if engine == "fast" else trajs[:2]:  # stock resets are slow
+        env = env_factory(by_id[t.task_id])
+        try:
+            r = env.reset()
+            seen = {frozenset(env.facts())}
+            for x in (x for x in t.turns if x.kind == "env"):
+                assert x.action in r.admissible_commands
+                r = env.step(x.action)
+                assert not r.observation.startswith("Nothing happens")
+                state = frozenset(env.facts())
+                assert state not in seen, (t.episode_id, x.action)
+                seen.add(state)
+            assert r.won
+        finally:
+            env.close()
+
+
+def test_meta_actions_are_inserted_where_the_teacher_puts_them(distilled, noisy_logs):
+    trajs, stats, store = distilled
+    verbs = Counter()
+    for t in trajs:
+        verbs.update(t.meta_calls)
+        assert t.turns[0].kind == "meta" and t.turns[0].action.startswith("commit plan: ")
+        # a pickup of the objective's object is followed by the plan update (after a note at most)
+        for i, x in enumerate(t.turns[:-1]):
+            if x.kind == "env" and x.feedback.startswith("You pick up") and t.turns[i + 1].kind == "meta":
+                nxt = t.turns[i + 1].action
+                assert nxt.startswith(("commit ", "note "))
+    assert {"commit", "recall", "track"} <= set(verbs) and stats.meta == verbs
+    assert store.epoch == -(-len(noisy_logs) // BATCH) and store.pending == []  # consolidated after each batch
+
+
+def test_pairs_have_the_teachers_format(distilled):
+    trajs, stats, _ = distilled
+    examples = traces_to_sft([t.to_dict() for t in trajs])
+    assert len(examples) == stats.pairs == sum(len(t.turns) for t in trajs)
+    for ex in examples:
+        assert ex["messages"][0]["role"] == "system" and ex["messages"][-1]["role"] == "user"
+        assert "PLAN:" in ex["messages"][-1]["content"] and FORMAT.match(ex["completion"])
+
+
+def test_react_format_logs_distil_to_the_same_actions(noisy_logs, distilled, world):
+    tasks, env_factory, engine = world
+    react = [{"task_id": d["task_id"], "goal": d["goal"], "initial_observation": d["initial_observation"],
+              "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]],
+              "won": d["won"]} for d in noisy_logs if d["won"]][: 3 if engine == "fast" else 1]
+    trajs, stats = distill([parse_log(d, i) for i, d in enumerate(react)], make_env=env_factory,
+                           tasks={t.task_id: t for t in tasks})
+    expected = {t.task_id: [x.action for x in t.turns if x.kind == "env"] for t in distilled[0]}
+    assert stats.distilled == len(react) > 0
+    for t in trajs:
+        assert [x.action for x in t.turns if x.kind == "env"] == expected[t.task_id]
+
+
+def test_react_logs_without_a_game_need_admissible_commands(noisy_logs):
+    d = next(d for d in noisy_logs if d["won"])
+    bare = {"goal": d["goal"], "initial_observation": d["initial_observation"], "won": True,
+            "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]]}
+    _, stats = distill([parse_log(bare)], tasks=find_tasks(("valid_seen",)))
+    assert stats.distilled == 0 and sum(stats.dropped.values()) == 1
+    turns = d["turns"]
+    bare["admissible_commands"] = turns[0]["admissible_commands"]
+    for i, s in enumerate(bare["steps"]):
+        s["admissible_commands"] = turns[i + 1]["admissible_commands"] if i + 1 < len(turns) else []
+    trajs, stats = distill([parse_log(bare)])
+    assert stats.distilled == 1 and trajs[0].won
+
+
+def test_clean_steps_cuts_loops_and_drops_invalid_steps():
+    s = [
+        LogStep("go to drawer 1", "You arrive at loc 1. The drawer 1 is closed."),
+        LogStep("open drawer 1", "You open the drawer 1. The drawer 1 is open. In it, you see a cd 1."),
+        LogStep("close drawer 1", "You close the drawer 1."),  # back to the state after step 1
+        LogStep("take cd 9 from desk 1", "Nothing happens."),
+        LogStep("go to desk 1", "You arrive at loc 2. On the desk 1, you see a pen 1."),
+        LogStep("take pen 1 from desk 1", "You pick up the pen 1 from the desk 1."),
+        LogStep("put pen 1 in/on desk 1", "You put the pen 1 in/on the desk 1."),  # back after go to desk 1
+        LogStep("look", "You are facing the desk 1. Next to it, you see nothing."),
+        LogStep("go to drawer 1", "You arrive at loc 1. The drawer 1 is closed."),  # back after step 1
+        LogStep("open drawer 1", "You open the drawer 1. The drawer 1 is open. In it, you see a cd 1."),
+        LogStep("take cd 1 from drawer 1", "You pick up the cd 1 from the drawer 1."),
+    ]
+    c = clean_steps(s)
+    assert [x.action for x in c.steps] == ["go to drawer 1", "open drawer 1", "take cd 1 from drawer 1"]
+    assert c.removed == {"invalid": 1, "loop": 7}

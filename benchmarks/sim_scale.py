@@ -43,13 +43,13 @@ def config(steps: int) -> SimConfig:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--policies", default="colocate,async,elastic")
+    ap.add_argument("--policies", default="colocate,async,elastic,elastic-gated")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--elastic-steps", type=int, default=3, help="an extra multi-step elastic run (0: skip)")
     args = ap.parse_args()
     print(f"# simulator scale benchmark: 1,024 cells x 10,000 executions per step "
           f"(python {platform.python_version()}, {os.cpu_count()} CPUs)")
-    print(f"{'policy':>9} {'steps':>5} {'sim wall s':>10} {'s/step':>7} {'model calls':>11} {'events':>9} "
+    print(f"{'policy':>13} {'steps':>5} {'sim wall s':>10} {'s/step':>7} {'model calls':>11} {'events':>9} "
           f"{'events/s':>9} {'simulated h':>11} {'load avg':>8}")
     runs = [(p.strip(), args.steps) for p in args.policies.split(",") if p.strip()]
     if args.elastic_steps:
@@ -61,7 +61,7 @@ def main() -> None:
         dt = time.perf_counter() - t
         m = r.metrics
         assert r.checks["finished_once"] and r.checks["trained_once"]
-        print(f"{policy:>9} {steps:5d} {dt:10.1f} {dt / steps:7.1f} {m['model_calls']:11.0f} {m['timed_events']:9.0f} "
+        print(f"{policy:>13} {steps:5d} {dt:10.1f} {dt / steps:7.1f} {m['model_calls']:11.0f} {m['timed_events']:9.0f} "
               f"{m['timed_events'] / dt:9.0f} {m['wall_h']:11.2f} {os.getloadavg()[0]:8.1f}", flush=True)
 
 

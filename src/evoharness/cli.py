@@ -135,6 +135,25 @@ def _toml(v) -> str:
     return json.dumps(v)
 
 
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command("collect", context_settings=_PASSTHROUGH, add_help_option=False)
+def collect_cmd(ctx: typer.Context) -> None:
+    """Teacher traces and SFT examples (`evoharness collect --help` for options)."""
+    from evoharness.rollout.collect import main as collect_main
+
+    collect_main(list(ctx.args))
+
+
+@app.command("distill", context_settings=_PASSTHROUGH, add_help_option=False)
+def distill_cmd(ctx: typer.Context) -> None:
+    """SFT examples from noisy agent logs (`evoharness distill --help`; format in docs/distill.md)."""
+    from evoharness.train.distill import main as distill_main
+
+    distill_main(list(ctx.args))
+
+
 @app.command("simulate")
 def simulate_cmd(
     workload: Path = typer.Option(..., "--workload", "-w", help="Workload TOML or JSONL trace of executions."),

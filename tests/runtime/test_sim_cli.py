@@ -25,6 +25,13 @@ def test_simulate_writes_table_json_png(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+def test_simulate_gated_side_by_side():
+    res = CliRunner().invoke(app, ["simulate", "--workload", str(SMOKE), "--steps", "1",
+                                   "--policies", "colocate,elastic,elastic-gated"])
+    assert res.exit_code == 0, res.output
+    assert "| elastic-gated |" in res.output and "elastic speedup vs this" in res.output
+
+
 def test_simulate_clear_errors(tmp_path):
     r = CliRunner().invoke(app, ["simulate", "--workload", str(tmp_path / "missing.toml")])
     assert r.exit_code == 2 and "workload file not found" in r.output

@@ -61,27 +61,39 @@ def test_elastic_without_reissue_aborts_turns(make_cfg):
     assert r.checks["finished_once"] and r.checks["trained_once"]
 
 
-def test_elastic_transfer_rule_serial_core_first(make_cfg, recorder):
+@pytest.mark.parametrize("policy", ["elastic", "elastic-gated"])
+def test_elastic_transfer_rule_serial_core_first(make_cfg, recorder, policy):
     cfg = make_cfg()
     cl = cfg.cluster
-    rec = recorder(build_scheduler("elastic", cfg))
+    gs = cfg.workload.group_size
+    rec = recorder(build_scheduler(policy, cfg))
     Simulator(cfg, rec).run()
     role = [Role.ROLLOUT] * cl.cells
     d = f = 0
     to_train: set[int] = set()
     first_of_step = True
     transfers = 0
+    group_left: dict[int, int] = {}
+    trainable = claimed = 0          # micro-batches of finished groups / handed to a train cell
     for kind, x in rec.log:
         if isinstance(x, ExecutionDispatched):
             d += 1
         elif isinstance(x, ExecutionFinished):
             f += 1
+            g = x.execution // gs
+            group_left[g] = group_left.get(g, gs) - 1
+            if group_left[g] == 0:
+                trainable += gs
+        elif isinstance(x, RunMicroBatch):
+            claimed += len(x.executions)
         elif isinstance(x, WeightSyncDone):
             first_of_step = True
         elif isinstance(x, SwitchRole):
             if x.role == Role.TRAIN:
                 c_r = sum(cl.capacity for i, r in enumerate(role) if r == Role.ROLLOUT)
                 assert d - f <= c_r - cl.capacity          # w(t) <= C_R(t) - C_e
+                if policy == "elastic-gated" and d - f > 0:  # ready work for every train cell and the new one
+                    assert trainable - claimed >= sum(r == Role.TRAIN for r in role) + 1
                 assert not to_train                        # serial
                 if first_of_step:
                     assert x.cell == 0                     # core first
@@ -111,6 +123,70 @@ def test_elastic_is_a_plain_object_driven_by_events():
     cmds = s.handle(ExecutionFinished(2, 1, 100))                     # group done, w = 0
     assert cmds == [RunMicroBatch(0, (0,), 0), SwitchRole(1, Role.TRAIN)]
     assert s.counters.outstanding == 0 and s.transfers == 2
+
+
+def test_gate_waits_for_a_finished_group_by_hand():
+    """The same events as above: the gate keeps the core in rollout at w = 2
+    (nothing to train yet) and moves it once the group is in."""
+    s = Elastic(cells=2, capacity=2, groups_per_step=1, group_size=4, steps=1, gate_on_ready_work=True)
+    assert s.start() == [Dispatch(0, 0)]
+    binds = [c for e in range(4) for c in s.handle(ExecutionDispatched(e, 0))]
+    for b in binds:
+        assert s.handle(ExecutionStarted(b.execution, b.cell)) == []
+    assert s.handle(ExecutionFinished(1, 1, 100)) == []
+    assert s.handle(ExecutionFinished(3, 1, 100)) == []               # w = 2 <= 2, but no work waits
+    assert s.handle(ExecutionFinished(0, 0, 100)) == []
+    cmds = s.handle(ExecutionFinished(2, 0, 100))                     # group done, w = 0: gate off
+    assert cmds == [SwitchRole(0, Role.TRAIN)]
+    assert s.handle(RoleSwitchDone(0, Role.TRAIN)) == [RunMicroBatch(0, (0,), 0), SwitchRole(1, Role.TRAIN)]
+    assert s.transfers == 2
+
+
+@pytest.mark.parametrize("unit", ["group", "execution"])
+def test_gate_keeps_invariants_and_cuts_train_idle(make_cfg, unit):
+    """Tail-heavy workload: the gated schedule keeps every invariant and its
+    train cells wait less for trainable work than under the paper's rule."""
+    cfg = make_cfg(policy={"train_unit": unit}, workload={"turns": {"sigma": 1.2}})
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    paper, gated = simulate(cfg, "elastic"), simulate(cfg, "elastic-gated")
+    for r in (paper, gated):
+        assert r.checks["finished_once"] and r.checks["trained_once"] and r.checks["executions"] == n
+        assert r.checks["max_bound"] <= cfg.cluster.capacity
+        assert r.metrics["aborted_turns"] == 0 and r.metrics["staleness_max"] == 0
+        assert r.checks["throughput_integral"] == pytest.approx(r.checks["consumed"], rel=1e-6)
+    assert gated.checks["workload_service"] == paper.checks["workload_service"]
+    assert gated.metrics["idle_train"] < paper.metrics["idle_train"] - 0.05
+    assert gated.metrics["frac_train"] < paper.metrics["frac_train"]
+
+
+def test_gate_is_off_by_default_and_a_policy_knob(make_cfg):
+    cfg = make_cfg()
+    assert not build_scheduler("elastic", cfg).gate_on_ready_work
+    knob = simulate(make_cfg(policy={"elastic_gate_on_ready_work": True}), "elastic")
+    assert knob.wall_s == simulate(cfg, "elastic-gated").wall_s != simulate(cfg, "elastic").wall_s
+    with pytest.raises(ValueError):
+        Elastic(cells=2, capacity=2, groups_per_step=1, group_size=4, steps=1, gate_ready_per_cell=0)
+
+
+# ---- weight updates invalidate cached contexts ------------------------------------------
+
+
+def test_weight_sync_makes_spanning_executions_reprefill(make_cfg):
+    """Async executions live across weight updates: each update costs them a
+    re-prefill of their context. Colocate and elastic sync with nothing in
+    flight, so the switch changes nothing for them."""
+    over = dict(steps=4, policy={"staleness": 2, "async_train_cells": 1})
+    on, off = make_cfg(**over), make_cfg(**over, cluster={"sync_flushes_kv": False})
+    a_on, a_off = simulate(on, "async"), simulate(off, "async")
+    assert a_on.metrics["kv_flushes"] > 0 and a_off.metrics["kv_flushes"] == 0
+    assert a_on.metrics["reprefill_tokens"] > a_off.metrics["reprefill_tokens"] == 0
+    assert a_on.wall_s > a_off.wall_s
+    ch = a_on.checks
+    assert ch["trained_once"] and ch["model_calls"] == a_off.checks["model_calls"]
+    assert ch["served_service"] == pytest.approx(a_off.checks["served_service"], rel=1e-9)
+    assert ch["throughput_integral"] == pytest.approx(ch["consumed"], rel=1e-6)
+    for p in ("colocate", "elastic"):
+        assert simulate(on, p).wall_s == simulate(off, p).wall_s
 
 
 # ---- the world refuses impossible schedules ---------------------------------------------

@@ -19,11 +19,20 @@ Models (units: seconds, tokens):
   capacity is used, but the execution keeps its slot and KV cache).
 - *Training*: a micro-batch takes ``tokens / train_tps`` on one train cell.
 - *Weight sync*: ``weight_sync_s`` on the cells named; rollout cells pause.
+  New weights invalidate the KV (prefix) cache (``sync_flushes_kv``): every
+  execution bound to a synced rollout cell re-prefills its context, the call
+  in flight at once, an execution between calls at its next call (AReaL's
+  interruptible generation recomputes the KV cache under the new weights;
+  vLLM/SGLang reset the prefix cache on a weight update). Only schedules whose
+  executions span a weight update pay it (async); colocate and elastic sync
+  with nothing in flight.
 - *Role switches*: ``switch_to_train_s`` / ``switch_to_rollout_s`` (QwenGyre,
   arXiv 2609.33848: 8.52 s and 3.46 s).
 - *Migration* (elastic): a re-issued call restarts on the new cell and
   re-prefills its whole context (the KV cache is not moved); progress on the
-  old cell is counted as wasted.
+  old cell is counted as wasted. Re-prefill work is counted when the call that
+  carries it completes (``reprefill_tokens``); work of a cancelled call is
+  ``wasted_tokens``.
 
 Invariants are checked as commands arrive (`SchedulingError`): a cell holds one
 role, never exceeds its capacity, trains only in train role, and every
@@ -123,6 +132,7 @@ class Simulator:
         self.x_version: list[int] = []
         self.x_callv0: list[float] = []
         self.x_calls: list[float] = []    # work of the call in flight
+        self.x_extra: list[float] = []    # re-prefill part of that work
         self.x_done_count: list[int] = []
         self.x_trained: list[int] = []
         self.t_svc: list[float] = []
@@ -158,6 +168,7 @@ class Simulator:
         self.n = Counter()
         self.staleness: Counter = Counter()
         self.step_end: list[float] = []
+        self.batch_done: dict[int, float] = {}   # step -> when its last execution finished
         self._sync_inflight = False
         self.served = 0.0                 # work of completed calls, re-prefill excluded
         self._calls = scheduler.observes_model_calls
@@ -189,6 +200,7 @@ class Simulator:
             self.x_version.extend([-1] * n)
             self.x_callv0.extend([0.0] * n)
             self.x_calls.extend([0.0] * n)
+            self.x_extra.extend([0.0] * n)
             self.x_done_count.extend([0] * n)
             self.x_trained.extend([0] * n)
             self.work["completion"] += float(b.completion.sum())
@@ -266,11 +278,12 @@ class Simulator:
         c = self.x_cell[e]
         idx = self.x_off[e] + self.x_k[e]
         work = self.t_svc[idx]
+        extra = 0.0
         if self.x_reprefill[e]:
             extra = self.t_ctx[idx] / self._pf
             work += extra
-            self.n["reprefill_tokens"] += extra
             self.x_reprefill[e] = False
+        self.x_extra[e] = extra
         now = self.now
         V = self.c_V[c] + (now - self.c_t[c]) * self.c_rate[c]
         self.c_V[c], self.c_t[c] = V, now
@@ -290,6 +303,7 @@ class Simulator:
         c = self.x_cell[e]
         self._advance(c)
         self.n["wasted_tokens"] += min(self.x_calls[e], self.c_V[c] - self.x_callv0[e])
+        self.x_extra[e] = 0.0
         self.x_tok[e] += 1
         self._set_n(c, self.c_n[c] - 1)
         self._reschedule(c)
@@ -317,6 +331,8 @@ class Simulator:
             n -= 1
             idx = off[e] + k[e]
             self.served += self.t_svc[idx]
+            if self.x_extra[e]:
+                self.n["reprefill_tokens"] += self.x_extra[e]
             self.x_state[e] = X_TOOL
             tok[e] = t + 1
             self._seq += 1
@@ -333,6 +349,7 @@ class Simulator:
         if self.x_k[e] == self.x_turns[e]:
             c = self.x_cell[e]
             self.x_state[e] = X_DONE
+            self.batch_done[e // self.N] = self.now
             self.x_done_count[e] += 1
             if c >= 0:
                 self.c_bound[c].discard(e)
@@ -480,13 +497,38 @@ class Simulator:
             if self.c_role[c] not in (Role.ROLLOUT, Role.TRAIN) or self.c_busy[c]:
                 raise SchedulingError(f"weight sync: cell {c} is {self.c_role[c].name} / busy")
         self._sync_inflight = True
+        flush = self.cfg.cluster.sync_flushes_kv
         for c in cells:
             self._advance(c)
+            if flush and self.c_role[c] == Role.ROLLOUT:
+                self._flush_kv(c)
             self.c_sync[c] = True
             self.c_rate[c] = 0.0
             self._reschedule(c)
             self._acct(c, S_SYNC, 0.0)
         self._push(self.now + self.cfg.cluster.weight_sync_s, E_SYNC, version, cells)
+
+    def _flush_kv(self, c: int) -> None:
+        """New weights on cell c (after `_advance`): its executions' cached
+        contexts are stale. A call in flight grows by the re-prefill of the
+        context before its turn; the others re-prefill at their next call."""
+        h = self.c_heap[c]
+        for e in self.c_bound[c]:
+            st = self.x_state[e]
+            if st == X_CALL:
+                extra = self.t_ctx[self.x_off[e] + self.x_k[e]] / self._pf
+                if extra <= 0.0:
+                    continue
+                self.x_calls[e] += extra
+                self.x_extra[e] += extra
+                tok = self.x_tok[e] + 1
+                self.x_tok[e] = tok
+                self._seq += 1
+                heapq.heappush(h, (self.x_callv0[e] + self.x_calls[e], self._seq, e, tok))
+                self.n["kv_flushes"] += 1
+            elif st == X_TOOL and self.x_k[e] + 1 < self.x_turns[e]:
+                self.x_reprefill[e] = True
+                self.n["kv_flushes"] += 1
 
     def _on_sync(self, version: int, cells: tuple[int, ...]) -> None:
         self._sync_inflight = False
@@ -550,6 +592,9 @@ class Simulator:
         stale = sorted(self.staleness.elements()) if trained else [0]
         m = {
             "wall_s": wall, "wall_h": wall / 3600, "steps": float(len(self.step_end)),
+            # training not hidden behind rollout: last execution of a batch finished -> its weights synced
+            "post_rollout_h": float(np.mean([t - self.batch_done[s] for s, t in enumerate(self.step_end)])) / 3600
+            if self.step_end else 0.0,
             "cells": float(self.K),
             "accelerator_hours": self.K * cl.accelerators_per_cell * wall / 3600,
             "idle_rollout": Z[S_ROLLOUT] / T[S_ROLLOUT] if T[S_ROLLOUT] else 0.0,
@@ -562,6 +607,7 @@ class Simulator:
             "aborted_turns": float(self.n["aborted_turns"]), "switches": float(self.n["switches"]),
             "reissued_calls": float(self.n["reissued_calls"]), "migrations": float(self.n["migrations"]),
             "reprefill_tokens": float(self.n["reprefill_tokens"]), "wasted_tokens": float(self.n["wasted_tokens"]),
+            "kv_flushes": float(self.n["kv_flushes"]),
             "model_calls": float(self.n["model_calls"]), "trained_executions": float(trained),
             "timed_events": float(self.n["timed_events"]),
         }
@@ -594,8 +640,10 @@ def build_scheduler(name: str, cfg: SimConfig) -> Scheduler:
     if name == "async":
         base.update(train_cells=cfg.policy.async_train_cells, staleness=cfg.policy.staleness,
                     stream=cfg.policy.async_stream)
-    elif name == "elastic":
-        base.update(reissue=cfg.policy.elastic_reissue)
+    elif name in ("elastic", "elastic-gated"):
+        base.update(reissue=cfg.policy.elastic_reissue, gate_ready_per_cell=cfg.policy.elastic_gate_ready_per_cell)
+        if name == "elastic":
+            base.update(gate_on_ready_work=cfg.policy.elastic_gate_on_ready_work)
     return make_scheduler(name, **base)
 
 

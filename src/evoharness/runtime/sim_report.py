@@ -4,8 +4,10 @@ Metric names follow verl's habit: wall time in hours, accelerator-hours
 (cells x accelerators per cell x wall hours), per-role idle ratio (share of a
 role's time with nothing running: no sequence decoding in rollout, no
 micro-batch in train), rollout utilisation (tps(n) / tps(capacity) averaged
-over rollout time), staleness (trainer version - behaviour version, per
-sample), aborted turns, role switches.
+over rollout time), post-rollout hours per step (a batch's last execution
+finished -> its weights synced: the training not hidden behind rollout),
+staleness (trainer version - behaviour version, per sample), aborted turns,
+role switches.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from evoharness.runtime.sim import S_ROLLOUT, S_SWITCH, S_SYNC, S_TRAIN, SimResu
 
 COLUMNS = [
     ("policy", "policy"), ("wall_h", "wall (h)"), ("speedup", "{ref} speedup vs this"),
-    ("accelerator_hours", "accel-hours"), ("idle_rollout", "idle rollout"),
+    ("accelerator_hours", "accel-hours"), ("post_rollout_h", "post-rollout h/step"), ("idle_rollout", "idle rollout"),
     ("util_rollout", "util rollout"), ("idle_train", "idle train"), ("frac_switch", "switching"),
     ("frac_sync", "weight sync"), ("staleness", "staleness mean/max"), ("aborted_turns", "aborted turns"),
     ("switches", "switches"),

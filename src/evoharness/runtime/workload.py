@@ -23,7 +23,9 @@ A *cluster* is K identical cells (see `runtime.cells`) with a generation
 throughput model ``tps(n) = gen_tps_single * n ** gen_concurrency_exponent``
 tokens/s for n concurrent sequences (sublinear, n <= capacity), a training
 throughput in tokens/s, weight-sync and role-switch costs in seconds
-(QwenGyre measured 8.52 s rollout -> train and 3.46 s back).
+(QwenGyre measured 8.52 s rollout -> train and 3.46 s back), and whether a
+weight update invalidates the rollout cells' KV caches (``sync_flushes_kv``,
+default True: executions that span an update re-prefill their context).
 
 Every random draw depends only on (seed, step), never on the schedule.
 """
@@ -112,6 +114,7 @@ class ClusterConfig(Strict):
     weight_sync_s: float = Field(20.0, ge=0)
     switch_to_train_s: float = Field(8.52, ge=0)
     switch_to_rollout_s: float = Field(3.46, ge=0)
+    sync_flushes_kv: bool = True   # a weight update makes cached contexts re-prefill
 
     def per_seq_tps(self, n: int) -> float:
         """Decode tokens/s each of n concurrent sequences gets on one cell:
@@ -139,14 +142,19 @@ class ClusterConfig(Strict):
 class PolicyConfig(Strict):
     """Schedule knobs: async's fixed split, staleness bound η and streaming
     trainer (False: AReaL-like, a step starts when its batch is in), elastic's
-    re-issue switch (False = abort in-flight turns, an ablation), and when a
-    finished execution may be trained (``group``: GRPO waits for its whole
-    group; ``execution``: at once)."""
+    re-issue switch (False = abort in-flight turns, an ablation), elastic's
+    ready-work gate (True: a cell moves to train only when trainable
+    micro-batches are waiting for it, ``elastic_gate_ready_per_cell`` per
+    train cell; not in the paper, off by default; the ``elastic-gated`` policy
+    turns it on), and when a finished execution may be trained (``group``:
+    GRPO waits for its whole group; ``execution``: at once)."""
 
     async_train_cells: int | None = Field(None, ge=1)
     staleness: int = Field(1, ge=0)
     async_stream: bool = False
     elastic_reissue: bool = True
+    elastic_gate_on_ready_work: bool = False
+    elastic_gate_ready_per_cell: float = Field(1.0, gt=0)
     train_unit: Literal["group", "execution"] = "group"
 
 

@@ -1,4 +1,4 @@
-"""Rollout/training schedules: colocate, async, elastic (see each module)."""
+"""Rollout/training schedules: colocate, async, elastic, elastic-gated (see each module)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 from evoharness.runtime.schedulers.async_ import Async
 from evoharness.runtime.schedulers.base import Scheduler
 from evoharness.runtime.schedulers.colocate import Colocate
-from evoharness.runtime.schedulers.elastic import Elastic
+from evoharness.runtime.schedulers.elastic import Elastic, ElasticGated
 
-SCHEDULERS: dict[str, type[Scheduler]] = {"colocate": Colocate, "async": Async, "elastic": Elastic}
+SCHEDULERS: dict[str, type[Scheduler]] = {"colocate": Colocate, "async": Async, "elastic": Elastic,
+                                          "elastic-gated": ElasticGated}
 
 
 def make_scheduler(name: str, **kwargs: Any) -> Scheduler:
@@ -19,4 +20,4 @@ def make_scheduler(name: str, **kwargs: Any) -> Scheduler:
     return SCHEDULERS[name](**kwargs)
 
 
-__all__ = ["SCHEDULERS", "Async", "Colocate", "Elastic", "Scheduler", "make_scheduler"]
+__all__ = ["SCHEDULERS", "Async", "Colocate", "Elastic", "ElasticGated", "Scheduler", "make_scheduler"]

@@ -17,6 +17,17 @@ claims micro-batches from the shared queue (a GRPO group becomes trainable
 when all its members finished); weights stay fixed within the step. After the
 optimizer step and weight sync every train cell returns to rollout. The
 schedule stays on-policy (staleness 0).
+
+``gate_on_ready_work`` (off by default; not in the paper) adds a second
+condition on top of the rule: while rollout is still running (w(t) > 0), the
+next cell moves only when trainable work is already waiting for it, i.e. the
+shared queue holds at least ``gate_ready_per_cell`` unclaimed micro-batches
+per train cell counting the one that would move (idle train cells claim at
+once, so a non-empty queue means every train cell is busy). Under GRPO a group
+trains only when its slowest member finished, so the paper's rule alone moves
+cells that then sit idle while their rollout throughput is lost and the
+remaining executions are packed onto fewer cells. Once w(t) = 0 the gate no
+longer applies.
 """
 
 from __future__ import annotations
@@ -30,17 +41,26 @@ from evoharness.runtime.schedulers.base import Scheduler
 class Elastic(Scheduler):
     """Args (beyond `Scheduler`'s): reissue: migrate a leaving cell's
     executions (True, QwenGyre); False switches it bluntly, so the world aborts
-    its in-flight turns (an ablation that shows what re-issuing saves)."""
+    its in-flight turns (an ablation that shows what re-issuing saves).
+    gate_on_ready_work: also require waiting trainable work before a transfer
+    (see the module docstring); gate_ready_per_cell: how much, in unclaimed
+    micro-batches per train cell after the move (> 0)."""
 
     name = "elastic"
 
     def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
-                 train_unit: str = "group", reissue: bool = True):
+                 train_unit: str = "group", reissue: bool = True, gate_on_ready_work: bool = False,
+                 gate_ready_per_cell: float = 1.0):
         super().__init__(cells, capacity, groups_per_step, group_size, steps, train_unit)
+        if gate_ready_per_cell <= 0:
+            raise ValueError(f"gate_ready_per_cell must be > 0, got {gate_ready_per_cell}")
         self.reissue = reissue
+        self.gate_on_ready_work = gate_on_ready_work
+        self.gate_ready_per_cell = gate_ready_per_cell
         self.transferring: int | None = None   # the cell in rollout -> train transfer
         self.sync_waiting = False
         self.transfers = 0
+        self.train_cells = 0                   # cells now in TRAIN
 
     def start(self) -> list[Command]:
         out: list[Command] = []
@@ -54,7 +74,8 @@ class Elastic(Scheduler):
             self.dispatch(g, out)
 
     def maybe_transfer(self, out: list[Command]) -> None:
-        """Move the next cell to train if w(t) <= C_R(t) - C_e."""
+        """Move the next cell to train if w(t) <= C_R(t) - C_e (and, when
+        gated, trainable work is waiting for it)."""
         pool = self.pool
         if self.transferring is not None or self.mb_pending == 0:
             return
@@ -62,6 +83,8 @@ class Elastic(Scheduler):
         if w == 0 and not self.mb_queue:
             return  # nothing left for one more trainer to do
         if w > pool.rollout_capacity - self.capacity:
+            return
+        if self.gate_on_ready_work and w > 0 and not self.ready_work_waiting():
             return
         core = pool.cells[0]
         cell = core if core.role == Role.ROLLOUT else pool.least_loaded(need_free=False)
@@ -78,6 +101,11 @@ class Elastic(Scheduler):
         out.append(SwitchRole(cell.id, Role.TRAIN))
         self.transferring = cell.id
         self.transfers += 1
+
+    def ready_work_waiting(self) -> bool:
+        """Enough unclaimed micro-batches that the moved cell, and every
+        current train cell, has one waiting."""
+        return len(self.mb_queue) >= self.gate_ready_per_cell * (self.train_cells + 1)
 
     def on_started(self, ev: ExecutionStarted, out: list[Command]) -> None:
         super().on_started(ev, out)
@@ -96,6 +124,7 @@ class Elastic(Scheduler):
         self.pool.set_role(cell, ev.role)
         if ev.role == Role.TRAIN:
             self.transferring = None
+            self.train_cells += 1
             self.idle_train.append(ev.cell)
             if self.sync_waiting:
                 self.sync_waiting = False
@@ -119,6 +148,7 @@ class Elastic(Scheduler):
         self.version = ev.version
         self.steps_done += 1
         self.idle_train.clear()
+        self.train_cells = 0
         if self.steps_done == self.steps:
             self.done = True
             return
@@ -127,3 +157,14 @@ class Elastic(Scheduler):
                 self.pool.set_role(c, Role.TO_ROLLOUT)
                 out.append(SwitchRole(c.id, Role.ROLLOUT))
         self._begin_step(out)
+
+
+class ElasticGated(Elastic):
+    """`Elastic` with ``gate_on_ready_work=True``: a name of its own so one run
+    can put both side by side (``--policies colocate,elastic,elastic-gated``)."""
+
+    name = "elastic-gated"
+
+    def __init__(self, *args, **kwargs):
+        kwargs["gate_on_ready_work"] = True
+        super().__init__(*args, **kwargs)

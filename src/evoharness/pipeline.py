@@ -29,7 +29,7 @@ def _default_sft() -> SFTConfig:
 
 
 def _default_rl() -> RLConfig:
-    rl = RLConfig(steps=30, max_steps=50, max_new_tokens=64, max_prompt_tokens=1024, eval_every=0)
+    rl = RLConfig(steps=30, max_steps=50, max_new_tokens=64, max_prompt_tokens=1024, eval_every=0, decode_threads=1)
     rl.grpo.group_size, rl.grpo.prompts_per_step = 4, 4
     rl.grpo.lr, rl.grpo.temperature, rl.grpo.micro_batch_size = 2e-5, 1.0, 16
     rl.grpo.max_prompt_tokens = 1024
@@ -154,7 +154,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     def model_policy(path: Path) -> PolicyConfig:
         return PolicyConfig(kind="hf", model_path=str(path), temperature=0.0, constrained=cfg.constrained,
                             max_tokens=cfg.rl.max_new_tokens, max_prompt_tokens=cfg.sft.max_prompt_tokens,
-                            seed=cfg.seed)
+                            seed=cfg.seed, num_threads=cfg.rl.decode_threads)
 
     stage("collect", collect)
     if cfg.model_path is None:

@@ -38,6 +38,7 @@ class PolicyConfig(Strict):
     dtype: str = "auto"
     max_prompt_tokens: int = 4096
     constrained: bool = False
+    num_threads: int | None = None  # torch CPU threads while decoding (1 suits tiny models)
 
 
 def make_policy(cfg: PolicyConfig):
@@ -80,6 +81,6 @@ def make_policy(cfg: PolicyConfig):
         return LocalHFPolicy(
             model_path=cfg.model_path, device=cfg.device, dtype=cfg.dtype, temperature=cfg.temperature,
             top_p=cfg.top_p, max_new_tokens=cfg.max_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-            constrained=cfg.constrained, seed=cfg.seed,
+            constrained=cfg.constrained, seed=cfg.seed, num_threads=cfg.num_threads,
         )
     raise ValueError(f"unknown policy kind {cfg.kind!r}")

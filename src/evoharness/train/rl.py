@@ -61,6 +61,7 @@ class RLConfig(Strict):
     constrained: bool = True
     max_new_tokens: int = 96
     max_prompt_tokens: int = 2048
+    decode_threads: int | None = None  # torch CPU threads while sampling (1 suits tiny models)
     seed: int = 0
     ckpt_every: int = 1
     keep_checkpoints: int = 2
@@ -136,7 +137,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
     start_path = str(ckpt) if ckpt else cfg.model_path
     policy = LocalHFPolicy(start_path, device=cfg.device, dtype=cfg.dtype, temperature=g.temperature,
                            max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-                           constrained=cfg.constrained, seed=cfg.seed)
+                           constrained=cfg.constrained, seed=cfg.seed, num_threads=cfg.decode_threads)
     policy.model.train()
     ref = None
     if g.kl_beta > 0:

@@ -24,7 +24,7 @@ from evoharness.train.sft import SFTConfig
 
 
 def _default_sft() -> SFTConfig:
-    return SFTConfig(lr=2e-3, epochs=6, batch_tokens=16384, warmup_steps=20, max_prompt_tokens=1024,
+    return SFTConfig(lr=2e-3, epochs=2, batch_tokens=16384, warmup_steps=20, max_prompt_tokens=1024,
                      max_completion_tokens=96, ckpt_every=50)
 
 
@@ -51,7 +51,7 @@ class RunConfig(Strict):
     teacher_samples: int = 1
     max_steps: int = 50
     model_path: str | None = None  # an existing HF model directory; None: a new one from scratch
-    model_preset: Literal["tiny", "small", "base"] = "tiny"
+    model_preset: Literal["mini", "tiny", "small", "base"] = "mini"
     vocab_size: int = 2048
     sft: SFTConfig = Field(default_factory=_default_sft)
     rl: RLConfig = Field(default_factory=_default_rl)
@@ -61,8 +61,12 @@ class RunConfig(Strict):
     eval_batch: int = 70
     eval_workers: int = 1
     constrained: bool = True
-    sft_budget_share: float = 0.45
-    rl_budget_share: float = 0.2
+    sft_budget_share: float = 0.55
+    rl_budget_share: float = 0.12
+    # torch CPU threads for the whole job. 1 by default: with any other busy
+    # process on 2 cores, OpenMP spin-waiting made 2 threads 2.5x slower than 1
+    # for SFT and 30x slower for decoding (machine-notes.md); set 2 on a quiet box.
+    threads: int | None = 1
 
 
 class Stage:
@@ -92,6 +96,10 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     from evoharness.policies.factory import make_policy
     from evoharness.rollout.collect import collect_traces, traces_to_sft
 
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "run_config.json").write_text(cfg.model_dump_json(indent=2))

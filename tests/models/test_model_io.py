@@ -15,7 +15,7 @@ from model_helpers import MICRO
 
 
 def test_presets_have_the_advertised_sizes(tokenizer):
-    want = {"tiny": (1.5e6, 2.5e6), "small": (8e6, 12e6), "base": (25e6, 36e6)}
+    want = {"mini": (0.8e6, 1.4e6), "tiny": (1.5e6, 2.5e6), "small": (8e6, 12e6), "base": (25e6, 36e6)}
     for name in PRESETS:
         cfg = make_config(name, tokenizer)
         assert cfg.vocab_size == padded_vocab(len(tokenizer)) and cfg.vocab_size % 64 == 0

@@ -1,0 +1,82 @@
+"""Time per GRPO step, split into generation, environment and training.
+
+Usage:
+    python benchmarks/bench_grpo_step.py [--model-path DIR] [--steps 2] [--prompts 4] [--group 4]
+        [--max-steps 30] [--engine fast|textworld] [--device cpu|cuda] [--threads 1]
+
+Without --model-path a 'mini' Qwen3 model is initialised from scratch with a
+tokenizer trained on real BPE-harness prompts (generation then runs to the
+token cap every turn: an upper bound on generation time). Prints one row per
+RL step and the mean split, from the loop's own ``timing_s/*`` metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld.games import discover_games
+from evoharness.harness.bpe import BPEHarness, ExperienceStore
+from evoharness.models.init import count_params, init_model
+from evoharness.models.tokenizer import build_tokenizer
+from evoharness.train.rl import RLConfig, train_rl
+
+
+def scratch_model(out: Path, preset: str) -> Path:
+    corpus = []
+    for task in discover_games("train")[:60]:
+        env = make_env(task, engine="fast")
+        h = BPEHarness(ExperienceStore())
+        h.reset(task, env.reset())
+        corpus += [m["content"] for m in h.messages()]
+    tok = build_tokenizer(corpus + ["<think>x</think><action>go to countertop 1</action>"], out, vocab_size=2048)
+    init_model(preset, tok, out_dir=out, seed=0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-path", default=None)
+    ap.add_argument("--preset", default="mini")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--max-steps", type=int, default=30)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--engine", default="fast")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(args.model_path) if args.model_path else scratch_model(Path(tmp) / "model", args.preset)
+        cfg = RLConfig(model_path=str(model), out_dir=str(Path(tmp) / "rl"), steps=args.steps, engine=args.engine,
+                       max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, max_prompt_tokens=1024,
+                       device=args.device, decode_threads=args.threads)
+        cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.lr = args.prompts, args.group, 1e-5
+        cfg.grpo.max_prompt_tokens = 1024
+        train_rl(cfg, progress=False)
+        rows = [json.loads(ln) for ln in (Path(tmp) / "rl" / "metrics.jsonl").read_text().splitlines()]
+        from evoharness.models.init import load_model
+
+        n_params = count_params(load_model(model))
+    print(f"model {model.name} ({n_params / 1e6:.2f}M params), device {args.device}, threads {args.threads}, "
+          f"engine {args.engine}; {args.prompts} games x {args.group} samples, <= {args.max_steps} turns, "
+          f"<= {args.max_new_tokens} new tokens/turn\n")
+    print("| step | turns | completion tok | gen s | env s | train s | step s | gen % | env % | train % |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        n = args.prompts * args.group
+        tot = r["timing_s/step"]
+        print(f"| {r['step']} | {r['steps_per_episode'] * n:.0f} | {r['completion_tokens_per_episode'] * n:.0f} | "
+              f"{r['timing_s/gen']:.1f} | {r['timing_s/env']:.2f} | {r['timing_s/train']:.1f} | {tot:.1f} | "
+              f"{100 * r['timing_s/gen'] / tot:.0f} | {100 * r['timing_s/env'] / tot:.1f} | {100 * r['timing_s/train'] / tot:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,7 @@ from evoharness.train.sft import SFTConfig
 
 
 def _default_sft() -> SFTConfig:
-    return SFTConfig(lr=2e-3, epochs=2, batch_tokens=16384, warmup_steps=20, max_prompt_tokens=1024,
+    return SFTConfig(lr=2e-3, epochs=3, batch_tokens=16384, warmup_steps=10, max_prompt_tokens=1024, fit_schedule_to_budget=True,
                      max_completion_tokens=96, ckpt_every=50)
 
 

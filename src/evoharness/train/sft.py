@@ -73,6 +73,8 @@ class SFTConfig(Strict):
     device: str = "cpu"
     precision: Literal["auto", "fp32", "bf16_autocast", "bf16"] = "auto"  # auto: fp32 on CPU, bf16 autocast on CUDA
     max_minutes: float | None = None   # time budget; stops after a checkpoint
+    fit_schedule_to_budget: bool = False  # shrink the cosine horizon to the steps the budget allows
+    calibration_steps: int = 10        # steps timed before fitting the horizon
     ckpt_every: int = 50               # steps; 0: only at the end / budget
     keep_checkpoints: int = 2
     eval_every: int = 0                # steps; 0: only at the end (when eval examples are given)
@@ -318,6 +320,7 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
         sched.load_state_dict(ts["scheduler"])
         set_rng_state(ts["rng"])
         step = state["step"]
+        total = state.get("total_steps", total)  # a horizon fitted to the budget stays fixed
         epoch_batches[state["epoch"]] = state["epoch_batches"]
         truncate_metrics(out / "metrics.jsonl", step)
     (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
@@ -335,6 +338,7 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
             "fingerprint": fingerprint, "examples": len(rows)}, cfg.keep_checkpoints)
 
     metrics = out / "metrics.jsonl"
+    run_start, run_start_step = time.monotonic(), step
     bar = tqdm(total=total, initial=step, desc="sft", disable=not cfg.progress, dynamic_ncols=True)
     stopped = None
     while step < total:
@@ -368,6 +372,17 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
             append_jsonl(metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)})
         if on_step is not None:
             on_step(step, rec)
+        if (cfg.fit_schedule_to_budget and cfg.max_minutes is not None and step == cfg.calibration_steps
+                and run_start_step == 0):
+            # Decay within the budget instead of stopping at a high lr: the
+            # horizon is fitted once, from the first steps' pace, and then
+            # checkpointed so a resume keeps it.
+            per_step = (time.monotonic() - run_start) / step
+            fitted = step + int(0.95 * (cfg.max_minutes * 60 - (time.monotonic() - t_start)) / per_step)
+            if fitted < total:
+                total = max(step + 1, fitted)
+                bar.total = total
+                append_jsonl(metrics, {"step": step, "event": "schedule_fitted", "total_steps": total})
         over_budget = cfg.max_minutes is not None and time.monotonic() - t_start >= cfg.max_minutes * 60
         if step == total or over_budget or (cfg.ckpt_every and step % cfg.ckpt_every == 0):
             checkpoint()

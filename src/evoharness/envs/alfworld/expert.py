@@ -26,13 +26,16 @@ class WorldView:
         self.obj_loc: dict[str, str] = {}
         self.agent_loc = ""
         self.held: set[str] = set()
-        for pred, args in facts:
+        # Sorted: engines may list facts in any order (set iteration varies
+        # with the process's hash seed), and an object can be in two
+        # receptacles at once (a mug in a coffee machine on a countertop).
+        for pred, args in sorted(facts, key=lambda f: (f[0], [_natural(a) for a in f[1]])):
             if len(args) == 1:
                 self.unary[pred].add(args[0])
             elif pred in ("objecttype", "receptacletype"):
                 self.type_of[args[0]] = args[1].removesuffix("type").strip()
             elif pred == "inreceptacle":
-                self.in_recep[args[0]] = args[1]
+                self.in_recep.setdefault(args[0], args[1])
             elif pred == "receptacleatlocation":
                 self.recep_loc[args[0]] = args[1]
             elif pred == "objectatlocation":

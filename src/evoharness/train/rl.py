@@ -62,6 +62,7 @@ class RLConfig(Strict):
     max_new_tokens: int = 96
     max_prompt_tokens: int = 2048
     decode_threads: int | None = None  # torch CPU threads while sampling (1 suits tiny models)
+    threads: int | None = None  # torch CPU threads for the whole run (None: torch's default)
     seed: int = 0
     ckpt_every: int = 1
     keep_checkpoints: int = 2
@@ -126,6 +127,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
 
     if not cfg.model_path:
         raise ValueError("rl needs model_path (the SFT model directory)")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))

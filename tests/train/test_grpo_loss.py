@@ -186,3 +186,23 @@ def test_turn_samples_from_trajectory_records():
     out = turn_samples([t], [[0.5, 0.5, 0.5]])
     assert [(s.prompt_ids, s.completion_ids, s.advantage, s.episode_id) for s in out] == [
         ([1, 2], [3, 4], 0.5, "task#0"), ([5], [6], 0.5, "task#0")]
+
+
+def test_turn_subsampling_is_bounded_and_seeded():
+    from evoharness.rollout.records import Trajectory, TurnRecord
+    from evoharness.train.grpo import turn_samples
+
+    turns = [TurnRecord(turn=i, messages=[], completion="x", kind="env", action="look", feedback="",
+                        prompt_token_ids=[1, 2], completion_token_ids=[3 + i], logprobs=[-0.5]) for i in range(10)]
+    traj = Trajectory(episode_id="e#0", task_id="t", task_type="pick_and_place_simple", split="train",
+                      harness="bpe", policy="p", turns=turns)
+    adv = [[float(i) for i in range(10)]]
+    assert len(turn_samples([traj], adv)) == 10
+    a = turn_samples([traj], adv, max_turns=3, seed=1)
+    b = turn_samples([traj], adv, max_turns=3, seed=1)
+    assert len(a) == 3 and [s.completion_ids for s in a] == [s.completion_ids for s in b]
+    # each kept turn keeps its own advantage, in turn order
+    assert all(s.advantage == s.completion_ids[0] - 3 for s in a)
+    assert [s.completion_ids[0] for s in a] == sorted(s.completion_ids[0] for s in a)
+    draws = {tuple(s.completion_ids[0] for s in turn_samples([traj], adv, max_turns=3, seed=k)) for k in range(8)}
+    assert len(draws) > 1

@@ -65,6 +65,7 @@ class GRPOConfig(Strict):
     max_response_tokens: int = 512
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature the behaviour log-probs used")
     micro_batch_size: int = Field(8, gt=0, description="turns per forward/backward")
+    max_train_turns: int | None = Field(None, gt=0, description="turns trained per trajectory (sampled); None: all")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
 
@@ -93,20 +94,35 @@ class TurnSample:
     ref_logprobs: list[float] | None = None
 
 
-def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]) -> list[TurnSample]:
+def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]],
+                 max_turns: int | None = None, seed: int = 0) -> list[TurnSample]:
     """Flatten trajectories into trainable turns.
 
     Args:
         trajectories: episodes with TITO records.
         advantages: per trajectory, one advantage per turn (a flattened
             `advantages.turn_advantages` result, same order).
+        max_turns: train on at most this many turns per trajectory, drawn
+            uniformly without replacement (seeded by `seed` and the episode
+            id). The token-mean within a trajectory over the drawn turns is a
+            sampled estimate of the full one, so the loss keeps its scale while
+            the update costs O(max_turns) forward/backward per episode — the
+            same bound-the-work idea as QwenGyre's J_max path sampling. None:
+            every turn.
+        seed: sampling seed (e.g. the RL step).
 
     Turns without token ids (text-only policies) or with an empty completion
     are skipped.
     """
+    import random
+
     out = []
     for traj, adv in zip(trajectories, advantages, strict=True):
-        for turn, a in zip(traj.turns, adv, strict=True):
+        pairs = list(zip(traj.turns, adv, strict=True))
+        if max_turns is not None and len(pairs) > max_turns:
+            keep = sorted(random.Random(f"{seed}:{traj.episode_id}").sample(range(len(pairs)), max_turns))
+            pairs = [pairs[i] for i in keep]
+        for turn, a in pairs:
             if not turn.completion_token_ids or not turn.prompt_token_ids or turn.logprobs is None:
                 continue
             if len(turn.logprobs) != len(turn.completion_token_ids):

@@ -180,7 +180,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         breakdowns = [[trajectory_reward(t, step, g.reward) for t in grp] for grp in groups]
         rewards = torch.tensor([[b.total for b in row] for row in breakdowns], dtype=torch.float32)
         adv = turn_advantages(groups, rewards, g.advantage)
-        samples = turn_samples(trajs, [a for ga in adv for a in ga])
+        samples = turn_samples(trajs, [a for ga in adv for a in ga], max_turns=g.max_train_turns, seed=step)
         t1 = time.perf_counter()
         policy.model.train()
         upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref) if samples else {}

@@ -29,9 +29,9 @@ def _default_sft() -> SFTConfig:
 
 
 def _default_rl() -> RLConfig:
-    rl = RLConfig(steps=30, max_steps=50, max_new_tokens=64, max_prompt_tokens=1024, eval_every=0, decode_threads=1)
-    rl.grpo.group_size, rl.grpo.prompts_per_step = 4, 4
-    rl.grpo.lr, rl.grpo.temperature, rl.grpo.micro_batch_size = 2e-5, 1.0, 16
+    rl = RLConfig(steps=30, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1)
+    rl.grpo.group_size, rl.grpo.prompts_per_step, rl.grpo.max_train_turns = 4, 4, 8
+    rl.grpo.lr, rl.grpo.temperature, rl.grpo.micro_batch_size = 5e-5, 1.0, 16
     rl.grpo.max_prompt_tokens = 1024
     return rl
 

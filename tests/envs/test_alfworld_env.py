@@ -1,11 +1,15 @@
 """The stock-engine environment on real games: wordings, independence, expert."""
 
+from functools import partial
+
 import pytest
 
-from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld import make_env as _make_env
 from evoharness.envs.alfworld.expert import PlannerExpert
 from evoharness.envs.alfworld.task_info import load_task_info
 from evoharness.envs.alfworld.wording import parse_place
+
+make_env = partial(_make_env, engine="textworld")
 
 
 def _play_expert(env, max_steps=50):

@@ -33,7 +33,7 @@ class EnvConfig(Strict):
     """Where games come from and which engine plays them."""
 
     data_path: str | None = None  # None/"bundled": the pack inside the project; "env": $ALFWORLD_DATA
-    engine: Literal["textworld", "fast"] = "textworld"
+    engine: Literal["textworld", "fast"] = "fast"  # the project's byte-identical engine; "textworld" = stock
     wording: Literal["native", "put", "move"] = "native"
     timeout_s: float = 120.0
 

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy", default="teacher", help="teacher | openai | ... (policies.factory kinds)")
     ap.add_argument("--base-url", default=None)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--engine", default="textworld", choices=("textworld", "fast"))
+    ap.add_argument("--engine", default="fast", choices=("textworld", "fast"))
     ap.add_argument("--max-steps", type=int, default=50)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--keep", default="successful", choices=("successful", "all"))

@@ -7,7 +7,7 @@ from evoharness.envs.base import TaskSpec
 ENGINES = ("textworld", "fast")
 
 
-def make_env(task: TaskSpec, engine: str = "textworld", wording: str = "native", facts: bool = True):
+def make_env(task: TaskSpec, engine: str = "fast", wording: str = "native", facts: bool = True):
     """A fresh, independent ALFWorld environment for `task`.
 
     Args:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 
@@ -16,23 +15,9 @@ from evoharness.harness.react import ReActHarness
 from evoharness.policies.base import PolicyRequest
 from evoharness.policies.teacher import TeacherPolicy, parse_prompt, plan_for, search_order, teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from engines import pick_engine
 
 FORMAT = re.compile(r"^<think>[^<]+</think><action>[^<]+</action>$")
-
-
-def pick_engine(task) -> str:
-    """$EVOHARNESS_TEST_ENGINE, else the fast engine when it works here, else the stock one."""
-    if os.environ.get("EVOHARNESS_TEST_ENGINE"):
-        return os.environ["EVOHARNESS_TEST_ENGINE"]
-    try:
-        env = make_env(task, engine="fast")
-        try:
-            env.reset()
-        finally:
-            env.close()
-        return "fast"
-    except Exception:
-        return "textworld"
 
 
 class Blindfolded:

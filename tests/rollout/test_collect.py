@@ -14,23 +14,9 @@ from evoharness.harness.bpe import ExperienceStore
 from evoharness.policies.scripted import RandomPolicy
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.collect import bpe_harness_factory, collect_traces, read_jsonl, traces_to_sft
+from engines import pick_engine
 
 FORMAT = re.compile(r"^<think>[^<]*</think><action>[^<]+</action>$")
-
-
-def pick_engine(task) -> str:
-    """$EVOHARNESS_TEST_ENGINE, else the fast engine when it works here, else the stock one."""
-    if os.environ.get("EVOHARNESS_TEST_ENGINE"):
-        return os.environ["EVOHARNESS_TEST_ENGINE"]
-    try:
-        env = make_env(task, engine="fast")
-        try:
-            env.reset()
-        finally:
-            env.close()
-        return "fast"
-    except Exception:
-        return "textworld"
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 
@@ -23,24 +22,10 @@ from evoharness.train.distill import (
     parse_log,
     state_trace,
 )
+from engines import pick_engine
 
 BATCH = 4
 FORMAT = re.compile(r"^<think>[^<]+</think><action>[^<]+</action>$")
-
-
-def pick_engine(task) -> str:
-    """$EVOHARNESS_TEST_ENGINE, else the fast engine when it works here, else the stock one."""
-    if os.environ.get("EVOHARNESS_TEST_ENGINE"):
-        return os.environ["EVOHARNESS_TEST_ENGINE"]
-    try:
-        env = make_env(task, engine="fast")
-        try:
-            env.reset()
-        finally:
-            env.close()
-        return "fast"
-    except Exception:
-        return "textworld"
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ class RunConfig(Strict):
 
     out_dir: str = "runs/main"
     seed: int = 0
-    budget_minutes: float = 40.0
+    budget_minutes: float = 35.0  # SFT + RL budgets; the evaluations come on top (~10 min on 2 cores)
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))
     teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(kind="teacher"))

@@ -91,6 +91,7 @@ def main() -> int:
             r = json.loads(line)
             done[(r["split"], r["task_id"])] = r
     jobs = [(t, "move" if i % 4 == 3 else "native", args.seed) for i, t in enumerate(tasks) if (t.split, t.task_id) not in done]
+    print("command: " + " ".join(sys.argv), flush=True)
     print(f"{len(tasks)} games ({len(done)} already done), {args.workers} workers, {args.steps} steps each", flush=True)
 
     from tqdm import tqdm
@@ -99,7 +100,8 @@ def main() -> int:
     out = open(args.out, "a") if args.out else None
     t0 = time.time()
     ctx = get_context("fork")
-    with ctx.Pool(args.workers, initializer=_init, initargs=(args.steps, args.memo_stock)) as pool:
+    # fresh workers every 50 games: the stock engine's memory grows with every game it loads
+    with ctx.Pool(args.workers, initializer=_init, initargs=(args.steps, args.memo_stock), maxtasksperchild=50) as pool:
         bar = tqdm(pool.imap_unordered(_one, jobs), total=len(jobs), file=sys.stderr, mininterval=5)
         bad = 0
         for r in bar:

@@ -79,6 +79,29 @@ def test_one_update_moves_bandit_towards_positive_completion():
     assert m["entropy"] > 0
 
 
+def test_mini_batches_take_one_step_per_slice_and_the_clip_acts_after_the_first():
+    model = tiny_model()
+    prompt = [1, 2, 3, 4, 5]
+    spec = [(prompt, [10 + i, 11, 12], a, f"e{i}") for i, a in enumerate([1.0, -1.0, 1.0, -1.0])]
+    samples = samples_for(model, spec)
+    one = copy.deepcopy(model)
+    single = grpo_step(one, torch.optim.AdamW(one.parameters(), lr=1e-1), samples, GRPOConfig(lr=1e-1, kl_beta=0.0),
+                       group_size=2)
+    assert single["updates"] == 1 and single["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    cfg = GRPOConfig(lr=1e-1, kl_beta=0.0, mini_batches=2, clip_low=0.01, clip_high=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    m = grpo_step(model, opt, samples, cfg, group_size=2)
+    assert m["updates"] == 2 and m["n_tokens"] == 12
+    assert all(st["step"] == 2 for st in opt.state.values())
+    # slice 2 is scored by the policy slice 1 moved: ratios leave 1 and the tight clip bites
+    assert m["ratio_max"] > 1.0 + 1e-3 and m["clip_fraction"] > 0
+    # more slices than groups: one step per group
+    other = copy.deepcopy(model)
+    few = grpo_step(other, torch.optim.AdamW(other.parameters(), lr=1e-3), samples,
+                    GRPOConfig(kl_beta=0.0, mini_batches=5), group_size=2)
+    assert few["updates"] == 2
+
+
 def test_no_gradient_reaches_prompt_or_padding_positions():
     model = tiny_model()
     ref = tiny_model(seed=1)  # differs: KL term active

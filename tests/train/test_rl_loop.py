@@ -87,3 +87,15 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
 def test_rl_needs_a_model():
     with pytest.raises(ValueError, match="model_path"):
         train_rl(RLConfig(model_path=""), progress=False)
+
+
+def test_task_type_filter_and_spread_evaluation():
+    tasks = discover_games("valid_seen")
+    picked = rl_mod.select_tasks(tasks, ["pick_and_place_simple", "look_at_obj_in_light"])
+    assert len(picked) == 35 + 13 and {t.task_type for t in picked} == {"pick_and_place_simple", "look_at_obj_in_light"}
+    assert rl_mod.select_tasks(tasks, None) == tasks
+    with pytest.raises(ValueError, match="pick_and_place"):
+        rl_mod.select_tasks(tasks, ["pick_and_place"])  # a typo must not train on nothing
+    spread = rl_mod.spread(tasks, 12)
+    assert len(spread) == 12 and len({t.task_type for t in spread}) == 6
+    assert rl_mod.spread(tasks, None) == tasks

@@ -65,6 +65,8 @@ class GRPOConfig(Strict):
     max_response_tokens: int = 512
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature the behaviour log-probs used")
     micro_batch_size: int = Field(8, gt=0, description="turns per forward/backward")
+    mini_batches: int = Field(1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); "
+                                                    "groups are kept whole")
     max_train_turns: int | None = Field(None, gt=0, description="turns trained per trajectory (sampled); None: all")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
@@ -301,14 +303,35 @@ def make_optimizer(model: Any, cfg: GRPOConfig) -> torch.optim.Optimizer:
 
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample], cfg: GRPOConfig,
-              ref_model: Any = None) -> dict[str, float]:
-    """One optimizer step on one step batch of turns: accumulate, clip the
-    gradient norm to ``cfg.grad_clip``, step. Returns `accumulate_gradients`'
-    metrics plus ``grad_norm`` (before clipping)."""
-    optimizer.zero_grad(set_to_none=True)
-    metrics = accumulate_gradients(model, samples, cfg, ref_model)
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return metrics
+              ref_model: Any = None, group_size: int = 1) -> dict[str, float]:
+    """Optimizer steps on one step batch of turns.
+
+    The batch's trajectories (in rollout order, ``group_size`` consecutive
+    trajectories per GRPO group) are cut into ``cfg.mini_batches`` slices of
+    whole groups; each slice is one update: accumulate (token weights over
+    the slice), clip the gradient norm to ``cfg.grad_clip``, step. From the
+    second slice on the policy has moved, so ρ ≠ 1 and the PPO clip acts
+    (verl's ``ppo_mini_batch_size``). With one mini-batch this is exactly one
+    full-batch step. Returns `accumulate_gradients`' metrics plus
+    ``grad_norm`` (before clipping), averaged over the updates
+    (``ratio_max``: the max; ``n_tokens``: the sum).
+    """
+    episodes = list(dict.fromkeys(s.episode_id for s in samples))
+    groups = [episodes[i:i + group_size] for i in range(0, len(episodes), max(1, group_size))]
+    k = max(1, min(cfg.mini_batches, len(groups)))
+    slices = [{e for grp in groups[j::k] for e in grp} for j in range(k)] if k > 1 else [set(episodes)]
+    runs = []
+    for members in slices:
+        batch = [s for s in samples if s.episode_id in members]
+        optimizer.zero_grad(set_to_none=True)
+        m = accumulate_gradients(model, batch, cfg, ref_model)
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        runs.append(m)
+    out = {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]}
+    out["ratio_max"] = max(r["ratio_max"] for r in runs)
+    out["n_tokens"] = sum(r["n_tokens"] for r in runs)
+    out["updates"] = len(runs)
+    return out

@@ -51,6 +51,7 @@ class RLConfig(Strict):
     out_dir: str = "runs/rl"
     steps: int = 150
     split: str = "train"
+    task_types: list[str] | None = None  # train (and evaluate) on these ALFWorld task types only; None: all six
     data_path: str | None = None
     engine: Literal["textworld", "fast"] = "fast"
     max_steps: int = 70
@@ -133,7 +134,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
     metrics_path = out / "metrics.jsonl"
-    tasks = discover_games(cfg.split, cfg.data_path)
+    tasks = select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
     g = cfg.grpo
 
     ckpt = latest_checkpoint(out)
@@ -183,7 +184,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         samples = turn_samples(trajs, [a for ga in adv for a in ga], max_turns=g.max_train_turns, seed=step)
         t1 = time.perf_counter()
         policy.model.train()
-        upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref) if samples else {}
+        upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref, group_size=g.group_size) if samples else {}
         policy.policy_version += 1
         t_train = time.perf_counter() - t1
         store.unfreeze()
@@ -238,9 +239,31 @@ def load_experience_fresh(path):
     return ExperienceStore.load(path) if path else ExperienceStore()
 
 
+def select_tasks(tasks: list, task_types: list[str] | None) -> list:
+    """The tasks of the given types (all when None).
+
+    Raises:
+        ValueError: a type that names no task (a typo would silently train on nothing).
+    """
+    if task_types is None:
+        return tasks
+    known = {t.task_type for t in tasks}
+    if unknown := sorted(set(task_types) - known):
+        raise ValueError(f"task_types {unknown} match no game; known: {sorted(known)}")
+    return [t for t in tasks if t.task_type in task_types]
+
+
+def spread(tasks: list, n: int | None) -> list:
+    """``n`` tasks evenly spaced over the (type-sorted) list, so a short
+    evaluation covers every type instead of the first one; all when None."""
+    if not n or n >= len(tasks):
+        return tasks
+    return [tasks[i * len(tasks) // n] for i in range(n)]
+
+
 def _quick_eval(cfg: RLConfig, policy, store) -> dict:
-    """Greedy success on the first ``eval_limit`` games of the eval panel."""
-    tasks = discover_games(cfg.eval_split, cfg.data_path)[: cfg.eval_limit or None]
+    """Greedy success on ``eval_limit`` games spread over the eval split (same task types as training)."""
+    tasks = spread(select_tasks(discover_games(cfg.eval_split, cfg.data_path), cfg.task_types), cfg.eval_limit)
     temp = policy.temperature
     policy.temperature = 0.0
     store.freeze()

@@ -59,6 +59,8 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
     assert metrics[0]["train/n_tokens"] > 0
     assert metrics[-1]["policy_version"] == 3
     assert (ref / "experience.json").is_file()
+    report = (tmp_path / "a" / "report.md").read_text()
+    assert "3 steps. Training success" in report and (tmp_path / "a" / "rl_curves.png").stat().st_size > 1000
 
     # Crash inside step 3, after its rollout and before its update.
     real_step, calls = rl_mod.grpo_step, []

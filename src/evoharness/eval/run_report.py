@@ -83,24 +83,68 @@ def write_run_report(out: Path, systems: dict[str, dict[str, Any]], sft_metrics:
                                                                               ("smoothed", xs, _smooth([r["loss"] for r in sft], 20))])])
         md += ["## Stage 1: SFT", "", f"{len(sft)} steps; final loss {sft[-1]['loss']:.4f}.", "",
                "![sft loss](sft_loss.png)", ""]
-    rl = _read_jsonl(rl_metrics) if rl_metrics else []
-    if rl:
-        xs = [r["step"] for r in rl]
-        panels = [
-            ("reward (mean)", [("reward", xs, [r["reward"] for r in rl]), ("smoothed", xs, _smooth([r["reward"] for r in rl]))]),
-            ("training success", [("success", xs, [r["success"] for r in rl]),
-                                  ("smoothed", xs, _smooth([r["success"] for r in rl]))]),
-            ("harness calls / episode", [(v, xs, [r.get(f"harness/{v}_per_episode", 0) for r in rl]) for v in META_VERBS]),
-        ]
-        _plot_curves(out / "rl_curves.png", panels)
-        first, last = rl[0], rl[-1]
-        md += ["## Stage 2: cost-aware GRPO", "",
-               f"{len(rl)} steps. Training success {first['success']:.2f} -> {last['success']:.2f} "
-               f"(mean of first/last 5: {sum(r['success'] for r in rl[:5]) / min(5, len(rl)):.2f} -> "
-               f"{sum(r['success'] for r in rl[-5:]) / min(5, len(rl)):.2f}); reward {first['reward']:.2f} -> {last['reward']:.2f}.",
-               "", "![rl curves](rl_curves.png)", ""]
+    if rl_metrics:
+        md += rl_section(out, _read_jsonl(rl_metrics))
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     path = out / "report.md"
     path.write_text("\n".join(md))
+    return path
+
+
+def _trend(ys: list[float]) -> float:
+    """Least-squares slope of ys against their index (units of y per step)."""
+    n = len(ys)
+    if n < 2:
+        return 0.0
+    mx, my = (n - 1) / 2, sum(ys) / n
+    return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
+
+
+def rl_section(out: Path, rl: list[dict]) -> list[str]:
+    """Markdown lines for a GRPO run's metrics, and ``rl_curves.png`` in `out`
+    (reward, training success, greedy eval success when logged, KL, harness
+    calls per meta-action). Empty when there are no steps."""
+    if not rl:
+        return []
+    xs = [r["step"] for r in rl]
+    panels = [
+        ("reward (mean)", [("reward", xs, [r["reward"] for r in rl]), ("smoothed", xs, _smooth([r["reward"] for r in rl]))]),
+        ("training success", [("success", xs, [r["success"] for r in rl]),
+                              ("smoothed", xs, _smooth([r["success"] for r in rl]))]),
+    ]
+    ev = [r for r in rl if "eval/success" in r]
+    if ev:
+        panels.append(("greedy eval success", [("eval", [r["step"] for r in ev], [r["eval/success"] for r in ev])]))
+    panels += [
+        ("KL to SFT reference", [("k3 KL", xs, [r.get("train/kl", 0.0) for r in rl])]),
+        ("harness calls / episode", [(v, xs, [r.get(f"harness/{v}_per_episode", 0) for r in rl]) for v in META_VERBS]),
+    ]
+    _plot_curves(out / "rl_curves.png", panels)
+    k = min(5, len(rl))
+    succ, rew = [r["success"] for r in rl], [r["reward"] for r in rl]
+    md = ["## Stage 2: cost-aware GRPO", "",
+          f"{len(rl)} steps. Training success {succ[0]:.2f} -> {succ[-1]:.2f} (mean of first/last {k}: "
+          f"{sum(succ[:k]) / k:.2f} -> {sum(succ[-k:]) / k:.2f}; least-squares trend {_trend(succ):+.4f}/step); "
+          f"reward {rew[0]:.2f} -> {rew[-1]:.2f} (first/last {k}: {sum(rew[:k]) / k:.2f} -> {sum(rew[-k:]) / k:.2f}; "
+          f"trend {_trend(rew):+.4f}/step).", ""]
+    if ev:
+        md += ["Greedy evaluation during training: " + ", ".join(f"step {r['step']}: {r['eval/success']:.2f} "
+                                                             f"(n={r.get('eval/n', '?')})" for r in ev) + ".", ""]
+    md += ["![rl curves](rl_curves.png)", "",
+           "| step | success | reward | steps/ep | KL | entropy | clip frac | compl. tok/ep | gen s | env s | train s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rl:
+        md.append(f"| {r['step']} | {r['success']:.3f} | {r['reward']:.2f} | {r['steps_per_episode']:.1f} | "
+                  f"{r.get('train/kl', 0):.4f} | {r.get('train/entropy', 0):.3f} | {r.get('train/clip_fraction', 0):.3f} | "
+                  f"{r['completion_tokens_per_episode']:.0f} | {r['timing_s/gen']:.0f} | {r['timing_s/env']:.1f} | "
+                  f"{r['timing_s/train']:.0f} |")
+    return md + [""]
+
+
+def write_rl_report(out: Path, rl_metrics: Path) -> Path:
+    """``report.md`` + ``rl_curves.png`` for a stand-alone ``evoharness rl`` run."""
+    lines = rl_section(out, _read_jsonl(rl_metrics))
+    path = out / "report.md"
+    path.write_text("\n".join(["# EvoHarness RL run", ""] + (lines or ["No completed steps yet.", ""])))
     return path

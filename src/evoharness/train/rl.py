@@ -224,6 +224,10 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
                 _save(out, step + 1, policy, optimizer, store, order, cfg.keep_checkpoints)
             break
     bar.close()
+    from evoharness.eval.run_report import write_rl_report
+
+    write_rl_report(out, metrics_path)
+
     def write_final(tmp: Path) -> None:
         policy.model.save_pretrained(str(tmp), safe_serialization=True)
         policy.tokenizer.save_pretrained(str(tmp))

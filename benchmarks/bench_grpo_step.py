@@ -1,8 +1,9 @@
 """Time per GRPO step, split into generation, environment and training.
 
 Usage:
-    python benchmarks/bench_grpo_step.py [--model-path DIR] [--steps 2] [--prompts 4] [--group 4]
-        [--max-steps 30] [--engine fast|textworld] [--device cpu|cuda] [--threads 1]
+    python benchmarks/bench_grpo_step.py [--config configs/rl_cpu.toml] [--model-path DIR] [--steps 2]
+        [--prompts 4] [--group 4] [--max-steps 30] [--engine fast|textworld] [--device cpu|cuda]
+        [--threads 1] [--set key=value ...]
 
 Without --model-path a 'mini' Qwen3 model is initialised from scratch with a
 tokenizer trained on real BPE-harness prompts (generation then runs to the
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from evoharness.config import load_config
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
@@ -41,6 +43,8 @@ def scratch_model(out: Path, preset: str) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=None, help="RLConfig TOML (sizes below override it)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="RLConfig key=value")
     ap.add_argument("--model-path", default=None)
     ap.add_argument("--preset", default="mini")
     ap.add_argument("--steps", type=int, default=2)
@@ -55,25 +59,31 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model_path) if args.model_path else scratch_model(Path(tmp) / "model", args.preset)
-        cfg = RLConfig(model_path=str(model), out_dir=str(Path(tmp) / "rl"), steps=args.steps, engine=args.engine,
-                       max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, max_prompt_tokens=1024,
-                       device=args.device, decode_threads=args.threads)
-        cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.lr = args.prompts, args.group, 1e-5
-        cfg.grpo.max_prompt_tokens = 1024
+        sizes = dict(model_path=str(model), out_dir=str(Path(tmp) / "rl"), steps=args.steps, engine=args.engine,
+                     max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, device=args.device,
+                     decode_threads=args.threads, eval_every=0)
+        cfg = load_config(RLConfig, args.config, [f"{k}={json.dumps(v)}" for k, v in sizes.items()] + args.overrides)
+        if not args.config:  # the CPU-sized prompt cap and a harmless lr for a scratch model
+            cfg.max_prompt_tokens = cfg.grpo.max_prompt_tokens = 1024
+            cfg.grpo.lr = 1e-5
+        cfg.grpo.prompts_per_step, cfg.grpo.group_size = args.prompts, args.group
         train_rl(cfg, progress=False)
         rows = [json.loads(ln) for ln in (Path(tmp) / "rl" / "metrics.jsonl").read_text().splitlines()]
         from evoharness.models.init import load_model
 
         n_params = count_params(load_model(model))
     print(f"model {model.name} ({n_params / 1e6:.2f}M params), device {args.device}, threads {args.threads}, "
-          f"engine {args.engine}; {args.prompts} games x {args.group} samples, <= {args.max_steps} turns, "
-          f"<= {args.max_new_tokens} new tokens/turn\n")
+          f"engine {args.engine}; config {args.config or 'defaults'} {' '.join(args.overrides)}; "
+          f"{args.prompts} games x {args.group} samples, <= {args.max_steps} turns, "
+          f"<= {args.max_new_tokens} new tokens/turn, {cfg.grpo.mini_batches} update(s)/step, "
+          f"<= {cfg.grpo.max_train_turns or 'all'} trained turns/episode\n")
     print("| step | turns | completion tok | gen s | env s | train s | step s | gen % | env % | train % |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        n = args.prompts * args.group
+    n = args.prompts * args.group
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if isinstance(rows[0][k], (int, float))}
+    for label, r in [(str(r["step"]), r) for r in rows] + [("mean", mean)]:
         tot = r["timing_s/step"]
-        print(f"| {r['step']} | {r['steps_per_episode'] * n:.0f} | {r['completion_tokens_per_episode'] * n:.0f} | "
+        print(f"| {label} | {r['steps_per_episode'] * n:.0f} | {r['completion_tokens_per_episode'] * n:.0f} | "
               f"{r['timing_s/gen']:.1f} | {r['timing_s/env']:.2f} | {r['timing_s/train']:.1f} | {tot:.1f} | "
               f"{100 * r['timing_s/gen'] / tot:.0f} | {100 * r['timing_s/env'] / tot:.1f} | {100 * r['timing_s/train'] / tot:.0f} |")
 

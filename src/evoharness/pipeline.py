@@ -29,10 +29,14 @@ def _default_sft() -> SFTConfig:
 
 
 def _default_rl() -> RLConfig:
-    rl = RLConfig(steps=30, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1)
-    rl.grpo.group_size, rl.grpo.prompts_per_step, rl.grpo.max_train_turns = 4, 4, 8
-    rl.grpo.lr, rl.grpo.temperature, rl.grpo.micro_batch_size = 5e-5, 1.0, 16
-    rl.grpo.max_prompt_tokens = 1024
+    """configs/rl_cpu.toml's settings (pick + look games, T=0.6, 2 updates per batch),
+    at 2 games x 8 samples per step to fit the main job's short RL budget."""
+    rl = RLConfig(steps=30, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
+                  task_types=["pick_and_place_simple", "look_at_obj_in_light"])
+    g = rl.grpo
+    g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 2, 8, 2
+    g.lr, g.temperature, g.micro_batch_size, g.max_prompt_tokens = 1e-4, 0.6, 16, 1024
+    g.reward.t_max, g.reward.div_epochs = 30, 30
     return rl
 
 

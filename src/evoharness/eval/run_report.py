@@ -45,8 +45,23 @@ def _smooth(ys: list[float], k: int = 5) -> list[float]:
     return out
 
 
+def success_table(systems: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown rows: per-type wins, overall success, steps, tokens, harness calls, invalid actions per episode."""
+    md = ["| system | " + " | ".join(TASK_SHORT[t] for t in TASK_TYPES) + " | all | steps/ep | "
+          "prompt tok/ep | compl. tok/ep | harness calls/ep | invalid/ep |",
+          "|---|" + "---|" * (len(TASK_TYPES) + 6)]
+    for name, s in systems.items():
+        o = s["overall"]
+        cells = [f"{s['by_type'][t]['won']}/{s['by_type'][t]['n']}" for t in TASK_TYPES]
+        calls = sum(o.get("meta_per_ep", {}).get(v, 0) for v in META_VERBS)
+        md.append(f"| {name} | " + " | ".join(cells) + f" | **{o['success']}%** | {o.get('mean_steps', 0)} | "
+                  f"{o.get('prompt_tokens_per_ep', 0)} | {o.get('completion_tokens_per_ep', 0)} | {calls:.2f} | "
+                  f"{o.get('invalid_per_ep', 0)} |")
+    return md
+
+
 def write_run_report(out: Path, systems: dict[str, dict[str, Any]], sft_metrics: Path | None,
-                     rl_metrics: Path | None, notes: list[str]) -> Path:
+                     rl_metrics: Path | None, notes: list[str], title: str = "EvoHarness main job") -> Path:
     """Write ``report.md`` with ``success.png``, ``sft_loss.png``, ``rl_curves.png``.
 
     Args:
@@ -55,20 +70,10 @@ def write_run_report(out: Path, systems: dict[str, dict[str, Any]], sft_metrics:
         notes: lines appended under "Notes" (budget, limits, what was skipped).
     """
     out.mkdir(parents=True, exist_ok=True)
-    md = ["# EvoHarness main job", ""]
+    md = [f"# {title}", ""]
     if systems:
         plot_success(systems, out / "success.png", "ALFWorld valid_seen success by task type")
-        md += ["## Success on the valid_seen panel (BPE harness)", "",
-               "| system | " + " | ".join(TASK_SHORT[t] for t in TASK_TYPES) + " | all | steps/ep | "
-               "prompt tok/ep | compl. tok/ep | harness calls/ep | invalid/ep |",
-               "|---|" + "---|" * (len(TASK_TYPES) + 6)]
-        for name, s in systems.items():
-            o = s["overall"]
-            cells = [f"{s['by_type'][t]['won']}/{s['by_type'][t]['n']}" for t in TASK_TYPES]
-            calls = sum(o.get("meta_per_ep", {}).get(v, 0) for v in META_VERBS)
-            md.append(f"| {name} | " + " | ".join(cells) + f" | **{o['success']}%** | {o.get('mean_steps', 0)} | "
-                      f"{o.get('prompt_tokens_per_ep', 0)} | {o.get('completion_tokens_per_ep', 0)} | {calls:.2f} | "
-                      f"{o.get('invalid_per_ep', 0)} |")
+        md += ["## Success on the valid_seen panel (BPE harness)", ""] + success_table(systems)
         md += ["", "![success](success.png)", ""]
         md += ["Harness calls per episode by meta-action:", "",
                "| system | " + " | ".join(META_VERBS) + " |", "|---|" + "---|" * len(META_VERBS)]
@@ -101,8 +106,8 @@ def _trend(ys: list[float]) -> float:
     return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
 
 
-def rl_section(out: Path, rl: list[dict]) -> list[str]:
-    """Markdown lines for a GRPO run's metrics, and ``rl_curves.png`` in `out`
+def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: str = "Stage 2: cost-aware GRPO") -> list[str]:
+    """Markdown lines for a GRPO run's metrics, and the plot `name` in `out`
     (reward, training success, greedy eval success when logged, KL, harness
     calls per meta-action). Empty when there are no steps."""
     if not rl:
@@ -120,10 +125,10 @@ def rl_section(out: Path, rl: list[dict]) -> list[str]:
         ("KL to SFT reference", [("k3 KL", xs, [r.get("train/kl", 0.0) for r in rl])]),
         ("harness calls / episode", [(v, xs, [r.get(f"harness/{v}_per_episode", 0) for r in rl]) for v in META_VERBS]),
     ]
-    _plot_curves(out / "rl_curves.png", panels)
+    _plot_curves(out / name, panels)
     k = min(5, len(rl))
     succ, rew = [r["success"] for r in rl], [r["reward"] for r in rl]
-    md = ["## Stage 2: cost-aware GRPO", "",
+    md = [f"## {title}", "",
           f"{len(rl)} steps. Training success {succ[0]:.2f} -> {succ[-1]:.2f} (mean of first/last {k}: "
           f"{sum(succ[:k]) / k:.2f} -> {sum(succ[-k:]) / k:.2f}; least-squares trend {_trend(succ):+.4f}/step); "
           f"reward {rew[0]:.2f} -> {rew[-1]:.2f} (first/last {k}: {sum(rew[:k]) / k:.2f} -> {sum(rew[-k:]) / k:.2f}; "
@@ -131,7 +136,7 @@ def rl_section(out: Path, rl: list[dict]) -> list[str]:
     if ev:
         md += ["Greedy evaluation during training: " + ", ".join(f"step {r['step']}: {r['eval/success']:.2f} "
                                                              f"(n={r.get('eval/n', '?')})" for r in ev) + ".", ""]
-    md += ["![rl curves](rl_curves.png)", "",
+    md += [f"![rl curves]({name})", "",
            "| step | success | reward | steps/ep | KL | entropy | clip frac | compl. tok/ep | gen s | env s | train s |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rl:

@@ -20,11 +20,49 @@ import shutil
 from pathlib import Path
 
 from evoharness.eval.report import plot_success
-from evoharness.eval.run_report import _plot_curves, _read_jsonl, _smooth, rl_section, success_table
+from evoharness.eval.run_report import _plot_curves, _read_jsonl, _smooth, _trend, rl_section, success_table
 
 
 def _pairs(items: list[str]) -> list[tuple[str, Path]]:
     return [(k, Path(v)) for k, v in (i.split("=", 1) for i in items)]
+
+
+def paired_section(out: Path, runs: dict[str, list[dict]], control: str) -> list[str]:
+    """Training success of each run against the lr-0 control, step by step.
+
+    Same seed, so step u of every run plays the same 4 games with the same
+    sampling seeds: the per-step difference removes game difficulty, which
+    dominates the raw curves. Reports the mean difference, its standard
+    error and the number of steps won / lost / tied."""
+    ctrl = {r["step"]: r["success"] for r in runs[control]}
+    md = [f"## Training success against the lr-0 control ({control})", "",
+          "Every run uses the same seed, so step u plays the same games with the same sampling seeds in each run; "
+          "the control never changes its weights (its experience store still consolidates). The per-step "
+          "difference removes the game-to-game difficulty that dominates the raw curves.", "",
+          "| run | steps paired | mean success | control | mean difference | s.e. | difference trend / step | "
+          "steps better / worse / equal |",
+          "|---|---|---|---|---|---|---|---|"]
+    panels = []
+    for label, rows in runs.items():
+        if label == control:
+            continue
+        pairs = [(r["step"], r["success"], ctrl[r["step"]]) for r in rows if r["step"] in ctrl]
+        if len(pairs) < 2:
+            continue
+        d = [a - c for _, a, c in pairs]
+        n, mean = len(d), sum(d) / len(d)
+        se = (sum((x - mean) ** 2 for x in d) / (n - 1) / n) ** 0.5
+        md.append(f"| {label} | {n} | {sum(a for _, a, _ in pairs) / n:.3f} | {sum(c for _, _, c in pairs) / n:.3f} | "
+                  f"**{mean:+.3f}** | {se:.3f} | {_trend(d):+.4f} | {sum(x > 0 for x in d)} / {sum(x < 0 for x in d)} / {sum(x == 0 for x in d)} |")
+        xs = [u for u, _, _ in pairs]
+        running = [sum(d[: i + 1]) / (i + 1) for i in range(n)]
+        panels += [(f"training success: {label} vs control", [(label, xs, [a for _, a, _ in pairs]),
+                                                              (control, xs, [c for _, _, c in pairs])]),
+                   ("success difference (run - control)", [("per step", xs, d), ("running mean", xs, running)])]
+    if panels:
+        _plot_curves(out / "paired.png", panels)
+        md += ["", "![paired](paired.png)", ""]
+    return md
 
 
 def main() -> None:
@@ -33,6 +71,7 @@ def main() -> None:
     ap.add_argument("--sft-metrics", default=None)
     ap.add_argument("--run", action="append", default=[], help="LABEL=RL_OUT_DIR")
     ap.add_argument("--eval", action="append", default=[], help="LABEL=EVAL_DIR")
+    ap.add_argument("--control", default=None, help="LABEL of a --run trained with lr 0 on the same game order")
     ap.add_argument("--notes", default=None, help="Markdown appended at the end")
     args = ap.parse_args()
     out = Path(args.out)
@@ -52,6 +91,9 @@ def main() -> None:
         _plot_curves(out / "sft_loss.png", [("SFT loss (assistant tokens)", [
             ("loss", xs, [r["loss"] for r in sft]), ("smoothed", xs, _smooth([r["loss"] for r in sft], 50))])])
         md += ["## Stage 1: SFT", "", f"{len(sft)} steps; final loss {sft[-1]['loss']:.4f}.", "", "![sft loss](sft_loss.png)", ""]
+    runs = {label: _read_jsonl(run / "metrics.jsonl") for label, run in _pairs(args.run)}
+    if args.control:
+        md += paired_section(out, runs, args.control)
     for i, (label, run) in enumerate(_pairs(args.run)):
         md += rl_section(out, _read_jsonl(run / "metrics.jsonl"), name=f"rl_curves_{i}.png", title=f"Stage 2 GRPO: {label}")
         shutil.copy(run / "rl_config.json", out / f"rl_config_{i}.json")

@@ -72,12 +72,14 @@ def main() -> None:
     ap.add_argument("--run", action="append", default=[], help="LABEL=RL_OUT_DIR")
     ap.add_argument("--eval", action="append", default=[], help="LABEL=EVAL_DIR")
     ap.add_argument("--control", default=None, help="LABEL of a --run trained with lr 0 on the same game order")
-    ap.add_argument("--notes", default=None, help="Markdown appended at the end")
+    ap.add_argument("--notes", default=None, help="Markdown placed under the title (setup, findings)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     evals = _pairs(args.eval)
     md = ["# EvoHarness-RL on a 2-core CPU: GRPO from a longer-trained SFT student", ""]
+    if args.notes:
+        md += [Path(args.notes).read_text()]
     for split, title in (("valid_seen", "valid_seen panel, greedy, step cap 50"),
                          ("train128", "train: 128 games drawn with replacement, sampled at the RL temperature, cap 30")):
         systems = {k: json.loads((d / split / "summary.json").read_text()) for k, d in evals
@@ -97,8 +99,6 @@ def main() -> None:
     for i, (label, run) in enumerate(_pairs(args.run)):
         md += rl_section(out, _read_jsonl(run / "metrics.jsonl"), name=f"rl_curves_{i}.png", title=f"Stage 2 GRPO: {label}")
         shutil.copy(run / "rl_config.json", out / f"rl_config_{i}.json")
-    if args.notes:
-        md += [Path(args.notes).read_text()]
     (out / "report.md").write_text("\n".join(md))
     print(out / "report.md")
 

@@ -15,7 +15,7 @@ A checkpoint (``checkpoints/step_N``) holds the weights, optimizer, experience
 store, RNG states, step and the game order; `train_rl` with the same
 ``out_dir`` resumes from the last one. Metrics records after the checkpoint's
 step are dropped on resume so ``metrics.jsonl`` continues without gaps or
-duplicates.
+duplicates. A finished run also writes ``report.md`` + ``rl_curves.png``.
 """
 
 from __future__ import annotations

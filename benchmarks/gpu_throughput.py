@@ -125,7 +125,6 @@ def decode_tok_s(size, vocab, device, tok, n, prompt_len, new) -> dict[str, floa
             fn()
             sync(device)
             out[name] = n * new / (time.perf_counter() - t)
-    del model, eng
     return out
 
 

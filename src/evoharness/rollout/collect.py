@@ -42,7 +42,6 @@ from evoharness.envs.base import Env, TaskSpec
 from evoharness.harness.base import Harness, split_completion
 from evoharness.policies.base import Policy, format_action
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.rollout.records import Trajectory
 
 Keep = Literal["successful", "all"]
 HarnessFactory = Callable[[Any], Harness]  # (experience store or None) -> a fresh harness

@@ -43,6 +43,17 @@ from evoharness.train.grpo import GRPOConfig, grpo_step, make_optimizer, turn_sa
 from evoharness.train.rewards import trajectory_reward
 
 
+class LLMConsolidatorConfig(Strict):
+    """An OpenAI-compatible endpoint that consolidates the experience store's
+    notes (`harness.bpe.llm_consolidator`); unset: the rule consolidator."""
+
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 60.0
+    max_retries: int = 2
+
+
 class RLConfig(Strict):
     """``evoharness rl`` settings. Defaults: the paper's Table 4 (``grpo``) on
     ALFWorld train games with T_max = 70; the main job overrides the sizes for CPU."""
@@ -71,6 +82,7 @@ class RLConfig(Strict):
     eval_split: str = "valid_seen"
     eval_limit: int | None = 42
     max_minutes: float | None = None
+    llm_consolidator: LLMConsolidatorConfig | None = None
 
 
 class TimedEnv:
@@ -163,6 +175,11 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         order = list(range(len(tasks)))
         random.Random(cfg.seed).shuffle(order)
 
+    consolidator = None
+    if cfg.llm_consolidator:
+        from evoharness.harness.bpe.llm_consolidator import LLMConsolidator
+
+        consolidator = LLMConsolidator(**cfg.llm_consolidator.model_dump())
     t_start = time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=start, desc="rl", unit="step", disable=not progress, dynamic_ncols=True)
     for step in range(start, cfg.steps):
@@ -188,7 +205,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         policy.policy_version += 1
         t_train = time.perf_counter() - t1
         store.unfreeze()
-        ops = store.consolidate(epoch=step)
+        ops = store.consolidate(consolidator, epoch=step)
 
         flat = [b for row in breakdowns for b in row]
         rec = {

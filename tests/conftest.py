@@ -21,3 +21,54 @@ def valid_seen():
 def one_per_type(valid_seen):
     """The first valid_seen game of each task type (sorted by task id)."""
     return [next(t for t in valid_seen if t.task_type == tt) for tt in TASK_TYPES]
+
+
+@pytest.fixture()
+def chat_server():
+    """Start a real OpenAI-compatible chat-completions server on loopback.
+
+    Call it with ``reply(body) -> str | int``: the assistant content to send,
+    or an HTTP error status. Returns ``(base_url, calls)``, where ``calls``
+    collects ``(path, Authorization header, request body)`` per request.
+    """
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    servers = []
+
+    def start(reply):
+        calls = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                calls.append((self.path, self.headers.get("Authorization"), body))
+                out = reply(body)
+                if isinstance(out, int):
+                    self.send_response(out)
+                    self.end_headers()
+                    self.wfile.write(b'{"error": {"message": "boom"}}')
+                    return
+                data = json.dumps({
+                    "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": out}}],
+                    "usage": {"prompt_tokens": 123, "completion_tokens": 9, "total_tokens": 132},
+                }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}/v1", calls
+
+    yield start
+    for srv in servers:
+        srv.shutdown()

@@ -1,7 +1,5 @@
 """The OpenAI-compatible policy against a real HTTP server on loopback."""
 
-
-
 from evoharness.envs.alfworld import make_env
 from evoharness.harness.react import ReActHarness
 from evoharness.policies.base import PolicyRequest

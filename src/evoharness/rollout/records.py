@@ -150,3 +150,78 @@ class Trajectory:
         turn_names = set(TurnRecord.__dataclass_fields__)
         traj.turns = [TurnRecord(**{k: v for k, v in t.items() if k in turn_names}) for t in d.get("turns", [])]
         return traj
+
+
+AGENT_ROLES = ("main", "summary", "subagent", "subagent_summary")  # QwenGyre's leaf priority, highest first
+
+
+@dataclass
+class CallAttempt:
+    """One try of a model call on one backend (the gateway retries transparently).
+
+    Attributes:
+        backend: the backend's name.
+        t_start / t_end: wall-clock seconds (``time.time()``).
+        error: why this try failed (backend dropped, drained, HTTP error); None for the try that answered.
+    """
+
+    backend: str
+    t_start: float
+    t_end: float
+    error: str | None = None
+
+
+@dataclass
+class CallRecord:
+    """One model call seen by the gateway: the black-box token-in/token-out record (QwenGyre §TITO).
+
+    An agent knows only a base URL; the gateway ties each call to an execution
+    (header ``X-Execution-Id``, fallback the request's ``user`` field) and a role
+    (header ``X-Agent-Role``: one of `AGENT_ROLES`, default ``main``). Calls of one
+    execution are later prefix-matched into a trajectory tree (``rollout/tree.py``):
+    only ``completion_token_ids`` are trainable.
+
+    Attributes:
+        execution_id / call_id: the execution and this call's unique id (``chatcmpl-…``).
+        role: the caller's role in the execution (`AGENT_ROLES`).
+        model: the model name the client asked for.
+        prompt_token_ids: the prompt exactly as the engine tokenised it (chat template applied).
+        completion_token_ids: the generated ids (a final stop token included).
+        logprobs: behaviour log-prob per completion token (natural log, same length).
+        policy_version: version of the weights that produced the answer.
+        finish_reason: ``stop``, ``length`` or ``tool_calls``.
+        t_start / t_end: wall-clock seconds of the whole call, retries included.
+        attempts: every try, in order; the last one answered.
+        tool_calls: the raw tool-call payloads returned (OpenAI format), cached by id so a
+            harness that re-renders history still matches.
+        messages: the request's messages as sent (for audit and replay).
+    """
+
+    execution_id: str
+    call_id: str
+    role: str
+    model: str
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+    finish_reason: str
+    t_start: float
+    t_end: float
+    attempts: list[CallAttempt] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def retries(self) -> int:
+        return max(0, len(self.attempts) - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CallRecord":
+        names = set(cls.__dataclass_fields__)
+        rec = cls(**{k: v for k, v in d.items() if k in names and k != "attempts"})
+        rec.attempts = [CallAttempt(**a) for a in d.get("attempts", [])]
+        return rec

@@ -14,8 +14,10 @@ def test_bare_and_loose_forms():
     assert parse_completion("Thought: hmm\nAction: Go To Fridge 1.", ADM).command == "go to fridge 1"
     assert parse_completion("> open fridge 1", ADM).command == "open fridge 1"
     assert parse_completion("<think>x</think>\n`look`", ADM).command == "look"
-    # unterminated tags (a completion cut at the token limit)
-    assert parse_completion("<think>long<action>look", ADM).command == "look"
+    # an unclosed final action block (a server stripped the "</action>" stop string)
+    assert parse_completion("<think>x</think><action>look", ADM).command == "look"
+    # an unclosed think: everything after it is reasoning, so there is no answer
+    assert parse_completion("<think>long<action>look", ADM).kind == "invalid"
 
 
 def test_meta_actions():

@@ -7,6 +7,10 @@ and parses a completion into one of three things (EvoHarness-RL §3):
 - a meta-action (`track`, `commit`, `recall`, `note`): handled by the harness
   itself, costs one step of the episode budget, its result is shown next turn;
 - an invalid action: anything else; feedback is shown next turn and it is counted.
+
+The action is the model's *final answer*: reasoning never counts, text after
+the answer is ignored, and two answers are invalid (`split_completion` states
+the rule; both harnesses parse with it).
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ META_VERBS = ("track", "commit", "recall", "note")
 MAX_PARSE_CHARS = 8192
 MAX_ACTION_CHARS = 300
 
-_THINK_RE = re.compile(r"<think>(.*?)(?:</think>|$)", re.S | re.I)
+_THINK_BLOCK_RE = re.compile(r"<think>(.*?)</think>", re.S | re.I)
+_ACTION_OPEN_RE = re.compile(r"<action>", re.I)
 _ACTION_RE = re.compile(r"<action>(.*?)(?:</action>|$)", re.S | re.I)
+_BARE_PREFIX_RE = re.compile(r"^(?:action|act)\s*:\s*|^>\s*", re.I)
+MULTIPLE_ACTIONS = "More than one action in the answer. Reply with exactly one <action>COMMAND</action>."
 
 
 @dataclass
@@ -62,27 +69,73 @@ def normalize_command(text: str) -> str:
     return text.rstrip(".!").strip().lower()
 
 
-def split_completion(completion: str) -> tuple[str, str]:
-    """Split a completion into (think, action text).
+def split_reasoning(completion: str) -> tuple[str, str]:
+    """Split a completion into (reasoning, answer text); the answer is what may hold the action.
 
-    Accepts ``<think>…</think><action>…</action>``, an unterminated tag (a
-    completion cut at the token limit), ``Action: …`` / ``> …`` lines, and a bare
-    action as the completion's last non-empty line.
+    Reasoning is: every closed ``<think>…</think>`` block; text before a
+    ``</think>`` that has no opening tag (Qwen3's chat template may open the
+    block itself); and everything after an unclosed ``<think>`` (a completion
+    cut while still thinking). The answer is the rest, in order. Only the
+    first `MAX_PARSE_CHARS` characters are read.
     """
     head = completion[:MAX_PARSE_CHARS]
-    think_m = _THINK_RE.search(head)
-    think = think_m.group(1).strip() if think_m else ""
-    action_m = _ACTION_RE.search(head)
-    if action_m:
-        return think, action_m.group(1).strip()
-    rest = _THINK_RE.sub("", head) if think_m else head
-    lines = [ln.strip() for ln in rest.strip().splitlines() if ln.strip()]
-    if not lines:
-        return think, ""
-    last = lines[-1]
-    last = re.sub(r"^(action|act)\s*:\s*", "", last, flags=re.I)
-    last = re.sub(r"^>\s*", "", last)
-    return think, last
+    thinks: list[str] = []
+    close = re.search(r"</think>", head, re.I)
+    opening = re.search(r"<think>", head, re.I)
+    if close and (opening is None or close.start() < opening.start()):
+        thinks.append(head[: close.start()])
+        head = head[close.end():]
+    parts, pos = [], 0
+    for m in _THINK_BLOCK_RE.finditer(head):
+        parts.append(head[pos: m.start()])
+        thinks.append(m.group(1))
+        pos = m.end()
+    rest = head[pos:]
+    if (m := re.search(r"<think>", rest, re.I)) is not None:
+        thinks.append(rest[m.end():])
+        rest = rest[: m.start()]
+    parts.append(rest)
+    think = "\n".join(t.strip() for t in thinks if t.strip())
+    return think, "".join(parts)
+
+
+def split_completion(completion: str) -> tuple[str, str]:
+    """Split a completion into (think, action text) by the final-answer rule.
+
+    The rule (both harnesses, every output shape; EvoHarness-RL's format is
+    ``<think>…</think><action>…</action>``):
+
+    1. Reasoning never counts (`split_reasoning`): an action quoted inside
+       ``<think>`` is not the answer.
+    2. Outside the reasoning, the answer is the one ``<action>…</action>``
+       block. Text before or after it is ignored (a hallucinated
+       ``Observation: …`` after the answer included). An unclosed final block
+       counts (servers strip a ``</action>`` stop string).
+    3. Two or more ``<action>`` blocks outside the reasoning: no action
+       (invalid, `MULTIPLE_ACTIONS`): the model gave more than one answer.
+    4. No ``<action>`` tag at all (models prompted without the tag format): an
+       ``Action: …`` or ``> …`` line is the answer (two or more such lines:
+       invalid as in 3; later lines are a hallucinated continuation), else the
+       last non-empty line.
+
+    Returns:
+        ``(think, action)``; ``action`` is ``""`` when there is none (rule 3 included).
+    """
+    think, action, n = _final_answer(completion)
+    return think, action if n == 1 else ""
+
+
+def _final_answer(completion: str) -> tuple[str, str, int]:
+    """(think, action, number of answers found) by `split_completion`'s rule."""
+    think, answer = split_reasoning(completion)
+    opens = len(_ACTION_OPEN_RE.findall(answer))
+    if opens:
+        return think, _ACTION_RE.search(answer).group(1).strip(), opens
+    lines = [ln.strip() for ln in answer.strip().splitlines() if ln.strip()]
+    marked = [ln for ln in lines if _BARE_PREFIX_RE.match(ln)]
+    if marked:
+        return think, _BARE_PREFIX_RE.sub("", marked[0], count=1), len(marked)
+    return think, lines[-1] if lines else "", 1 if lines else 0
 
 
 def parse_completion(completion: str, admissible: list[str], meta_verbs: tuple[str, ...] = ()) -> ParsedAction:
@@ -96,7 +149,9 @@ def parse_completion(completion: str, admissible: list[str], meta_verbs: tuple[s
     Returns:
         A `ParsedAction`; never raises.
     """
-    think, action = split_completion(completion)
+    think, action, n = _final_answer(completion)
+    if n > 1:
+        return ParsedAction("invalid", "", think=think, error=MULTIPLE_ACTIONS)
     norm = normalize_command(action)
     if not norm:
         return ParsedAction("invalid", "", think=think, error="No action found. Reply with <action>COMMAND</action>.")

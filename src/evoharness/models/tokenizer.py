@@ -9,9 +9,12 @@ a `PreTrainedTokenizerFast` with a Qwen-style chat template::
     <|im_start|>user\\n{content}<|im_end|>\\n
     <|im_start|>assistant\\n            <- add_generation_prompt=True
 
-Special tokens (each a single id, never split or merged):
+Added tokens (each a single id, never split or merged): the special tokens
 ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos), and the harness
-markers ``<think>``, ``</think>``, ``<action>``, ``</action>``.
+markers ``<think>``, ``</think>``, ``<action>``, ``</action>`` as added but
+*non-special* tokens, as Qwen3's tokenizer keeps ``<think>``: OpenAI-compatible
+servers (vLLM, SGLang) detokenise with ``skip_special_tokens=True``, which
+would otherwise erase the markers from every served completion (issue 10).
 
 Vocabulary size: ALFWorld text supports only ~750 merges, so the trainer stops
 early; the tokenizer then has ~1,000 ids whatever `vocab_size` asks for. The
@@ -21,6 +24,7 @@ never samples the padding ids.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -31,8 +35,9 @@ from transformers import PreTrainedTokenizerFast
 PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-MARKERS = ("<think>", "</think>", "<action>", "</action>")
-SPECIAL_TOKENS = [PAD, IM_START, IM_END, *MARKERS]
+MARKERS = ("<think>", "</think>", "<action>", "</action>")  # added, not special
+SPECIAL_TOKENS = [PAD, IM_START, IM_END]
+ADDED_TOKENS = [*SPECIAL_TOKENS, *MARKERS]  # ids 0..6, in this order
 
 # Qwen2/Qwen3 pre-tokenizer pattern (contractions, words with one leading
 # non-letter, punctuation runs, newlines, spaces), except that numbers keep
@@ -63,15 +68,16 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency
         min_frequency: a pair must occur this often to be merged.
 
     Returns:
-        A fast tokenizer with ``eos_token=<|im_end|>``, ``pad_token=<|endoftext|>``
-        and `CHAT_TEMPLATE`. Any byte string round-trips (byte-level).
+        A fast tokenizer with ``eos_token=<|im_end|>``, ``pad_token=<|endoftext|>``,
+        the harness `MARKERS` as added non-special tokens, and `CHAT_TEMPLATE`.
+        Any byte string round-trips (byte-level).
 
     Raises:
         ValueError: `vocab_size` too small.
     """
-    floor = 256 + len(SPECIAL_TOKENS)
+    floor = 256 + len(ADDED_TOKENS)
     if vocab_size < floor:
-        raise ValueError(f"vocab_size must be >= {floor} (256 bytes + {len(SPECIAL_TOKENS)} specials), got {vocab_size}")
+        raise ValueError(f"vocab_size must be >= {floor} (256 bytes + {len(ADDED_TOKENS)} added tokens), got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated"),
@@ -81,31 +87,40 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=ADDED_TOKENS,  # reserves ids 0..6; the markers are made non-special below
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_segments(corpus), trainer)
-    return wrap(tok)
+    return wrap(_markers_not_special(tok))
 
 
-_SPECIAL_RE = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
+def _markers_not_special(tok: Tokenizer) -> Tokenizer:
+    """The same tokenizer with `MARKERS` flagged ``special: false`` (ids unchanged)."""
+    data = json.loads(tok.to_str())
+    for added in data["added_tokens"]:
+        if added["content"] in MARKERS:
+            added["special"] = False
+    return Tokenizer.from_str(json.dumps(data))
+
+
+_SPECIAL_RE = re.compile("|".join(re.escape(t) for t in ADDED_TOKENS))
 
 
 def _segments(corpus: Iterable[str]) -> Iterator[str]:
-    """The text between special tokens, as encoding will see it (a special token
+    """The text between added tokens, as encoding will see it (an added token
     is split out before pre-tokenisation), so no merge is spent on "<think"."""
     for text in corpus:
         yield from (seg for seg in _SPECIAL_RE.split(text) if seg)
 
 
 def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
-    """Wrap a raw `tokenizers.Tokenizer` holding `SPECIAL_TOKENS` for `transformers`."""
+    """Wrap a raw `tokenizers.Tokenizer` holding `ADDED_TOKENS` for `transformers`."""
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD,
-        additional_special_tokens=[IM_START, *MARKERS],
+        additional_special_tokens=[IM_START],
         padding_side="left",
         clean_up_tokenization_spaces=False,
         model_max_length=1 << 20,

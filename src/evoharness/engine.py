@@ -14,10 +14,17 @@
 Sampling is greedy (``temperature == 0``) or temperature + top-p. Each request
 owns a `torch.Generator` seeded from its ``seed`` and draws one Gumbel vector
 per step from it, so a request's output does not depend on which other
-requests share its batch. Every produced token comes with its behaviour
-log-prob: ``log_softmax(logits / temperature)`` over the model's full
-vocabulary (``temperature == 0`` counts as 1), before top-p or a constraint
-masks anything -- the number a trainer recomputes from the same logits.
+requests share its batch.
+
+Behaviour log-probs (the project's engine <-> trainer contract): every
+produced token comes with ``log_softmax`` of the distribution it was actually
+sampled from: ``logits / temperature`` (``temperature == 0`` counts as 1) with
+the ids ``>= len(tokenizer)`` and, under constrained decoding, every id the
+grammar disallows set to ``-inf``. top-p is not part of it (keep ``top_p=1``
+for RL). A forced token (the only allowed id) therefore has log-prob exactly 0.
+A trainer rebuilds the same masks with `ActionGrammar.replay` from the
+request's constraint (`ActionGrammar.constraint`) and recomputes the same
+numbers from the same logits.
 
 Constrained decoding (`ActionGrammar`) restricts a completion to
 ``<think>free text</think><action>A</action>`` where A is an admissible command
@@ -124,14 +131,19 @@ class ActionGrammar:
 
     Markers that the tokenizer splits into several tokens (a real Qwen
     tokenizer's ``<action>``) are handled by forcing the rest of the marker
-    once its first token is chosen. Log-probs stay those of the unconstrained
+    once its first token is chosen. Log-probs are those of the masked
     distribution (see module docstring). If ``max_new_tokens`` is below the
     shortest complete output, the request ends with ``length``.
+
+    Replay (for a trainer): ``constraint`` is the JSON-able description of
+    this grammar; `from_constraint` rebuilds it and `replay` returns the mask
+    it applied before each token of a completion.
     """
 
     def __init__(self, vocab: Vocab, commands: list[str], meta_verbs: tuple[str, ...] = (),
                  empty_arg_verbs: tuple[str, ...] = ("track",)):
         self.v, self.root = vocab, _Node()
+        self.commands, self.meta_verbs = list(commands), tuple(meta_verbs)
         tok = vocab.tokenizer
         seqs = tok(list(commands) + list(meta_verbs), add_special_tokens=False)["input_ids"] if commands or meta_verbs else []
         for k, ids in enumerate(seqs):
@@ -151,6 +163,37 @@ class ActionGrammar:
         self.phase = "think"            # think -> action -> done
         self.node: _Node | None = self.root  # None: free text after a meta verb
         self.has_text = False
+
+    def constraint(self, max_new_tokens: int) -> dict:
+        """This grammar as a JSON-able record: ``{"commands", "meta_verbs", "max_new_tokens"}``
+        (the budget matters: `allowed` closes the think block when it runs short)."""
+        return {"commands": list(self.commands), "meta_verbs": list(self.meta_verbs),
+                "max_new_tokens": int(max_new_tokens)}
+
+    @classmethod
+    def from_constraint(cls, vocab: Vocab, constraint: dict) -> "ActionGrammar":
+        """A fresh grammar from a `constraint` record (same vocabulary classes as the sampler's)."""
+        return cls(vocab, list(constraint["commands"]), tuple(constraint.get("meta_verbs", ())))
+
+    def replay(self, token_ids: list[int], max_new_tokens: int) -> torch.Tensor:
+        """Walk a fresh grammar over a completion; returns [len(token_ids), vocab.size] bool,
+        row k = the mask applied when token k was sampled (`allowed` at ``remaining =
+        max_new_tokens - k``). Advances this grammar.
+
+        Raises:
+            ValueError: a token the grammar did not allow at its position (the
+                completion was not sampled under this constraint).
+        """
+        rows = []
+        for k, t in enumerate(token_ids):
+            if self.done:
+                raise ValueError(f"token {k} ({t}) follows a complete action")
+            mask = self.allowed(max_new_tokens - k)
+            if not bool(mask[t]):
+                raise ValueError(f"token {k} ({t}) is not allowed by the constraint at that position")
+            rows.append(mask)
+            self.advance(t)
+        return torch.stack(rows) if rows else torch.zeros((0, self.v.size), dtype=torch.bool, device=self.v.free.device)
 
     @property
     def done(self) -> bool:
@@ -346,12 +389,15 @@ class Engine:
 
     def _choose(self, logits: torch.Tensor, temperature: float, top_p: float,
                 gens: list[torch.Generator] | None, allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pick one token per row. logits: [b, V] fp32; returns ([b] ids, [b] log-probs)."""
+        """Pick one token per row. logits: [b, V] fp32; allowed: [b, V] bool or None.
+
+        Returns ([b] ids, [b] log-probs of the sampled distribution: invalid ids and
+        disallowed ids masked, before top-p; see the module docstring)."""
         scaled = logits / temperature if temperature > 0 else logits
-        logp = torch.log_softmax(scaled, dim=-1)
         masked = scaled.masked_fill(self.invalid, float("-inf"))
         if allowed is not None:
             masked = masked.masked_fill(~allowed, float("-inf"))
+        logp = torch.log_softmax(masked, dim=-1)
         if temperature <= 0:
             tok = masked.argmax(dim=-1)
         else:

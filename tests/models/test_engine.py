@@ -67,17 +67,46 @@ def test_stop_tokens_end_a_sequence_and_finished_rows_leave_the_batch(model, tok
 
 
 def test_logprobs_match_a_full_forward_pass(model, tokenizer):
-    """Behaviour log-probs = log_softmax(logits / T) of the sampled token, as a trainer recomputes them."""
+    """Behaviour log-probs = log_softmax(logits / T) of the sampled token over the ids the
+    tokenizer can produce (the padding rows are -inf), before top-p, as a trainer recomputes them."""
     prompts = chat_prompts(tokenizer, 3, True)
     T = 0.7
+    n = len(tokenizer)
+    assert model.config.vocab_size > n  # padded embedding rows exist and must not count
     res = Engine(model, tokenizer, stop_ids=[]).generate(
         [GenRequest(p, seed=i) for i, p in enumerate(prompts)], 12, temperature=T, top_p=0.9)
     for p, r in zip(prompts, res):
         ids = torch.tensor([p + r.token_ids])
         with torch.no_grad():
-            logits = model(ids).logits[0, len(p) - 1:-1] / T
-        ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
-        assert torch.allclose(torch.tensor(r.logprobs), ref, atol=1e-4)
+            logits = model(ids).logits[0, len(p) - 1:-1].float() / T
+        logits[:, n:] = float("-inf")
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(r.logprobs), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.3])
+def test_constrained_logprobs_are_those_of_the_masked_distribution(model, tokenizer, temperature):
+    """Under a grammar the recorded log-prob is log_softmax over the allowed ids (T = 0 counts as 1);
+    `ActionGrammar.replay` rebuilds those masks from the recorded constraint."""
+    from evoharness.engine import ActionGrammar
+
+    prompts = chat_prompts(tokenizer, 3, True)
+    eng = Engine(model, tokenizer)
+    grammars = [eng.grammar(COMMANDS, META_VERBS) for _ in prompts]
+    res = eng.generate([GenRequest(p, seed=i, grammar=g) for i, (p, g) in enumerate(zip(prompts, grammars))],
+                       30, temperature=temperature)
+    T = temperature or 1.0
+    for p, r, g in zip(prompts, res, grammars):
+        constraint = g.constraint(30)
+        assert constraint == {"commands": COMMANDS, "meta_verbs": list(META_VERBS), "max_new_tokens": 30}
+        allowed = ActionGrammar.from_constraint(eng.vocab, constraint).replay(r.token_ids, 30)
+        with torch.no_grad():
+            logits = model(torch.tensor([p + r.token_ids])).logits[0, len(p) - 1:-1].float() / T
+        ref = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), -1)
+        ref = ref.gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(r.logprobs), ref, atol=1e-5)
+        forced = allowed.sum(-1) == 1
+        assert forced[0] and bool((torch.tensor(r.logprobs)[forced] == 0).all())  # <think> is forced
 
 
 def test_seeded_sampling_does_not_depend_on_batch_composition(model, tokenizer):

@@ -77,3 +77,17 @@ def test_task_type_filter_and_spread_evaluation():
     spread = rl_mod.spread(tasks, 12)
     assert len(spread) == 12 and len({t.task_type for t in spread}) == 6
     assert rl_mod.spread(tasks, None) == tasks
+
+
+def test_unconstrained_rl_trains_and_reports_the_invalid_term(model_dir, tmp_path):
+    """constrained=false: free decoding on a random model mostly fails the format, so the reward's
+    invalid-action term is exercised, logged and reported; turns carry no constraint."""
+    cfg = _cfg(model_dir, tmp_path / "u", 1)
+    cfg.constrained = False
+    train_rl(cfg, progress=False)
+    rec = json.loads((tmp_path / "u" / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["constrained"] is False and rec["invalid_per_episode"] > 0
+    assert rec["reward/invalid"] == pytest.approx(-cfg.grpo.reward.lambda_inv * rec["invalid_per_episode"])
+    assert rec["train/n_tokens"] > 0 and rec["train/forced_fraction"] == 0.0
+    report = (tmp_path / "u" / "report.md").read_text()
+    assert "decoding unconstrained" in report and "invalid/ep" in report

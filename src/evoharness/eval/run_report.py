@@ -136,11 +136,21 @@ def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: st
     if ev:
         md += ["Greedy evaluation during training: " + ", ".join(f"step {r['step']}: {r['eval/success']:.2f} "
                                                              f"(n={r.get('eval/n', '?')})" for r in ev) + ".", ""]
+    inv = [r.get("invalid_per_episode", 0.0) for r in rl]
+    if rl[-1].get("constrained", True):
+        forced = sum(r.get("train/forced_fraction", 0.0) for r in rl) / len(rl)
+        decoding = (f"constrained to admissible commands and meta-actions; {100 * forced:.0f}% of trained "
+                    "tokens were forced by the grammar (log-prob 0, no gradient)")
+    else:
+        decoding = "unconstrained (the invalid-action term carries the format)"
+    md += [f"Invalid actions per episode {inv[0]:.2f} -> {inv[-1]:.2f} (reward term "
+           f"{rl[0].get('reward/invalid', 0.0):+.3f} -> {rl[-1].get('reward/invalid', 0.0):+.3f}); decoding {decoding}.", ""]
     md += [f"![rl curves]({name})", "",
-           "| step | success | reward | steps/ep | KL | entropy | clip frac | compl. tok/ep | gen s | env s | train s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| step | success | reward | steps/ep | invalid/ep | KL | entropy | clip frac | compl. tok/ep | gen s | env s | train s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rl:
         md.append(f"| {r['step']} | {r['success']:.3f} | {r['reward']:.2f} | {r['steps_per_episode']:.1f} | "
+                  f"{r.get('invalid_per_episode', 0):.2f} | "
                   f"{r.get('train/kl', 0):.4f} | {r.get('train/entropy', 0):.3f} | {r.get('train/clip_fraction', 0):.3f} | "
                   f"{r['completion_tokens_per_episode']:.0f} | {r['timing_s/gen']:.0f} | {r['timing_s/env']:.1f} | "
                   f"{r['timing_s/train']:.0f} |")

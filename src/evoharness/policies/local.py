@@ -115,11 +115,15 @@ class LocalHFPolicy:
                 continue
             r = results[k]
             text_ids = r.token_ids[:-1] if r.token_ids and r.token_ids[-1] in self._drop else r.token_ids
+            # The constraint travels with the turn so a trainer can rebuild the masks the
+            # behaviour log-probs were taken under (engine module docstring).
+            constraint = g.grammar.constraint(self.max_new_tokens) if g.grammar is not None else None
             out[i] = Completion(
                 text=self.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False),
                 prompt_token_ids=g.prompt_ids, completion_token_ids=r.token_ids, logprobs=r.logprobs,
                 policy_version=self.policy_version, prompt_tokens=len(g.prompt_ids),
-                completion_tokens=len(r.token_ids), finish_reason=r.finish_reason, extra={"seed": g.seed},
+                completion_tokens=len(r.token_ids), finish_reason=r.finish_reason,
+                extra={"seed": g.seed, "constraint": constraint},
             )
         return out  # type: ignore[return-value]
 

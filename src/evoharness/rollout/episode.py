@@ -195,7 +195,7 @@ def _turn(lv: _Live, req: PolicyRequest, comp: Completion, parsed: ParsedAction,
         feedback=feedback, views=views, admissible_commands=req.admissible_commands, won=result.won,
         done=result.done, prompt_token_ids=comp.prompt_token_ids, completion_token_ids=comp.completion_token_ids,
         logprobs=comp.logprobs, policy_version=comp.policy_version, prompt_tokens=comp.prompt_tokens,
-        completion_tokens=comp.completion_tokens, error=comp.error,
+        completion_tokens=comp.completion_tokens, error=comp.error, constraint=comp.extra.get("constraint"),
     )
 
 

@@ -13,7 +13,11 @@ trajectory tree (``rollout/tree.py``), not assumed here.
 
 Behaviour log-probs: ``logprobs[i]`` is the natural-log probability the
 sampling policy (version ``policy_version``) gave ``completion_token_ids[i]``
-at sampling time, after temperature scaling. RL uses it for the PPO ratio.
+at sampling time: log_softmax of the distribution actually sampled from
+(temperature-scaled; under constrained decoding, disallowed ids masked, see
+``engine.py``). ``constraint`` records that mask's source (None: only ids
+beyond the tokenizer were masked), so RL recomputes the same distribution for
+the PPO ratio.
 
 Serialisation: `Trajectory.to_dict()` is plain JSON; one trajectory per JSONL
 line.
@@ -46,6 +50,9 @@ class TurnRecord:
             the TITO record (None for text-only policies).
         prompt_tokens / completion_tokens: usage counts.
         error: the policy's error for this call, if any.
+        constraint: the constrained-decoding grammar the completion was sampled
+            under, ``{"commands": [...], "meta_verbs": [...], "max_new_tokens": N}``
+            (`engine.ActionGrammar.constraint`); None when unconstrained.
     """
 
     turn: int
@@ -65,6 +72,7 @@ class TurnRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    constraint: dict[str, Any] | None = None
 
 
 @dataclass

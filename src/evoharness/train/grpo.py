@@ -27,8 +27,16 @@ the micro-batch size or order. A trajectory weighs the same however many turns
 or tokens it has.
 
 Numerics follow verl: log-ratios clamped to [−20, 20] before ``exp``; k3 clamped
-to ≤ 10. Log-probs are computed at the sampling temperature (logits / T), to
-match behaviour log-probs recorded "after temperature scaling".
+to ≤ 10.
+
+The distribution trained is the one that acted (engine <-> trainer contract,
+``engine.py``): log π_θ, log π_ref and the entropy are taken over
+``logits / T`` with the ids ``>= len(tokenizer)`` and, for a turn sampled
+under constrained decoding, every id its grammar disallowed at that position
+set to −∞ (`TokenMasks` replays the grammar recorded with the turn). So at
+policy version 0 the recomputed log-prob equals the behaviour log-prob and
+ρ = 1; a forced token (one allowed id) has log π = 0 under every θ and
+carries no gradient, whatever its advantage.
 """
 
 from __future__ import annotations
@@ -85,6 +93,8 @@ class TurnSample:
         weight: per-token loss weight 1/(M·N_j), set by `set_token_weights`.
         ref_logprobs: reference-model log-probs, if precomputed elsewhere;
             otherwise the reference model is run in the loss.
+        constraint: the grammar the completion was sampled under
+            (`rollout.records.TurnRecord.constraint`); None: unconstrained.
     """
 
     prompt_ids: list[int]
@@ -94,6 +104,47 @@ class TurnSample:
     episode_id: str
     weight: float = 0.0
     ref_logprobs: list[float] | None = None
+    constraint: dict | None = None
+
+
+class TokenMasks:
+    """The allowed-token masks the behaviour log-probs were taken under.
+
+    Args:
+        tokenizer: the policy's tokenizer (ids ``>= len(tokenizer)`` are never allowed).
+        vocab_size: the model's output rows (``>= len(tokenizer)``).
+
+    `__call__` returns a [B, C, V] bool mask for a micro-batch (True = allowed),
+    replaying each constrained turn's grammar (`engine.ActionGrammar.replay`);
+    padding positions allow everything (no all −∞ rows). The grammar's token
+    classes (`engine.Vocab`) are built on first use (~1 s for 150k ids).
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int):
+        self.tokenizer, self.vocab_size, self.n_valid = tokenizer, int(vocab_size), len(tokenizer)
+        self._vocab = None
+
+    def vocab(self, device: torch.device):
+        from evoharness.engine import Vocab
+
+        if self._vocab is None or self._vocab.free.device != device:
+            self._vocab = Vocab(self.tokenizer, self.vocab_size, device)
+        return self._vocab
+
+    def __call__(self, samples: Sequence["TurnSample"], width: int, device: torch.device) -> torch.Tensor | None:
+        """[B, width, V] bool, or None when nothing is masked (no constraint, no padding rows)."""
+        from evoharness.engine import ActionGrammar
+
+        if self.n_valid >= self.vocab_size and all(s.constraint is None for s in samples):
+            return None
+        allowed = torch.ones((len(samples), width, self.vocab_size), dtype=torch.bool, device=device)
+        for i, s in enumerate(samples):
+            c = len(s.completion_ids)
+            allowed[i, :c, self.n_valid:] = False
+            if s.constraint is not None:
+                grammar = ActionGrammar.from_constraint(self.vocab(device), s.constraint)
+                allowed[i, :c] &= grammar.replay(list(s.completion_ids), int(s.constraint["max_new_tokens"]))
+        return allowed
 
 
 def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]],
@@ -130,7 +181,7 @@ def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequen
             if len(turn.logprobs) != len(turn.completion_token_ids):
                 raise ValueError(f"{traj.episode_id} turn {turn.turn}: logprobs/completion length mismatch")
             out.append(TurnSample(list(turn.prompt_token_ids), list(turn.completion_token_ids),
-                                  list(turn.logprobs), float(a), traj.episode_id))
+                                  list(turn.logprobs), float(a), traj.episode_id, constraint=turn.constraint))
     return out
 
 
@@ -195,17 +246,24 @@ def completion_logits(model: Any, prompt_ids: Sequence[Sequence[int]], completio
     return logits.float() / temperature, mask.to(device)
 
 
-def _gather_logprobs(logits: torch.Tensor,
-                     completion_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs of the completion tokens [B, C], full log-softmax [B, C, V])."""
+def _gather_logprobs(logits: torch.Tensor, completion_ids: Sequence[Sequence[int]],
+                     allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs of the completion tokens [B, C], full log-softmax [B, C, V]); with
+    `allowed` [B, C, V] the softmax is over the allowed ids only (the rest −∞)."""
     targets = _pad(completion_ids, logits.shape[1], 0, torch.long).to(logits.device)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     logp_all = F.log_softmax(logits, dim=-1)
     return logp_all.gather(-1, targets[..., None]).squeeze(-1), logp_all
 
 
 def logprobs_of(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                temperature: float = 1.0) -> torch.Tensor:
+                temperature: float = 1.0, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token log-probs of completions given prompts (natural log).
+
+    Args:
+        allowed: optional [B, C, V] bool mask (`TokenMasks`): the softmax is taken
+            over the allowed ids, as the sampler did.
 
     Returns:
         [B, C] float32, C = longest completion; entry (i, j) = log π(c_ij | p_i, c_i,<j)
@@ -213,23 +271,35 @@ def logprobs_of(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids:
         ``torch.no_grad()`` for behaviour/reference log-probs).
     """
     logits, mask = completion_logits(model, prompt_ids, completion_ids, temperature)
-    logp, _ = _gather_logprobs(logits, completion_ids)
+    logp, _ = _gather_logprobs(logits, completion_ids, None if allowed is None else allowed.to(logits.device))
     return logp.masked_fill(~mask, 0.0)
 
 
 def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
-                    ref_model: Any = None) -> tuple[torch.Tensor, dict[str, float]]:
+                    ref_model: Any = None, masks: TokenMasks | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ_k w_k ℓ_k over the completion tokens of ``samples`` (weights already set).
+
+    Args:
+        masks: rebuilds the sampler's allowed-token masks (policy, reference and
+            entropy all use them). None: the full output vocabulary, which is only
+            right for a model whose rows all are tokenizer ids and unconstrained turns.
 
     Returns:
         the scalar loss (call ``.backward()``), and sums for the metrics:
         ``loss``, ``pg_loss``, ``kl``, ``entropy`` (weighted like the loss),
-        ``n_tokens``, ``n_clipped``, ``ratio_sum``, ``ratio_max``.
+        ``n_tokens``, ``n_clipped``, ``ratio_sum``, ``ratio_max``, ``n_forced``
+        (tokens with a single allowed id: no gradient).
+
+    Raises:
+        ValueError: a constrained sample without `masks`.
     """
     prompts = [s.prompt_ids for s in samples]
     comps = [s.completion_ids for s in samples]
+    if masks is None and any(s.constraint is not None for s in samples):
+        raise ValueError("constrained samples need TokenMasks to rebuild the sampling distribution")
     logits, mask = completion_logits(model, prompts, comps, cfg.temperature)
-    logp, logp_all = _gather_logprobs(logits, comps)  # [B, C], [B, C, V]
+    allowed = masks(samples, logits.shape[1], logits.device) if masks is not None else None
+    logp, logp_all = _gather_logprobs(logits, comps, allowed)  # [B, C], [B, C, V]
     dev, width = logp.device, logp.shape[1]
     old = _pad([s.logprobs for s in samples], width).to(dev)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=dev)[:, None]
@@ -248,12 +318,13 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
             raise ValueError("kl_beta > 0 needs a reference model or precomputed ref_logprobs")
         else:
             with torch.no_grad():
-                ref = logprobs_of(ref_model, prompts, comps, cfg.temperature)
+                ref = logprobs_of(ref_model, prompts, comps, cfg.temperature, allowed).to(dev)
         d = (ref - logp).clamp(-20.0, 20.0)
         kl = (torch.exp(d) - d - 1.0).clamp(max=10.0)
 
     with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coef != 0):
-        ent = -(logp_all.exp() * logp_all).sum(-1)  # [B, C]
+        # masked ids: p = 0 and log p = −∞; count them as 0 (0 · −∞ would be NaN)
+        ent = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # [B, C]
 
     per_tok = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent
     zero = torch.zeros_like(per_tok)
@@ -267,23 +338,25 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
         "loss": float(loss.detach()), "pg_loss": wsum(pg), "kl": wsum(kl), "entropy": wsum(ent),
         "n_tokens": int(mask.sum()), "n_clipped": int(((pg2 > pg1) & mask).sum()),
         "ratio_sum": float(r.sum()), "ratio_max": float(r.max()) if r.numel() else 0.0,
+        "n_forced": int(((allowed.sum(-1) == 1) & mask).sum()) if allowed is not None else 0,
     }
     return loss, stats
 
 
 def accumulate_gradients(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
-                         ref_model: Any = None) -> dict[str, float]:
+                         ref_model: Any = None, masks: TokenMasks | None = None) -> dict[str, float]:
     """Weights over the whole batch, then forward/backward per micro-batch
     (``cfg.micro_batch_size`` turns, length-sorted to limit padding); gradients
     accumulate in ``.grad``. Returns step metrics: ``loss``, ``pg_loss``, ``kl``,
     ``entropy`` (trajectory-token means, as the loss), ``clip_fraction``,
-    ``ratio_mean`` (plain token means), ``ratio_max``, ``n_tokens``."""
+    ``ratio_mean`` (plain token means), ``ratio_max``, ``n_tokens``,
+    ``forced_fraction`` (tokens the constraint forced)."""
     set_token_weights(samples)
     order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
     tot: dict[str, float] = defaultdict(float)
     ratio_max = 0.0
     for k in range(0, len(order), cfg.micro_batch_size):
-        loss, st = microbatch_loss(model, order[k : k + cfg.micro_batch_size], cfg, ref_model)
+        loss, st = microbatch_loss(model, order[k : k + cfg.micro_batch_size], cfg, ref_model, masks)
         loss.backward()
         ratio_max = max(ratio_max, st.pop("ratio_max"))
         for key, v in st.items():
@@ -292,7 +365,7 @@ def accumulate_gradients(model: Any, samples: Sequence[TurnSample], cfg: GRPOCon
     return {
         "loss": tot["loss"], "pg_loss": tot["pg_loss"], "kl": tot["kl"], "entropy": tot["entropy"],
         "clip_fraction": tot["n_clipped"] / n, "ratio_mean": tot["ratio_sum"] / n, "ratio_max": ratio_max,
-        "n_tokens": int(tot["n_tokens"]),
+        "n_tokens": int(tot["n_tokens"]), "forced_fraction": tot["n_forced"] / n,
     }
 
 
@@ -303,7 +376,7 @@ def make_optimizer(model: Any, cfg: GRPOConfig) -> torch.optim.Optimizer:
 
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample], cfg: GRPOConfig,
-              ref_model: Any = None, group_size: int = 1) -> dict[str, float]:
+              ref_model: Any = None, group_size: int = 1, masks: TokenMasks | None = None) -> dict[str, float]:
     """Optimizer steps on one step batch of turns.
 
     The batch's trajectories (in rollout order, ``group_size`` consecutive
@@ -324,7 +397,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Tu
     for members in slices:
         batch = [s for s in samples if s.episode_id in members]
         optimizer.zero_grad(set_to_none=True)
-        m = accumulate_gradients(model, batch, cfg, ref_model)
+        m = accumulate_gradients(model, batch, cfg, ref_model, masks)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
         optimizer.step()

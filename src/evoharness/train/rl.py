@@ -39,7 +39,7 @@ from evoharness.train.advantages import turn_advantages
 from evoharness.train.checkpoint import (
     append_jsonl, atomic_dir, atomic_write_text, get_rng_state, latest_checkpoint, set_rng_state, truncate_metrics,
 )
-from evoharness.train.grpo import GRPOConfig, grpo_step, make_optimizer, turn_samples
+from evoharness.train.grpo import GRPOConfig, TokenMasks, grpo_step, make_optimizer, turn_samples
 from evoharness.train.rewards import trajectory_reward
 
 
@@ -70,6 +70,9 @@ class RLConfig(Strict):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     device: str = "cpu"
     dtype: str = "auto"
+    # Default on: the policy acts through the action grammar, and the trainer scores that
+    # masked distribution (forced tokens carry no gradient). Off: free decoding, where the
+    # reward's invalid-action term does the work of the grammar.
     constrained: bool = True
     max_new_tokens: int = 96
     max_prompt_tokens: int = 2048
@@ -160,6 +163,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         ref = load_model(cfg.model_path, cfg.device, cfg.dtype)
         ref.eval().requires_grad_(False)
     optimizer = make_optimizer(policy.model, g)
+    # The trainer scores the distribution the engine sampled from (constraint masks included).
+    masks = TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
     if ckpt:
         state = json.loads((ckpt / "state.json").read_text())
         trainer = torch.load(ckpt / "trainer_state.pt", weights_only=False)
@@ -201,7 +206,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         samples = turn_samples(trajs, [a for ga in adv for a in ga], max_turns=g.max_train_turns, seed=step)
         t1 = time.perf_counter()
         policy.model.train()
-        upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref, group_size=g.group_size) if samples else {}
+        upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref, group_size=g.group_size,
+                        masks=masks) if samples else {}
         policy.policy_version += 1
         t_train = time.perf_counter() - t1
         store.unfreeze()
@@ -227,6 +233,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
             "timing_s/train": t_train,
             "timing_s/step": time.perf_counter() - t0,
             "policy_version": policy.policy_version,
+            "constrained": cfg.constrained,
         }
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
             rec.update(_quick_eval(cfg, policy, store))

@@ -1,0 +1,164 @@
+"""Tree packing is exact: on a real micro Qwen3 and real ALFWorld BPE episodes played by
+the model itself, packed log-probs, losses and gradients equal those of unpacked rows."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld.games import discover_games
+from evoharness.harness.bpe import BPEHarness, ExperienceStore
+from evoharness.models.init import load_model
+from evoharness.policies.local import LocalHFPolicy
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
+from evoharness.train.grpo import GRPOConfig, accumulate_gradients, logprobs_of, turn_samples
+from evoharness.train.packing import collate, pack_trees, packed_sft_loss, sft_trees, target_logprobs
+from evoharness.train.sft import collate as sft_collate
+from evoharness.train.sft import completion_loss
+from evoharness.train.tree_loss import tree_accumulate_gradients
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+@pytest.fixture(scope="module")
+def episodes(model_dir):
+    """Three real BPE episodes (4 turns each) sampled from the micro model at T=1."""
+    policy = LocalHFPolicy(model_dir, temperature=1.0, max_new_tokens=10, max_prompt_tokens=4096, seed=1)
+    tasks = discover_games("valid_seen")[:3]
+    specs = [EpisodeSpec(t, f"{t.task_id}#0", seed=i) for i, t in enumerate(tasks)]
+    trajs = run_episodes(specs, lambda t: make_env(t, engine="fast"), lambda: BPEHarness(ExperienceStore()),
+                         policy, max_steps=4)
+    assert all(len(t.turns) == 4 and t.turns[0].completion_token_ids for t in trajs)
+    return trajs
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_grads_close(a, b, rtol=1e-4):
+    assert a.keys() == b.keys() and a
+    for n in a:
+        scale = b[n].abs().max().clamp(min=1e-8)
+        assert float((a[n] - b[n]).abs().max() / scale) < rtol, n
+
+
+def test_alfworld_episodes_share_their_prompt_prefix(episodes):
+    for traj in episodes:
+        tree = TrajectoryTree.from_trajectory(traj)
+        assert len(tree.calls) == 4 and tree.n_trainable == sum(len(t.completion_token_ids) for t in traj.turns)
+        assert tree.n_tokens < tree.n_call_tokens()  # the system prompt and objective are stored once
+        for i, turn in enumerate(traj.turns):
+            assert tree.call_sequence(i) == (turn.prompt_token_ids, turn.completion_token_ids)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logprobs_equal_unpacked_rows(model_dir, episodes, attn):
+    model = load_model(model_dir)
+    model.config._attn_implementation = attn  # eager gets the additive float mask
+    trees = [TrajectoryTree.from_trajectory(t) for t in episodes]
+    batch = collate(trees, pack_trees(trees))
+    assert batch.input_ids.shape[0] == 1 and batch.input_ids.shape[1] == sum(t.n_tokens for t in trees)
+    with torch.no_grad():
+        packed, _ = target_logprobs(model, batch, temperature=0.7)
+        want = {}
+        for ti, traj in enumerate(episodes):
+            turns = traj.turns
+            ref = logprobs_of(model, [t.prompt_token_ids for t in turns], [t.completion_token_ids for t in turns], 0.7)
+            for ci, turn in enumerate(turns):
+                for j in range(len(turn.completion_token_ids)):
+                    want[(ti, ci, j)] = float(ref[ci, j])
+    got = {}
+    for k in range(batch.n_targets):
+        ti, nid, off, g = (int(x[k]) for x in (batch.tree, batch.node, batch.offset, batch.gen_call))
+        pos = trees[ti].depth(nid) + off - trees[ti].calls[g].n_prompt
+        got[(ti, g, pos)] = float(packed[k])
+    assert got.keys() == want.keys()
+    assert max(abs(got[k] - want[k]) for k in want) < 1e-5
+
+
+def test_eager_with_a_boolean_mask_would_be_wrong(model_dir, episodes):
+    """Why packing picks the mask type per kernel (machine-notes.md)."""
+    model = load_model(model_dir)
+    model.config._attn_implementation = "eager"
+    trees = [TrajectoryTree.from_trajectory(episodes[0])]
+    batch = collate(trees, pack_trees(trees))
+    with torch.no_grad():
+        right, _ = target_logprobs(model, batch)
+        hidden = model.get_decoder()(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                                     attention_mask=batch.attention_mask("bool")).last_hidden_state
+        wrong = torch.log_softmax(model.lm_head(hidden[batch.pred_row, batch.pred_pos]), -1)
+        wrong = wrong.gather(-1, batch.targets[:, None])[:, 0]
+    assert float((right - wrong).abs().max()) > 1e-2
+
+
+def test_packed_sft_loss_and_gradients_equal_unpacked(model_dir, episodes):
+    rows = [(t.prompt_token_ids + t.completion_token_ids, len(t.prompt_token_ids)) for tr in episodes for t in tr.turns]
+    model = load_model(model_dir)
+    model.train()
+    loss, n = completion_loss(model, *sft_collate(rows, pad_id=0))
+    loss.backward()
+    ref_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+    tree = sft_trees(rows)
+    batch = collate([tree], pack_trees([tree], max_tokens=None))
+    ploss, pn = packed_sft_loss(model, batch)
+    ploss.backward()
+    assert pn == n and float(ploss.detach()) == pytest.approx(float(loss.detach()), rel=1e-5)
+    _assert_grads_close(_grads(model), ref_grads)
+    assert batch.input_ids.numel() < sum(len(r[0]) for r in rows)  # shared prefixes ran once
+
+
+@pytest.mark.parametrize("max_tokens,rows_per_micro", [(None, 1), (900, 1), (900, 3)])
+def test_tree_grpo_equals_turn_rows(model_dir, episodes, max_tokens, rows_per_micro):
+    """Uncapped J_max: the tree loss (execution-level advantages, KL to a reference, entropy) and
+    its gradient equal the turn-row loss, however the trees are cut into rows and micro-batches."""
+    model = load_model(model_dir)
+    model.train()
+    ref_model = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        for p in ref_model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    cfg = GRPOConfig(kl_beta=0.05, entropy_coef=0.01, temperature=1.0, micro_batch_size=3)
+    adv = [1.5, -0.5, 0.25]
+    for traj in episodes:  # make the ratio move off 1 so the clip is exercised
+        for t in traj.turns:
+            t.logprobs = [x + 0.3 * ((i % 3) - 1) for i, x in enumerate(t.logprobs)]
+    samples = turn_samples(episodes, [[a] * len(t.turns) for a, t in zip(adv, episodes)])
+    want = accumulate_gradients(model, samples, cfg, ref_model)
+    want_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+    trees = [TrajectoryTree.from_trajectory(t) for t in episodes]
+    got = tree_accumulate_gradients(model, trees, adv, cfg, j_max=None, max_tokens=max_tokens,
+                                    rows_per_micro=rows_per_micro, ref_model=ref_model)
+    for key in ("loss", "pg_loss", "kl", "entropy", "ratio_mean"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert got["n_tokens"] == want["n_tokens"] and want["clip_fraction"] > 0
+    assert got["clip_fraction"] == pytest.approx(want["clip_fraction"])
+    _assert_grads_close(_grads(model), want_grads)
+    if max_tokens is not None:
+        assert got["rows"] > 1
+    assert got["packed_tokens"] < sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+
+
+def test_j_max_trains_fewer_tokens_each_once(model_dir, episodes):
+    trees = [TrajectoryTree.from_trajectory(t) for t in episodes]
+    for j_max in (1, 2):
+        sels = [select_paths(t, j_max, seed=3) for t in trees]
+        assert all(len(s.leaves) == j_max for s in sels)
+        batch = collate(trees, pack_trees(trees, sels, max_tokens=700))
+        keys = list(zip(batch.tree.tolist(), batch.node.tolist(), batch.offset.tolist()))
+        assert len(keys) == len(set(keys)) == sum(s.n_tokens for s in sels)  # shared prefixes train once
+        assert sum(s.n_tokens for s in sels) < sum(t.n_trainable for t in trees)
+    full = collate(trees, pack_trees(trees, [all_paths(t) for t in trees]))
+    assert full.n_targets == sum(t.n_trainable for t in trees)

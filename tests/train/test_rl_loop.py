@@ -91,3 +91,25 @@ def test_unconstrained_rl_trains_and_reports_the_invalid_term(model_dir, tmp_pat
     assert rec["train/n_tokens"] > 0 and rec["train/forced_fraction"] == 0.0
     report = (tmp_path / "u" / "report.md").read_text()
     assert "decoding unconstrained" in report and "invalid/ep" in report
+
+
+def test_periodic_evaluation_changes_no_training_state(model_dir, tmp_path):
+    """Issue 10 fault 3: the same run with an evaluation after every step trains exactly like the
+    run without: same metrics, weights, and experience store (the evaluation's own notes,
+    pickups and use counts are buffered in a copy and dropped)."""
+    plain = train_rl(_cfg(model_dir, tmp_path / "plain", 2), progress=False)
+    cfg = _cfg(model_dir, tmp_path / "eval", 2)
+    cfg.eval_every, cfg.eval_limit, cfg.eval_split = 1, 3, "valid_seen"
+    evald = train_rl(cfg, progress=False)
+
+    def metrics(run):
+        return [json.loads(ln) for ln in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+
+    with_eval = metrics("eval")
+    assert all(m["eval/n"] == 3 for m in with_eval)
+    assert sum(m["eval/experience_writes_dropped"] for m in with_eval) > 0  # the evaluation did write: to its copy
+    strip = lambda ms: [{k: v for k, v in _strip(m).items() if not k.startswith("eval/")} for m in ms]  # noqa: E731
+    assert strip(with_eval) == strip(metrics("plain"))
+    wa, wb = load_file(str(plain / "model.safetensors")), load_file(str(evald / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert json.loads((plain / "experience.json").read_text()) == json.loads((evald / "experience.json").read_text())

@@ -290,17 +290,29 @@ def spread(tasks: list, n: int | None) -> list:
 
 
 def _quick_eval(cfg: RLConfig, policy, store) -> dict:
-    """Greedy success on ``eval_limit`` games spread over the eval split (same task types as training)."""
+    """Greedy success on ``eval_limit`` games spread over the eval split (same task types as training).
+
+    An evaluation changes no training state: it reads a frozen *copy* of the
+    experience store (its notes, pickups and use counts are dropped with the
+    copy, never consolidated into the training store), and the policy's
+    temperature, train/eval mode and the global RNG states are restored.
+    """
+    from evoharness.harness.bpe import ExperienceStore
+
     tasks = spread(select_tasks(discover_games(cfg.eval_split, cfg.data_path), cfg.task_types), cfg.eval_limit)
-    temp = policy.temperature
+    snapshot = ExperienceStore.from_dict(store.to_dict())
+    snapshot.freeze()
+    temp, training, rng = policy.temperature, policy.model.training, get_rng_state()
     policy.temperature = 0.0
-    store.freeze()
+    policy.model.eval()
     try:
         trajs = run_episodes([EpisodeSpec(t, f"{t.task_id}#eval", cfg.seed) for t in tasks],
                              make_env=lambda task: make_env(task, engine=cfg.engine),
-                             make_harness=lambda: make_harness(cfg.harness, experience=store), policy=policy,
+                             make_harness=lambda: make_harness(cfg.harness, experience=snapshot), policy=policy,
                              max_steps=cfg.max_steps)
     finally:
         policy.temperature = temp
-        store.unfreeze()
-    return {"eval/success": sum(t.won for t in trajs) / len(trajs), "eval/n": len(trajs)}
+        policy.model.train(training)
+        set_rng_state(rng)
+    return {"eval/success": sum(t.won for t in trajs) / len(trajs), "eval/n": len(trajs),
+            "eval/experience_writes_dropped": len(snapshot.pending)}

@@ -1,0 +1,521 @@
+"""The OpenAI-compatible gateway (QwenGyre's black-box proxy): routing, TITO records, transparent retry.
+
+An agent knows only a base URL. Each call is tied to an execution by, in order:
+the path prefix ``/x/<execution id>/v1/…`` (for agents that cannot set
+headers), the header ``X-Execution-Id``, the request's ``user`` field, else
+``default``; its role by the header ``X-Agent-Role`` (`AGENT_ROLES`, default
+``main``).
+
+Per call the gateway
+
+1. validates the request (`wire.ChatRequest`); malformed JSON, an oversized
+   body, an unknown model or a bad field get an OpenAI-style 4xx and no record;
+2. restores raw tool-call payloads the execution received earlier, by call id,
+   so a harness that re-serialises history still sends the model its own tokens;
+3. routes to the least-loaded routable backend (in flight / capacity);
+4. retries transparently: if the backend drops the connection, dies, answers
+   5xx, or is drained mid-request, the call is re-issued on another backend
+   (up to ``max_attempts``; while no backend is routable it waits up to
+   ``wait_for_backend_s``). The client gets one normal answer;
+5. appends one `CallRecord` (prompt ids as the engine tokenised them,
+   completion ids, behaviour log-probs, policy version, timestamps, finish
+   reason, every attempt) to the `RecordStore`.
+
+Streaming (``stream: true``) is served from the finished answer, as SSE
+chunks with keep-alive comments while waiting: a retried call must reach the
+client as one answer, never as two half-streams.
+
+HTTP surface:
+    POST /v1/chat/completions, POST /x/{execution}/v1/chat/completions
+    GET  /v1/models, GET /health
+    GET  /v1/executions, GET /v1/executions/{id}/records?offset=N
+    GET  /admin/backends, POST /admin/backends {"url": …} | {"worker": true}
+    DELETE /admin/backends/{name}
+    POST /admin/backends/{name}/drain {"cancel_inflight": true}, POST /admin/backends/{name}/resume
+    POST /admin/backends/{name}/weights {"path": dir, "version": n?}, POST /admin/weights (every backend)
+    POST /admin/backends/{name}/version {"version": n}   (after syncing an external server yourself)
+    GET  /admin/stats
+Admin endpoints have no authentication: bind to loopback (the default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from evoharness.rollout.records import AGENT_ROLES, CallAttempt, CallRecord
+from evoharness.runtime.backends import (
+    Backend, BackendError, BackendRejected, GenOutput, GenParams, HTTPBackend, WorkerBackend,
+)
+from evoharness.runtime.record_store import RecordStore
+from evoharness.runtime.wire import ChatRequest, GatewayError, completion_body, new_call_id, stream_chunks
+
+MAX_BODY_BYTES = 8 << 20
+
+
+class Gateway:
+    """Backends, routing, retry and records, independent of the HTTP layer.
+
+    Args:
+        backends: initial backends (started by `start`).
+        served_model: the model name clients ask for (also listed by ``/v1/models``).
+        records: a `RecordStore`, a directory for one, or None (in memory); False records nothing.
+        max_attempts: tries per call across backends.
+        wait_for_backend_s: how long a call waits for a routable backend before 503.
+        worker_args: `WorkerBackend` settings for ``POST /admin/backends {"worker": true}``
+            (``model_path`` and extra ``args``).
+        max_tool_cache: executions whose tool-call payloads are kept (least recently used dropped).
+    """
+
+    def __init__(self, backends: list[Backend] | None = None, served_model: str = "evoharness",
+                 records: RecordStore | str | Path | None | bool = None, max_attempts: int = 5,
+                 wait_for_backend_s: float = 30.0, worker_args: dict[str, Any] | None = None,
+                 max_tool_cache: int = 10_000, max_body_bytes: int = MAX_BODY_BYTES):
+        self.backends: dict[str, Backend] = {}
+        for b in backends or []:
+            if b.name in self.backends:
+                raise ValueError(f"duplicate backend name {b.name!r}")
+            self.backends[b.name] = b
+        self.served_model = served_model
+        if records is False:
+            self.records = None
+        else:
+            self.records = records if isinstance(records, RecordStore) else RecordStore(records or None)
+        self.max_attempts, self.wait_for_backend_s = max_attempts, wait_for_backend_s
+        self.worker_args = worker_args or {}
+        self.max_body_bytes = max_body_bytes
+        self._tool_cache: OrderedDict[str, dict[str, dict]] = OrderedDict()
+        self.max_tool_cache = max_tool_cache
+        self.stats = {"calls": 0, "retries": 0, "rejected": 0, "failed": 0}
+        self._n_added = 0
+
+    # -- lifecycle / admin -------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.gather(*(b.start() for b in self.backends.values()))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(b.close() for b in self.backends.values()), return_exceptions=True)
+
+    async def add_backend(self, backend: Backend) -> Backend:
+        if backend.name in self.backends:
+            raise GatewayError(409, f"backend {backend.name!r} exists", code="backend_exists")
+        try:
+            await backend.start()
+        except BackendError as e:
+            raise GatewayError(502, str(e), "backend_error", "backend_unreachable") from e
+        self.backends[backend.name] = backend
+        return backend
+
+    async def remove_backend(self, name: str) -> None:
+        b = self._backend(name)
+        b.drain(cancel_inflight=True)  # in-flight calls are retried elsewhere
+        del self.backends[name]
+        await b.close()
+
+    def _backend(self, name: str) -> Backend:
+        if name not in self.backends:
+            raise GatewayError(404, f"no backend {name!r}", code="backend_not_found")
+        return self.backends[name]
+
+    def new_backend_name(self, prefix: str) -> str:
+        while True:
+            self._n_added += 1
+            name = f"{prefix}{self._n_added}"
+            if name not in self.backends:
+                return name
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def pick(self, exclude: set[str]) -> Backend | None:
+        """The least-loaded routable backend, preferring ones not yet tried for this call."""
+        live = [b for b in self.backends.values() if b.routable]
+        fresh = [b for b in live if b.name not in exclude] or live
+        return min(fresh, key=lambda b: (b.load, b.in_flight, b.served), default=None)
+
+    async def _wait_pick(self, exclude: set[str]) -> Backend | None:
+        deadline = time.monotonic() + self.wait_for_backend_s
+        while True:
+            b = self.pick(exclude)
+            if b is not None or time.monotonic() >= deadline:
+                return b
+            await asyncio.sleep(0.05)
+
+    def _restore_tool_calls(self, execution_id: str, messages: list[dict]) -> list[dict]:
+        cache = self._tool_cache.get(execution_id)
+        if not cache:
+            return messages
+        self._tool_cache.move_to_end(execution_id)
+        out = []
+        for m in messages:
+            if m.get("role") == "assistant" and m.get("tool_calls"):
+                m = {**m, "tool_calls": [cache.get(tc.get("id"), tc) if isinstance(tc, dict) else tc
+                                         for tc in m["tool_calls"]]}
+            out.append(m)
+        return out
+
+    def _cache_tool_calls(self, execution_id: str, calls: list[dict]) -> None:
+        if not calls:
+            return
+        cache = self._tool_cache.setdefault(execution_id, {})
+        self._tool_cache.move_to_end(execution_id)
+        for tc in calls:
+            if isinstance(tc, dict) and tc.get("id"):
+                cache[tc["id"]] = tc
+        while len(self._tool_cache) > self.max_tool_cache:
+            self._tool_cache.popitem(last=False)
+
+    def check_model(self, req: ChatRequest) -> None:
+        if req.model != self.served_model:
+            raise GatewayError(404, f"The model `{req.model}` does not exist; this gateway serves "
+                                    f"`{self.served_model}`.", code="model_not_found", param="model")
+
+    async def complete(self, req: ChatRequest, execution_id: str, role: str) -> dict[str, Any]:
+        """Answer one validated request; returns the ``chat.completion`` body.
+
+        Raises:
+            GatewayError: 4xx passed on from a backend, or 503 when every attempt failed.
+        """
+        self.check_model(req)
+        t_start = time.time()
+        call_id = new_call_id()
+        messages = self._restore_tool_calls(
+            execution_id, [m.model_dump(exclude_none=True) for m in req.messages])
+        params = GenParams(
+            messages=messages, temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, max_tokens=req.max_new_tokens, seed=req.seed,
+            stops=req.stops, grammar=req.action_grammar, truncate_prompt_tokens=req.truncate_prompt_tokens,
+            tools=req.tools, tool_choice=req.tool_choice, want_token_text=req.logprobs,
+            passthrough=dict(req.model_extra or {}),
+        )
+        attempts: list[CallAttempt] = []
+        tried: set[str] = set()
+        out: GenOutput | None = None
+        for _ in range(self.max_attempts):
+            backend = await self._wait_pick(tried)
+            if backend is None:
+                break
+            tried.add(backend.name)
+            a0 = time.time()
+            try:
+                out = await backend.run(params)
+            except BackendError as e:
+                attempts.append(CallAttempt(backend.name, a0, time.time(), str(e)[:500]))
+                continue
+            except BackendRejected as e:
+                self.stats["rejected"] += 1
+                raise GatewayError(e.status, e.message, code=e.code) from e
+            attempts.append(CallAttempt(backend.name, a0, time.time(), None))
+            break
+        self.stats["calls"] += 1
+        self.stats["retries"] += max(0, len(attempts) - 1)
+        if out is None:
+            self.stats["failed"] += 1
+            why = attempts[-1].error if attempts else "no backend is available"
+            raise GatewayError(503, f"no backend answered after {len(attempts)} attempt(s): {why}",
+                               "service_unavailable", "backend_unavailable")
+        rec = CallRecord(
+            execution_id=execution_id, call_id=call_id, role=role, model=req.model,
+            prompt_token_ids=out.prompt_ids, completion_token_ids=out.completion_ids, logprobs=out.logprobs,
+            policy_version=out.policy_version if out.policy_version is not None else -1,
+            finish_reason=out.finish_reason, t_start=t_start, t_end=time.time(), attempts=attempts,
+            tool_calls=out.tool_calls, messages=messages,
+        )
+        if self.records is not None:
+            self.records.append(rec)
+        self._cache_tool_calls(execution_id, out.tool_calls)
+        return completion_body(call_id, req.model, out.content, out.tool_calls, out.finish_reason, out.prompt_ids,
+                               out.completion_ids, out.logprobs, out.policy_version, req, out.tokens)
+
+    def health(self) -> dict[str, Any]:
+        live = sum(b.routable for b in self.backends.values())
+        return {"status": "ok" if live else "no_backend", "backends": len(self.backends), "routable": live}
+
+
+# ---------------------------------------------------------------- HTTP layer
+
+
+def create_app(gw: Gateway):
+    """The FastAPI application serving `gw` (starts and closes its backends with the app)."""
+    @asynccontextmanager
+    async def lifespan(app):
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.close()
+
+    app = FastAPI(title="evoharness gateway", lifespan=lifespan)
+
+    @app.exception_handler(GatewayError)
+    async def _gw_error(request, exc: GatewayError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def read_json(request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > gw.max_body_bytes:
+            raise GatewayError(413, f"request body of {length} bytes exceeds the limit of {gw.max_body_bytes}",
+                               code="request_too_large")
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > gw.max_body_bytes:
+                raise GatewayError(413, f"request body exceeds the limit of {gw.max_body_bytes} bytes",
+                                   code="request_too_large")
+        try:
+            return json.loads(buf)
+        except ValueError as e:
+            raise GatewayError(400, f"request body is not valid JSON: {e}", code="invalid_json") from e
+
+    def parse_chat(data: Any) -> ChatRequest:
+        from pydantic import ValidationError
+
+        if not isinstance(data, dict):
+            raise GatewayError(400, "request body must be a JSON object", code="invalid_request")
+        try:
+            return ChatRequest.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(str(x) for x in first["loc"])
+            raise GatewayError(400, f"invalid field `{loc}`: {first['msg']} ({e.error_count()} error(s))",
+                               code="invalid_value", param=loc) from e
+
+    async def chat(request: Request, execution_id: str | None = None):
+        req = parse_chat(await read_json(request))
+        gw.check_model(req)
+        eid = execution_id or request.headers.get("x-execution-id") or req.user or "default"
+        role = request.headers.get("x-agent-role", "main")
+        if role not in AGENT_ROLES:
+            raise GatewayError(400, f"X-Agent-Role must be one of {list(AGENT_ROLES)}, got {role!r}",
+                               code="invalid_value", param="X-Agent-Role")
+        if not req.stream:
+            return JSONResponse(await gw.complete(req, eid, role))
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
+        task = asyncio.ensure_future(gw.complete(req, eid, role))
+
+        async def events():
+            try:
+                while True:
+                    done, _ = await asyncio.wait({task}, timeout=5.0)
+                    if done:
+                        break
+                    yield b": keep-alive\n\n"
+                try:
+                    body = task.result()
+                except GatewayError as e:
+                    yield f"data: {json.dumps(e.body())}\n\n".encode()
+                    return
+                for c in stream_chunks(body, include_usage):
+                    yield f"data: {json.dumps(c)}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+            finally:
+                if not task.done():
+                    task.cancel()  # the client went away
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Execution-Id": eid})
+
+    @app.post("/v1/chat/completions")
+    async def chat_root(request: Request):
+        return await chat(request)
+
+    @app.post("/x/{execution_id}/v1/chat/completions")
+    async def chat_prefixed(execution_id: str, request: Request):
+        return await chat(request, execution_id)
+
+    def models_body() -> dict[str, Any]:
+        versions = sorted({b.policy_version for b in gw.backends.values()})
+        return {"object": "list", "data": [{
+            "id": gw.served_model, "object": "model", "created": 0, "owned_by": "evoharness",
+            "policy_version": versions[-1] if versions else None}]}
+
+    @app.get("/v1/models")
+    async def models():
+        return models_body()
+
+    @app.get("/x/{execution_id}/v1/models")
+    async def models_prefixed(execution_id: str):
+        return models_body()
+
+    @app.get("/health")
+    async def health():
+        h = gw.health()
+        return JSONResponse(h, status_code=200 if h["routable"] else 503)
+
+    @app.get("/v1/executions")
+    async def executions():
+        if gw.records is None:
+            raise GatewayError(404, "this gateway keeps no records", code="no_records")
+        return {"object": "list", "data": [{"id": k, "records": v} for k, v in sorted(gw.records.executions().items())]}
+
+    @app.get("/v1/executions/{execution_id:path}/records")
+    async def execution_records(execution_id: str, offset: int = 0):
+        if gw.records is None:
+            raise GatewayError(404, "this gateway keeps no records", code="no_records")
+        if offset < 0:
+            raise GatewayError(400, "offset must be >= 0", param="offset")
+        recs = gw.records.read(execution_id, offset)
+        return {"object": "list", "execution_id": execution_id, "offset": offset,
+                "data": [r.to_dict() for r in recs]}
+
+    @app.get("/admin/backends")
+    async def list_backends():
+        return {"data": [b.info() for b in gw.backends.values()]}
+
+    @app.post("/admin/backends")
+    async def add_backend(request: Request):
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise GatewayError(400, "body must be a JSON object")
+        if body.get("worker"):
+            if not gw.worker_args.get("model_path"):
+                raise GatewayError(400, "this gateway was started without --model-path: cannot start workers")
+            b = WorkerBackend(name=body.get("name") or gw.new_backend_name("worker"), **gw.worker_args)
+        elif isinstance(body.get("url"), str):
+            b = HTTPBackend(body["url"], name=body.get("name") or gw.new_backend_name("http"),
+                            model=body.get("model"), capacity=int(body.get("capacity", 64)))
+        else:
+            raise GatewayError(400, 'give {"url": "http://host:port/v1"} or {"worker": true}', param="url")
+        return (await gw.add_backend(b)).info()
+
+    @app.delete("/admin/backends/{name}")
+    async def remove_backend(name: str):
+        await gw.remove_backend(name)
+        return {"removed": name}
+
+    @app.post("/admin/backends/{name}/drain")
+    async def drain(name: str, request: Request):
+        body = await read_json(request) if int(request.headers.get("content-length") or 0) else {}
+        b = gw._backend(name)
+        b.drain(cancel_inflight=bool((body or {}).get("cancel_inflight", True)))
+        return b.info()
+
+    @app.post("/admin/backends/{name}/resume")
+    async def resume(name: str):
+        b = gw._backend(name)
+        try:
+            b.resume()
+        except BackendError as e:
+            raise GatewayError(409, str(e), code="backend_dead") from e
+        return b.info()
+
+    async def load_weights(b: Backend, body: Any) -> int:
+        if not isinstance(body, dict) or not isinstance(body.get("path"), str):
+            raise GatewayError(400, 'give {"path": "<model directory>", "version": <int, optional>}', param="path")
+        try:
+            return await b.load_weights(body["path"], body.get("version"))
+        except BackendRejected as e:
+            raise GatewayError(e.status, e.message) from e
+        except BackendError as e:
+            raise GatewayError(502, str(e), "backend_error") from e
+
+    @app.post("/admin/backends/{name}/weights")
+    async def weights(name: str, request: Request):
+        b = gw._backend(name)
+        return {"name": name, "policy_version": await load_weights(b, await read_json(request))}
+
+    @app.post("/admin/weights")
+    async def weights_all(request: Request):
+        body = await read_json(request)
+        return {"data": [{"name": b.name, "policy_version": await load_weights(b, body)}
+                         for b in list(gw.backends.values())]}
+
+    @app.post("/admin/backends/{name}/version")
+    async def set_version(name: str, request: Request):
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("version"), int):
+            raise GatewayError(400, 'give {"version": <int>}', param="version")
+        b = gw._backend(name)
+        try:
+            b.set_version(body["version"])
+        except BackendRejected as e:
+            raise GatewayError(e.status, e.message) from e
+        return b.info()
+
+    @app.get("/admin/stats")
+    async def stats():
+        return {**gw.stats, "backends": [b.info() for b in gw.backends.values()]}
+
+    return app
+
+
+class GatewayServer:
+    """Run a `Gateway` with uvicorn on a background thread (tests, benchmarks, ``rl`` through the gateway).
+
+    Usage::
+
+        with GatewayServer(Gateway([LocalBackend.from_policy(policy)])) as srv:
+            OpenAIPolicy(base_url=srv.url, model=srv.gateway.served_model, …)
+
+    Args:
+        port: 0 picks a free port (see `port` after `start`).
+    """
+
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        self.gateway, self.host = gateway, host
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.port = self._sock.getsockname()[1]
+        self.log_level = log_level
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self, timeout_s: float = 300.0) -> "GatewayServer":
+        import uvicorn
+
+        config = uvicorn.Config(create_app(self.gateway), log_level=self.log_level, timeout_keep_alive=30,
+                                backlog=2048)
+        self._server = uvicorn.Server(config)
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+            except BaseException as e:  # noqa: BLE001 -- surfaced by start()
+                failed.append(e)
+
+        self._thread = threading.Thread(target=run, name="gateway", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if failed or not self._thread.is_alive():
+                raise RuntimeError(f"gateway failed to start: {failed[0] if failed else 'thread exited'}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("gateway did not start in time")
+            time.sleep(0.02)
+        return self
+
+    def call(self, coro, timeout_s: float | None = None):
+        """Run a coroutine (e.g. an admin action on the gateway) on the server's event loop."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(30)
+        self._sock.close()
+
+    def __enter__(self) -> "GatewayServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,223 @@
+"""The OpenAI chat-completions wire format as the gateway speaks it.
+
+Requests are validated with pydantic (`ChatRequest`); unknown fields are kept
+and forwarded to HTTP backends, as vLLM does. Extensions beyond the OpenAI API
+(all optional, all vLLM-compatible where vLLM has an equivalent):
+
+- ``return_token_ids: true`` (vLLM): the response carries top-level
+  ``prompt_token_ids`` and per choice ``token_ids``;
+- ``logprobs: true`` (OpenAI): ``choices[i].logprobs.content[j].logprob`` is the
+  behaviour log-prob of completion token j;
+- ``truncate_prompt_tokens: N`` (vLLM): keep the last N prompt tokens;
+- ``action_grammar: {"commands": [...], "meta_verbs": [...]}`` (this project):
+  constrain the completion to ``<think>…</think><action>A</action>`` with A an
+  admissible command or ``verb text`` for a meta verb (`engine.ActionGrammar`).
+  The gateway's own engine applies it exactly; for a vLLM/SGLang backend it is
+  translated into vLLM's ``structured_outputs: {"regex": …}`` (`action_regex`),
+  which accepts the same strings but not the same token paths (the engine's
+  grammar also forces canonical tokenisation and reserves the action's budget);
+- response field ``policy_version`` (this project): the weights' version that
+  answered.
+
+Errors follow OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+META_VERBS_DEFAULT = ("track", "commit", "recall", "note")
+
+
+class Message(BaseModel):
+    """One chat message (OpenAI format; extra keys are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ActionGrammarSpec(BaseModel):
+    """The ``action_grammar`` extension: the constraint a turn was sampled under
+    (the shared ``constraint`` record minus ``max_new_tokens``, which is ``max_tokens``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    commands: list[str] = Field(default_factory=list)
+    meta_verbs: list[str] = Field(default_factory=list)
+
+
+class ChatRequest(BaseModel):
+    """A ``POST /v1/chat/completions`` body. Only ``n == 1`` is served."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    user: str | None = None
+    return_token_ids: bool = False
+    truncate_prompt_tokens: int | None = Field(None, ge=1)
+    action_grammar: ActionGrammarSpec | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v):
+        if isinstance(v, str):
+            return [v]
+        if v is not None and len(v) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    @property
+    def stops(self) -> list[str]:
+        return [s for s in (self.stop or []) if s]
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class GatewayError(Exception):
+    """An error answered to the client in OpenAI's error shape (never recorded)."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def new_call_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def action_regex(commands: list[str], meta_verbs: list[str] | tuple[str, ...]) -> str:
+    """A regex (vLLM ``structured_outputs.regex``) accepting the strings `engine.ActionGrammar` accepts:
+    ``<think>`` free text without ``<`` ``</think><action>`` then an admissible command, a meta verb
+    followed by free text holding a non-space character, or bare ``track``, then ``</action>``."""
+    alts = [re.escape(c) for c in commands]
+    if meta_verbs:
+        verbs = "|".join(re.escape(v) for v in meta_verbs)
+        alts.append(rf"(?:{verbs}) [^<]*[^<\s][^<]*")
+        if "track" in meta_verbs:
+            alts.append("track")
+    body = "|".join(alts) if alts else r"[^<]*"
+    return rf"<think>[^<]*</think><action>(?:{body})</action>"
+
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split Qwen-style ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` blocks out of `text`.
+
+    Returns (remaining content or None when empty, OpenAI ``tool_calls``). A block
+    that is not valid JSON with a ``name`` stays in the content.
+    """
+    calls: list[dict[str, Any]] = []
+
+    def take(m: re.Match) -> str:
+        try:
+            obj = json.loads(m.group(1))
+            name = obj["name"]
+        except (ValueError, KeyError, TypeError):
+            return m.group(0)
+        args = obj.get("arguments", {})
+        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        return ""
+
+    rest = _TOOL_CALL.sub(take, text)
+    if not calls:
+        return text, []
+    return (rest.strip() or None), calls
+
+
+def completion_body(call_id: str, model: str, content: str | None, tool_calls: list[dict[str, Any]],
+                    finish_reason: str, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
+                    policy_version: int | None, req: ChatRequest, tokens: list[str] | None = None) -> dict[str, Any]:
+    """A ``chat.completion`` response body, with the token-in/token-out extensions the request asked for."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+    if req.logprobs:
+        choice["logprobs"] = {"content": _logprob_content(completion_ids, logprobs, tokens)}
+    body: dict[str, Any] = {
+        "id": call_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [choice],
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                  "total_tokens": len(prompt_ids) + len(completion_ids)},
+        "policy_version": policy_version,
+    }
+    if req.return_token_ids:
+        body["prompt_token_ids"] = prompt_ids
+        choice["token_ids"] = completion_ids
+    return body
+
+
+def _logprob_content(ids: list[int], logprobs: list[float], tokens: list[str] | None) -> list[dict[str, Any]]:
+    toks = tokens or [f"token_id:{i}" for i in ids]
+    return [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+            for t, lp in zip(toks, logprobs)]
+
+
+def stream_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` events for a finished completion `body`: a role chunk, one
+    content (and tool-call) delta, a finish chunk, and a usage chunk when asked.
+
+    The gateway streams a finished answer (see `gateway`): a retried call must
+    reach the client as one normal answer, never as two half-streams.
+    """
+    choice = body["choices"][0]
+    msg = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        c = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
+        return {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+                "model": body["model"], "choices": [c]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    delta: dict[str, Any] = {}
+    if msg.get("content"):
+        delta["content"] = msg["content"]
+    if msg.get("tool_calls"):
+        delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])]
+    extra: dict[str, Any] = {}
+    if "token_ids" in choice:
+        extra["token_ids"] = choice["token_ids"]
+    if delta or extra:
+        c = chunk(delta, **extra)
+        if choice.get("logprobs"):
+            c["choices"][0]["logprobs"] = choice["logprobs"]
+        if "prompt_token_ids" in body:
+            c["prompt_token_ids"] = body["prompt_token_ids"]
+        out.append(c)
+    out.append(chunk({}, choice["finish_reason"]))
+    out[-1]["policy_version"] = body.get("policy_version")
+    if include_usage:
+        out.append({"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+                    "model": body["model"], "choices": [], "usage": body["usage"]})
+    return out

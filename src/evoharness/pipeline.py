@@ -122,7 +122,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         stats = collect_traces(tasks, make_policy(cfg.teacher), lambda store: make_harness(cfg.harness, experience=store),
                                lambda task: make_env(task, engine=cfg.env.engine, wording=cfg.env.wording), traces,
                                samples=cfg.teacher_samples, max_steps=cfg.max_steps, batch_size=32,
-                               experience_path=experience, seed=cfg.seed)
+                               experience_path=experience, seed=cfg.seed, wording=cfg.env.wording)
         examples = traces_to_sft(traces, out_path=sft_data)
         log(f"  teacher won {stats.won}/{stats.played} train episodes; {len(examples)} SFT examples")
 

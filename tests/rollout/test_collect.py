@@ -111,3 +111,27 @@ def test_store_is_frozen_per_batch_and_consolidated_after(collected, tasks, env_
     epochs = [e for frozen, e in seen[1:] if frozen]
     assert all(frozen for frozen, _ in seen) and sorted(set(epochs)) == [0, 1] and store.epoch == 2
     assert [t["info"]["experience_epoch"] for t in read_jsonl(tmp_path / "x.jsonl")] == [0, 0, 1]
+
+
+def test_collect_in_move_wording_records_it_and_keeps_every_win(tasks, tmp_path):
+    """issue 10 fault 6: the teacher collects on `move X to Y` games (alfworld >= 0.4 wording) as on
+    `put X in/on Y` ones; the trajectories record the wording and every won episode becomes SFT data."""
+    from evoharness.rollout.collect import main
+
+    out, sft = tmp_path / "traces.jsonl", tmp_path / "sft.jsonl"
+    engine = pick_engine(tasks[0])
+    stats = collect_traces(tasks, TeacherPolicy(), bpe_harness_factory(),
+                           lambda t: make_env(t, engine=engine, wording="move"), out, batch_size=3,
+                           progress=False, wording="move")
+    rows = read_jsonl(out)
+    assert stats.won == stats.kept == len(rows) == len(tasks)
+    assert all(r["info"]["wording"] == "move" for r in rows)
+    examples = traces_to_sft(out, sft)
+    placed = [ex["completion"] for ex in examples if "<action>move " in ex["completion"]]
+    assert len(placed) >= 5 and not any("<action>put " in ex["completion"] for ex in examples)
+    # the command line takes the wording too
+    main(["--split", "valid_seen", "--per-type", "1", "--wording", "move", "--engine", engine,
+          "--out", str(tmp_path / "cli.jsonl"), "--batch-size", "6"])
+    cli = read_jsonl(tmp_path / "cli.jsonl")
+    assert len(cli) == len(tasks) and all(r["won"] and r["info"]["wording"] == "move" for r in cli)
+    assert any(t["action"].startswith("move ") for r in cli for t in r["turns"])

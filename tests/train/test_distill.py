@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 
@@ -18,7 +19,10 @@ from evoharness.train.distill import (
     LogStep,
     clean_steps,
     distill,
+    distill_file,
     find_tasks,
+    load_logs,
+    log_wording,
     parse_log,
     state_trace,
 )
@@ -35,7 +39,7 @@ def world():
     engine = pick_engine(train[0])
     per_type = 2 if engine == "fast" else 1
     tasks = [t for tt in TASK_TYPES for t in [g for g in train if g.task_type == tt][:per_type]]
-    return tasks, (lambda t: make_env(t, engine=engine)), engine
+    return tasks, (lambda t, wording="native": make_env(t, engine=engine, wording=wording)), engine
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +175,64 @@ def test_clean_steps_cuts_loops_and_drops_invalid_steps():
     c = clean_steps(s)
     assert [x.action for x in c.steps] == ["go to drawer 1", "open drawer 1", "take cd 1 from drawer 1"]
     assert c.removed == {"invalid": 1, "loop": 7}
+
+
+# ---- issue 10 fault 6: both wordings of the placing command
+
+
+@pytest.fixture(scope="module")
+def move_eval(tmp_path_factory):
+    """The full valid_seen panel played by the noisy expert through this project's own
+    `evoharness eval --set env.wording=move` path (`evaluate`, the fast engine)."""
+    from evoharness.eval.evaluate import EvalConfig, evaluate
+
+    out = tmp_path_factory.mktemp("move_eval")
+    cfg = EvalConfig(split="valid_seen", out_dir=str(out), env={"engine": "fast", "wording": "move"},
+                     harness={"kind": "react"}, policy={"kind": "noisy_expert", "seed": 3})
+    summary = evaluate(cfg, progress=False)
+    assert summary["wording"] == "move" and summary["overall"]["won"] > 100
+    return out / "episodes.jsonl", summary
+
+
+def test_every_won_move_wording_episode_distills(move_eval, tmp_path):
+    episodes, summary = move_eval
+    logs = load_logs(episodes)
+    assert {log.wording for log in logs} == {"move"}  # recorded by eval
+    placed = [s.action for log in logs for s in log.steps if s.action.startswith("move ")]
+    assert len(placed) > 100
+    stats = distill_file(episodes, tmp_path / "traj.jsonl", tmp_path / "sft.jsonl")
+    assert stats.won == summary["overall"]["won"]
+    assert stats.distilled == stats.won, dict(stats.dropped)
+    sft = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    actions = [re.search(r"<action>(.*)</action>", ex["completion"]).group(1) for ex in sft]
+    assert sum(a.startswith("move ") for a in actions) >= stats.distilled - 13  # every non-look episode places
+    assert not any(a.startswith("put ") for a in actions)
+    # the prompts the student will read offer the same wording
+    offered = [ex["messages"][-1]["content"].split("ADMISSIBLE COMMANDS:")[1].split("\n\n")[0] for ex in sft]
+    assert any(" to " in o and "move " in o for o in offered) and not any(" in/on " in o for o in offered)
+
+
+def test_wording_is_detected_from_an_unrecorded_log(move_eval, world):
+    """A log that does not record its wording (another agent's ReAct JSONL) is replayed in the
+    wording its own steps use."""
+    episodes, _ = move_eval
+    d = next(d for d in (json.loads(line) for line in episodes.read_text().splitlines())
+             if d["won"] and any(t["action"].startswith("move ") for t in d["turns"]))
+    react = {"task_id": d["task_id"], "goal": d["goal"], "initial_observation": d["initial_observation"],
+             "won": True, "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]]}
+    log = parse_log(react)
+    assert log.wording == "move"
+    _, env_factory, _ = world
+    trajs, stats = distill([log], make_env=env_factory, tasks=find_tasks(("valid_seen",)))
+    assert stats.distilled == 1 and trajs[0].info["wording"] == "move"
+
+
+def test_log_wording_rules():
+    put = LogStep("put pen 1 in/on desk 1", "You put the pen 1 in/on the desk 1.")
+    move = LogStep("move pen 1 to desk 1", "You move the pen 1 to the desk 1.")
+    walk = LogStep("go to desk 1", "You arrive at loc 2. On the desk 1, you see a pen 1.")
+    assert log_wording([walk, put]) == "put" and log_wording([walk, move]) == "move"
+    assert log_wording([walk]) == "native"  # nothing placed: the wording does not matter
+    assert log_wording([put, move]) == "mixed"
+    _, stats = distill([parse_log({"goal": "g", "won": True, "steps": [vars(put), vars(move)]})])
+    assert stats.distilled == 0 and any("both" in k for k in stats.dropped)

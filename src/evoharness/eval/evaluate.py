@@ -78,6 +78,8 @@ def _play_chunk(specs: list[EpisodeSpec]) -> list[dict]:
         max_steps=cfg.step_cap,
         env_timeout_s=cfg.env.timeout_s,
     )
+    for t in trajs:  # tools that replay the log (distill) read it: `put X in/on Y` or `move X to Y`
+        t.info["wording"] = cfg.env.wording
     return [t.to_dict() for t in trajs]
 
 

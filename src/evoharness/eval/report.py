@@ -39,7 +39,7 @@ def summarize(trajs: list[Trajectory], cfg: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {"overall": _row(trajs), "by_type": by_type}
     if cfg is not None:
         out.update(split=cfg.split, protocol=cfg.protocol, step_cap=cfg.step_cap, harness=cfg.harness.kind,
-                   policy=cfg.policy.kind, engine=cfg.env.engine, seed=cfg.seed)
+                   policy=cfg.policy.kind, engine=cfg.env.engine, wording=cfg.env.wording, seed=cfg.seed)
     out["failed_episodes"] = [t.episode_id for t in trajs if not t.won]
     return out
 
@@ -96,7 +96,7 @@ def write_report(summary: dict[str, Any], out: Path) -> None:
         f"# Evaluation: {title}",
         "",
         f"Protocol `{summary.get('protocol')}` (step cap {summary.get('step_cap')}), engine `{summary.get('engine')}`, "
-        f"seed {summary.get('seed')}. Success: **{o['won']}/{o['n']} = {o['success']}%**.",
+        f"wording `{summary.get('wording', 'native')}`, seed {summary.get('seed')}. Success: **{o['won']}/{o['n']} = {o['success']}%**.",
         "",
         markdown_table(summary),
         "",

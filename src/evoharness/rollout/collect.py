@@ -119,6 +119,7 @@ def collect_traces(
     consolidator=None,
     seed: int = 0,
     progress: bool = True,
+    wording: str = "native",
 ) -> CollectStats:
     """Play `samples` episodes per task and append the kept ones to `out_jsonl`.
 
@@ -138,6 +139,9 @@ def collect_traces(
         experience_path: where the store is saved after each batch.
         consolidator: passed to `ExperienceStore.consolidate` (None: rules).
         seed: episode seed recorded in the trajectories.
+        wording: the placing-command wording `make_env` plays (``native``,
+            ``put`` or ``move``), recorded in each trajectory's ``info`` for
+            tools that replay it (distill).
 
     Returns:
         `CollectStats` of this call.
@@ -173,6 +177,7 @@ def collect_traces(
         kept, dropped = [], []
         for t in trajs:
             t.info["experience_epoch"] = epoch
+            t.info["wording"] = wording
             stats.played += 1
             stats.won += t.won
             if t.won or keep == "all":
@@ -270,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base-url", default=None)
     ap.add_argument("--model", default=None)
     ap.add_argument("--engine", default="fast", choices=("textworld", "fast"))
+    ap.add_argument("--wording", default="native", choices=("native", "put", "move"),
+                    help="placing command: the game's own, 'put X in/on Y' or 'move X to Y' (alfworld >= 0.4)")
     ap.add_argument("--max-steps", type=int, default=50)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--keep", default="successful", choices=("successful", "all"))
@@ -285,9 +292,9 @@ def main(argv: list[str] | None = None) -> None:
         tasks = [t for ts in by.values() for t in ts[: args.per_type]]
     policy = make_policy(PolicyConfig(kind=args.policy, base_url=args.base_url, model=args.model))
     try:
-        stats = collect_traces(tasks, policy, bpe_harness_factory(), lambda t: make_env(t, engine=args.engine),
+        stats = collect_traces(tasks, policy, bpe_harness_factory(), lambda t: make_env(t, engine=args.engine, wording=args.wording),
                                args.out, samples=args.samples, max_steps=args.max_steps, keep=args.keep,
-                               batch_size=args.batch_size, experience_path=args.experience)
+                               batch_size=args.batch_size, experience_path=args.experience, wording=args.wording)
     finally:
         policy.close()
     print(f"played {stats.played} (skipped {stats.skipped}), won {stats.won}, kept {stats.kept} "

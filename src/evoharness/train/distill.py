@@ -3,6 +3,12 @@
 Input: logs of an imperfect agent, one episode per JSONL line, in either format
 (detected per line):
 
+Both ALFWorld wordings of the placing command are accepted (``put X in/on Y``
+of json_2.1.1 games, ``move X to Y`` of alfworld >= 0.4): a log's wording is
+the one it records (``info.wording`` of a Trajectory, ``wording`` of a ReAct
+line: ``put`` or ``move``), else the one its own actions and observations use,
+and the game is replayed in that wording (`log_wording`).
+
 (a) this project's `Trajectory` JSONL (``rollout/records.py``), e.g. from
     ``evoharness eval --policy noisy_expert``: environment turns are kept
     (``kind == "env"``: ``action``, ``feedback``, ``admissible_commands``),
@@ -18,7 +24,8 @@ Input: logs of an imperfect agent, one episode per JSONL line, in either format
          "steps": [{"action": "go to countertop 1",
                     "observation": "You arrive at loc 5. On the countertop 1, ...",
                     "admissible_commands": [...]}, ...],   # optional: after the step
-         "won": true}
+         "won": true,
+         "wording": "move"}             # optional: put | move (else detected from the steps)
 
 Per episode (only ``won`` episodes are used):
 
@@ -115,6 +122,7 @@ class AgentLog:
     split: str = ""
     admissible_start: list[str] | None = None
     source: str = ""
+    wording: str = "native"  # put | move | native (the game file's own) | mixed (see `log_wording`)
 
 
 def parse_log(d: dict[str, Any], n: int = 0) -> AgentLog:
@@ -134,6 +142,7 @@ def parse_log(d: dict[str, Any], n: int = 0) -> AgentLog:
             initial_observation=d.get("initial_observation", ""), steps=steps, won=bool(d.get("won")),
             task_id=d.get("task_id", ""), task_type=d.get("task_type", ""), split=d.get("split", ""),
             admissible_start=steps[0].admissible_before if steps else None, source=d.get("policy", "trajectory"),
+            wording=_recorded_wording((d.get("info") or {}).get("wording"), steps),
         )
     if "steps" in d:
         steps = []
@@ -151,8 +160,32 @@ def parse_log(d: dict[str, Any], n: int = 0) -> AgentLog:
             initial_observation=d.get("initial_observation", ""), steps=steps, won=bool(d.get("won")),
             task_id=tid, task_type=d.get("task_type", ""), split=d.get("split", ""),
             admissible_start=d.get("admissible_commands"), source=d.get("agent", "react"),
+            wording=_recorded_wording(d.get("wording"), steps),
         )
     raise ValueError("a log line needs 'turns' (Trajectory) or 'steps' (ReAct format)")
+
+
+_PLACED_RE = re.compile(r"^You (put|move) the [a-z]+ \d+ (?:in/on|to) the ", re.M)
+
+
+def log_wording(steps: list[LogStep]) -> str:
+    """``put`` or ``move`` as the steps' own place commands and observations use it;
+    ``native`` when they never place anything (then the wording does not matter);
+    ``mixed`` when they use both (such a log is dropped: no game speaks both)."""
+    seen = set()
+    for st in steps:
+        if (m := re.match(r"^(put|move) ", st.action)) and parse_place(st.action):
+            seen.add(m.group(1))
+        if m := _PLACED_RE.search(st.observation):
+            seen.add(m.group(1))
+    if len(seen) > 1:
+        return "mixed"
+    return seen.pop() if seen else "native"
+
+
+def _recorded_wording(recorded: Any, steps: list[LogStep]) -> str:
+    """The wording a log records (``put``/``move``), else the one its steps use."""
+    return recorded if recorded in ("put", "move") else log_wording(steps)
 
 
 def load_logs(path: str | Path) -> list[AgentLog]:
@@ -441,7 +474,7 @@ def find_tasks(splits: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
 
 def distill(
     logs: list[AgentLog],
-    make_env: Callable[[TaskSpec], Any] | None = None,
+    make_env: Callable[[TaskSpec, str], Any] | None = None,
     tasks: dict[str, TaskSpec] | None = None,
     store=None,
     batch_size: int = 16,
@@ -453,7 +486,8 @@ def distill(
 
     Args:
         logs: parsed logs (`load_logs`).
-        make_env: ``task -> Env`` for replay/verification (None: use the logs' own text).
+        make_env: ``(task, wording) -> Env`` for replay/verification, in the log's
+            wording (None: use the logs' own text).
         tasks: task_id -> TaskSpec to replay (`find_tasks`); logs whose task is
             unknown fall back to their own observations and admissible commands.
         store: the shared `ExperienceStore` (None: a fresh seeded one).
@@ -492,13 +526,15 @@ def distill(
 
 def _distill_one(log: AgentLog, make_env, tasks, store, max_steps: int, history_window: int,
                  stats: DistillStats) -> Trajectory:
+    if log.wording == "mixed":
+        raise DistillError("the log uses both 'put X in/on Y' and 'move X to Y'")
     cleaned = clean_steps(log.steps)
     actions = [s.action for s in cleaned.steps]
     if not actions:
         raise DistillError("no step left after cleaning")
     task = tasks.get(log.task_id)
     if task is not None and make_env is not None:
-        env = make_env(task)
+        env = make_env(task, log.wording)
         try:
             first, results = replay(env, actions)
         finally:
@@ -516,7 +552,7 @@ def _distill_one(log: AgentLog, make_env, tasks, store, max_steps: int, history_
         split=log.split or task.split, harness="bpe", policy=f"distill:{log.source}", goal=first.goal or log.goal,
         initial_observation=first.observation, turns=turns, won=results[-1].won, stop_reason="won",
         max_steps=max_steps, info={"source_steps": len(log.steps), "removed": dict(cleaned.removed),
-                                   "replayed": bool(task.path)},
+                                   "replayed": bool(task.path), "wording": log.wording},
     )
     stats.distilled += 1
     stats.steps_out += len(actions)
@@ -535,7 +571,7 @@ def distill_file(in_path: str | Path, out_jsonl: str | Path, sft_out: str | Path
     """
     from evoharness.envs.alfworld import make_env
 
-    trajs, stats = distill(load_logs(in_path), make_env=lambda t: make_env(t, engine=engine),
+    trajs, stats = distill(load_logs(in_path), make_env=lambda t, wording: make_env(t, engine=engine, wording=wording),
                            tasks=find_tasks(data_path=data_path), **kw)
     write_jsonl_atomic(out_jsonl, [t.to_dict() for t in trajs])
     if sft_out is not None:

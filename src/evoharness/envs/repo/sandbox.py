@@ -1,0 +1,437 @@
+"""Run a command confined to one workspace, with bubblewrap (`bwrap`).
+
+What a confined command sees and may do:
+
+- its own mount namespace built from scratch: ``/usr`` (and the ``/bin``,
+  ``/lib*`` links), the Python installation and virtual environment, a few
+  ``/etc`` files and a synthetic ``/etc/passwd`` - all read-only; ``/proc`` of
+  its own pid namespace, a minimal ``/dev``, a size-capped ``/tmp`` tmpfs, and
+  the workspace at ``/workspace``, the only writable host directory. Nothing
+  else of the host file system exists inside (``/root``, ``/work``, the task's
+  hidden tests, the ``evoharness`` package's own data are absent or covered by
+  an empty tmpfs).
+- no network (its own, empty network namespace), its own pid / IPC / UTS
+  namespaces, a new session (no terminal injection), no capabilities.
+- as root (the supported mode): a dedicated unprivileged uid per sandbox
+  (``setpriv``), so that ``RLIMIT_NPROC`` bounds its processes without
+  counting anybody else's; per-process rlimits (``prlimit``) on CPU seconds,
+  address space, processes, file size, open files and core dumps.
+- a host-side watchdog ends the whole sandbox (SIGKILL to bwrap; the kernel
+  then kills every process of its pid namespace) at the wall-time limit, when
+  the summed RSS of its processes exceeds the memory limit, or when the
+  workspace grows past the disk limit.
+
+Output is captured through a pipe: at most ``output_bytes`` are kept (head and
+tail, with a visible marker in between); the rest is read and discarded, so a
+command printing gigabytes costs the host nothing but time.
+
+`SandboxUnavailable` is raised where confinement is impossible (bwrap missing,
+namespaces refused): the caller never runs anything unconfined.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+WORKSPACE = "/workspace"
+_MB = 1 << 20
+
+
+class SandboxUnavailable(RuntimeError):
+    """Confinement is impossible on this machine (bwrap missing or refused)."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed to start a command (a harness fault, not the command's)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one confined command.
+
+    Attributes:
+        wall_s: wall-clock seconds before the whole sandbox is killed.
+        cpu_s: CPU seconds per process (RLIMIT_CPU; SIGXCPU then SIGKILL).
+        memory_mb: address space per process (RLIMIT_AS) and summed resident
+            memory of all the sandbox's processes (watchdog), MiB.
+        processes: processes + threads of the sandbox's uid (RLIMIT_NPROC).
+        file_size_mb: largest file a process may write (RLIMIT_FSIZE), MiB.
+        open_files: RLIMIT_NOFILE.
+        disk_mb: largest workspace size (watchdog, checked every 0.5 s), MiB.
+        tmp_mb: size of the ``/tmp`` tmpfs, MiB.
+        output_bytes: captured output kept (head + tail).
+    """
+
+    wall_s: float = 60.0
+    cpu_s: int = 60
+    memory_mb: int = 2048
+    processes: int = 64
+    file_size_mb: int = 64
+    open_files: int = 256
+    disk_mb: int = 512
+    tmp_mb: int = 128
+    output_bytes: int = 32_000
+
+
+@dataclass
+class RunResult:
+    """What a confined command did.
+
+    Attributes:
+        exit_code: the command's exit status (128 + signal when a signal ended it
+            inside; -9 when the watchdog killed the sandbox).
+        output: stdout and stderr interleaved, at most ``Limits.output_bytes``
+            (decoded UTF-8 with replacement), truncated with a visible marker.
+        output_total: bytes the command wrote in all.
+        killed: why the watchdog killed it (``wall_time``, ``memory``, ``disk``), else None.
+        wall_s: seconds from start to exit.
+    """
+
+    exit_code: int
+    output: str
+    output_total: int
+    killed: str | None = None
+    wall_s: float = 0.0
+
+    @property
+    def timed_out(self) -> bool:
+        return self.killed == "wall_time"
+
+
+def truncate_middle(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters: head and tail kept, with a
+    marker saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    return (text[:head] + f"\n[... {len(text) - head - tail} characters truncated ...]\n"
+            + (text[-tail:] if tail else ""))
+
+
+def require_bwrap() -> str:
+    """The bwrap executable.
+
+    Raises:
+        SandboxUnavailable: bwrap is not installed.
+    """
+    exe = shutil.which("bwrap")
+    if not exe:
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed; commands are never run unconfined. "
+            "Install it: apt-get install -y bubblewrap")
+    return exe
+
+
+def _proc_uid_stats(uid: int) -> tuple[list[int], int]:
+    """Pids of the live processes of `uid` and their summed RSS in bytes."""
+    pids, rss = [], 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        uid_line = next((ln for ln in status.splitlines() if ln.startswith("Uid:")), "")
+        if uid_line.split()[1:2] != [str(uid)]:
+            continue
+        pids.append(int(name))
+        for ln in status.splitlines():
+            if ln.startswith("VmRSS:"):
+                rss += int(ln.split()[1]) * 1024
+    return pids, rss
+
+
+def dir_size(path: Path, stop_at: int | None = None) -> int:
+    """Bytes allocated under `path` (symlinks not followed); stops counting past `stop_at`."""
+    total, stack = 0, [str(path)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += st.st_blocks * 512
+            if e.is_dir(follow_symlinks=False):
+                stack.append(e.path)
+        if stop_at is not None and total > stop_at:
+            break
+    return total
+
+
+@dataclass
+class Sandbox:
+    """Confined command execution over one host workspace directory.
+
+    Args:
+        workspace: host directory mounted read-write at ``/workspace``.
+        limits: default `Limits` of each command.
+        ro_binds: extra read-only mounts, host path -> sandbox path (e.g. hidden
+            tests at scoring time).
+        hidden: host paths that must stay invisible even if they lie inside a
+            read-only mount (covered by an empty tmpfs). The task pack and the
+            ``evoharness`` package directory are always added.
+
+    Raises:
+        SandboxUnavailable: bwrap missing.
+    """
+
+    workspace: Path
+    limits: Limits = field(default_factory=Limits)
+    ro_binds: dict[str, str] = field(default_factory=dict)
+    hidden: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.bwrap = require_bwrap()
+        self.workspace = Path(self.workspace).resolve()
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        self.privileged = os.geteuid() == 0
+        self.uid = self._pick_uid() if self.privileged else os.getuid()
+        self._etc = Path(tempfile.mkdtemp(prefix="evo-sbx-etc-"))
+        (self._etc / "passwd").write_text(f"root:x:0:0:root:/root:/bin/sh\nagent:x:{self.uid}:{self.uid}:agent:"
+                                          f"{WORKSPACE}:/bin/bash\nnobody:x:65534:65534:nobody:/:/bin/false\n")
+        (self._etc / "group").write_text(f"root:x:0:\nagent:x:{self.uid}:\nnogroup:x:65534:\n")
+        self.own_tree()
+
+    # ---- set-up -------------------------------------------------------------------
+
+    @staticmethod
+    def _pick_uid() -> int:
+        """A uid no live process uses, from a range no distribution allocates."""
+        for _ in range(20):
+            uid = 200_000 + secrets.randbelow(800_000)
+            if not _proc_uid_stats(uid)[0]:
+                return uid
+        raise SandboxUnavailable("no free uid for the sandbox")
+
+    def own_tree(self, path: Path | None = None) -> None:
+        """Give the sandbox's uid ownership of `path` (default: the whole
+        workspace), so that confined commands may change what the host wrote."""
+        if not self.privileged:
+            return
+        root = Path(path) if path is not None else self.workspace
+        os.lchown(root, self.uid, self.uid)
+        if root.is_dir() and not root.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(root):
+                for n in dirnames + filenames:
+                    try:
+                        os.lchown(os.path.join(dirpath, n), self.uid, self.uid)
+                    except OSError:
+                        pass
+
+    def _system_mounts(self) -> list[str]:
+        args: list[str] = ["--ro-bind", "/usr", "/usr"]
+        for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/nsswitch.conf",
+                  "/etc/alternatives", "/etc/mime.types"):
+            args += ["--ro-bind-try", f, f]
+        args += ["--ro-bind", str(self._etc / "passwd"), "/etc/passwd",
+                 "--ro-bind", str(self._etc / "group"), "/etc/group"]
+        return args
+
+    def _python_roots(self) -> list[str]:
+        """Host directories the sandbox's Python needs (read-only, same paths)."""
+        roots = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+        roots.add(sys.prefix)  # the venv as its scripts' shebangs name it
+        return sorted(r for r in roots if not r.startswith("/usr/") and r != "/usr")
+
+    def _argv(self, limits: Limits, extra_ro: dict[str, str], extra_rw: dict[str, str], extra_env: dict[str, str]
+              ) -> list[str]:
+        binds = {**{r: r for r in self._python_roots()}, **self.ro_binds, **extra_ro}
+        dests = [WORKSPACE, *binds.values(), *extra_rw.values()]
+        parents = sorted({str(p) for d in dests for p in Path(d).parents
+                          if str(p) != "/" and not str(p).startswith("/usr")} | {"/etc"})
+        argv = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+        if self.privileged:
+            argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            argv += ["--unshare-user"]
+        for p in parents:  # bwrap would create them 0700: the sandbox's uid could not traverse them
+            argv += ["--perms", "0755", "--dir", p]
+        argv += self._system_mounts()
+        for src, dst in binds.items():
+            argv += ["--ro-bind", src, dst]
+        argv += ["--proc", "/proc", "--dev", "/dev",
+                 "--size", str(limits.tmp_mb * _MB), "--perms", "1777", "--tmpfs", "/tmp",
+                 "--bind", str(self.workspace), WORKSPACE]
+        for src, dst in extra_rw.items():
+            argv += ["--bind", src, dst]
+        for h in self._hidden_paths(binds):
+            argv += ["--tmpfs", h]
+        env = {"PATH": f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": WORKSPACE,
+               "USER": "agent", "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONPATH": WORKSPACE,
+               "PYTHONDONTWRITEBYTECODE": "1", "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+               **extra_env}
+        argv += ["--chdir", WORKSPACE, "--clearenv"]
+        for k, v in env.items():
+            argv += ["--setenv", k, v]
+        argv.append("--")
+        if self.privileged:
+            argv += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                     "--inh-caps=-all", "--bounding-set=-all", "--"]
+            nproc = limits.processes
+        else:  # RLIMIT_NPROC counts every process of the real user: leave room for the others
+            nproc = len(_proc_uid_stats(self.uid)[0]) + limits.processes
+        argv += ["prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * _MB}", f"--nproc={nproc}",
+                 f"--fsize={limits.file_size_mb * _MB}", f"--nofile={limits.open_files}", "--core=0", "--"]
+        return argv
+
+    def _hidden_paths(self, binds: dict[str, str]) -> list[str]:
+        """Paths inside the read-only mounts to cover with an empty tmpfs."""
+        import evoharness
+
+        wanted = [os.path.realpath(h) for h in self.hidden] + [os.path.dirname(os.path.realpath(evoharness.__file__))]
+        out = []
+        for h in wanted:
+            for src, dst in binds.items():
+                src = os.path.realpath(src)
+                if h == src or h.startswith(src + "/"):
+                    out.append(dst + h[len(src):])
+        return sorted(set(out))
+
+    # ---- running ------------------------------------------------------------------
+
+    def run(self, command: str | list[str], limits: Limits | None = None, extra_ro: dict[str, str] | None = None,
+            extra_rw: dict[str, str] | None = None, env: dict[str, str] | None = None, **overrides) -> RunResult:
+        """Run `command` confined (a string goes to ``bash -c``; cwd ``/workspace``).
+
+        Args:
+            command: shell string or argv.
+            limits: bounds (default: the sandbox's); ``overrides`` replace fields,
+                e.g. ``run(cmd, wall_s=5)``.
+            extra_ro / extra_rw: extra read-only / writable mounts (host -> sandbox
+                path) for this command only; writable ones should belong to `uid`.
+            env: extra environment variables (override the defaults).
+
+        Raises:
+            SandboxError: bwrap could not set the sandbox up.
+        """
+        lim = replace(limits or self.limits, **overrides)
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        # stderr of the command joins stdout inside; the outer stderr carries only the set-up's errors
+        argv = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
+        full = self._argv(lim, extra_ro or {}, extra_rw or {}, env or {}) + argv
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as e:
+            raise SandboxError(f"cannot start bwrap: {e}") from e
+        head, tail, total = bytearray(), deque(), [0]
+        keep_head, keep_tail = lim.output_bytes * 2 // 3, lim.output_bytes - lim.output_bytes * 2 // 3
+        err = bytearray()
+
+        def pump_out() -> None:
+            tail_len = 0
+            while chunk := proc.stdout.read1(1 << 16):
+                total[0] += len(chunk)
+                room = keep_head - len(head)
+                if room > 0:
+                    head.extend(chunk[:room])
+                    chunk = chunk[room:]
+                if chunk and keep_tail:
+                    tail.append(chunk)
+                    tail_len += len(chunk)
+                    while tail and tail_len - len(tail[0]) >= keep_tail:
+                        tail_len -= len(tail.popleft())
+
+        def pump_err() -> None:
+            while chunk := proc.stderr.read1(1 << 14):
+                if len(err) < 1 << 16:
+                    err.extend(chunk)
+
+        readers = [threading.Thread(target=pump_out, daemon=True), threading.Thread(target=pump_err, daemon=True)]
+        for t in readers:
+            t.start()
+        killed = self._watch(proc, lim, t0)
+        rc = proc.wait()
+        for t in readers:
+            t.join(timeout=5)
+        self._reap()
+        wall = time.monotonic() - t0
+        if killed is None and rc != 0 and (err.startswith(b"bwrap:") or err.startswith(b"setpriv:")):
+            raise SandboxError(err.decode("utf-8", "replace").strip()[:2000])
+        tail_bytes = b"".join(tail)
+        dropped = total[0] - len(head) - len(tail_bytes)
+        if dropped > 0:
+            tail_bytes = tail_bytes[-keep_tail:] if keep_tail else b""
+            dropped = total[0] - len(head) - len(tail_bytes)
+            out = (head.decode("utf-8", "replace") + f"\n[... {dropped} bytes of output truncated ...]\n"
+                   + tail_bytes.decode("utf-8", "replace"))
+        else:
+            out = (bytes(head) + tail_bytes).decode("utf-8", "replace")
+        return RunResult(exit_code=-9 if killed else rc, output=out, output_total=total[0], killed=killed,
+                         wall_s=round(wall, 3))
+
+    def _watch(self, proc: subprocess.Popen, lim: Limits, t0: float) -> str | None:
+        """Poll until `proc` exits; kill the sandbox at a limit and say which."""
+        next_check = t0
+        while proc.poll() is None:
+            now = time.monotonic()
+            reason = None
+            if now - t0 > lim.wall_s:
+                reason = "wall_time"
+            elif now >= next_check:
+                next_check = now + 0.5
+                if self.privileged and _proc_uid_stats(self.uid)[1] > lim.memory_mb * _MB:
+                    reason = "memory"
+                elif dir_size(self.workspace, stop_at=lim.disk_mb * _MB) > lim.disk_mb * _MB:
+                    reason = "disk"
+            if reason:
+                self._kill(proc)
+                return reason
+            try:
+                proc.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+        return None
+
+    def _kill(self, proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # bwrap; its pid-namespace init then takes every process down
+        except ProcessLookupError:
+            pass
+        self._reap()
+
+    def _reap(self) -> None:
+        """SIGKILL anything still running under the sandbox's uid (root mode)."""
+        if not self.privileged:
+            return
+        for pid in _proc_uid_stats(self.uid)[0]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def close(self) -> None:
+        """Kill leftovers and remove the sandbox's private files (not the workspace)."""
+        self._reap()
+        shutil.rmtree(self._etc, ignore_errors=True)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

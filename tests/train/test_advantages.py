@@ -100,3 +100,45 @@ def test_gigpo_favours_action_with_higher_return_from_shared_anchor():
     assert grpo == [[ep[0]] * 3, [ep[1]] * 4, [ep[2]] * 3]
     no_step = turn_advantages([[a, c, b]], rewards, cfg.model_copy(update={"gigpo_omega": 0.0}))[0]
     assert no_step == grpo
+
+
+def _play(task, policy, n, max_steps=20):
+    from evoharness.envs.alfworld import make_env
+    from evoharness.harness.bpe import BPEHarness, ExperienceStore
+    from evoharness.rollout.episode import EpisodeSpec, run_episodes
+
+    return run_episodes([EpisodeSpec(task, f"{task.task_id}#{policy.name}{k}", k) for k in range(n)],
+                        make_env=lambda t: make_env(t, engine="fast"), make_harness=lambda: BPEHarness(ExperienceStore()),
+                        policy=policy, max_steps=max_steps)
+
+
+def test_std_floor_keeps_shaping_noise_small_on_real_rollouts():
+    """Issue 10 fault 9: real ALFWorld groups scored by the paper's reward. An all-failure group
+    (random policy) differs only by shaping terms; the paper's rule blows those up to the size of
+    success vs failure, the floor keeps them small; a group with a success is unchanged."""
+    from evoharness.envs.alfworld.games import discover_games
+    from evoharness.policies.scripted import ExpertPolicy, RandomPolicy
+    from evoharness.train.advantages import std_floor_active
+    from evoharness.train.rewards import RewardConfig, trajectory_reward
+
+    task = discover_games("valid_seen")[0]
+    fails = _play(task, RandomPolicy(seed=1), 4)
+    wins = _play(task, ExpertPolicy(), 1)
+    assert not any(t.won for t in fails) and wins[0].won
+    rc = RewardConfig(t_max=20)
+    all_fail = [trajectory_reward(t, 0, rc).total for t in fails]
+    mixed = [trajectory_reward(t, 0, rc).total for t in wins + fails[:3]]
+    r = torch.tensor([all_fail, mixed])
+    assert 0 < float(r[0].std()) < 0.5 and float(r[1].std()) > 4
+
+    paper = grpo_advantages(r, std_floor=0.0)
+    floored = grpo_advantages(r, std_floor=AdvantageConfig().std_floor)
+    assert AdvantageConfig().std_floor == 1.0
+    # paper's rule: shaping noise scaled to unit std, as large as the win's advantage in the mixed group
+    assert float(paper[0].abs().max()) > 0.5 * float(paper[1].abs().max())
+    # floor: raw differences (std < 1 so divided by 1), an order smaller than the success signal
+    assert torch.allclose(floored[0], r[0] - r[0].mean(), atol=1e-5)
+    assert float(floored[0].abs().max()) < 0.1 * float(floored[1].abs().max())
+    assert torch.allclose(floored[1], paper[1])
+    assert std_floor_active(r, AdvantageConfig()).tolist() == [True, False]
+    assert std_floor_active(r, AdvantageConfig(std_floor=0.0)).tolist() == [False, False]

@@ -30,12 +30,14 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
     metrics = [json.loads(ln) for ln in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for key in ("success", "reward", "reward/total", "reward/invalid", "train/kl", "train/clip_fraction",
-                "train/grad_norm", "harness/recall_per_episode", "timing_s/gen", "timing_s/env", "timing_s/train"):
+                "train/grad_norm", "harness/recall_per_episode", "timing_s/gen", "timing_s/env", "timing_s/train",
+                "adv/signal_groups", "adv/std_floor_groups"):
         assert key in metrics[0], key
     assert metrics[0]["train/n_tokens"] > 0
     assert metrics[-1]["policy_version"] == 3
     assert (ref / "experience.json").is_file()
     report = (tmp_path / "a" / "report.md").read_text()
+    assert "Advantage std floor: acted in" in report
     assert "3 steps. Training success" in report and (tmp_path / "a" / "rl_curves.png").stat().st_size > 1000
 
     # Crash inside step 3, after its rollout and before its update.

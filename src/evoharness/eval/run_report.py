@@ -143,6 +143,12 @@ def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: st
                     "tokens were forced by the grammar (log-prob 0, no gradient)")
     else:
         decoding = "unconstrained (the invalid-action term carries the format)"
+    if any("adv/std_floor_groups" in r for r in rl):
+        spread = sum(r.get("adv/signal_groups", 0) for r in rl)
+        floored = sum(r.get("adv/std_floor_groups", 0) for r in rl)
+        md += [f"Advantage std floor: acted in {floored} of {spread} groups with a reward spread "
+               f"({100 * floored / max(1, spread):.0f}%); there the shaping-only differences keep their raw "
+               "size instead of being scaled up to success-vs-failure size.", ""]
     md += [f"Invalid actions per episode {inv[0]:.2f} -> {inv[-1]:.2f} (reward term "
            f"{rl[0].get('reward/invalid', 0.0):+.3f} -> {rl[-1].get('reward/invalid', 0.0):+.3f}); decoding {decoding}.", ""]
     md += [f"![rl curves]({name})", "",

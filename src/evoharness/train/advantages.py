@@ -14,6 +14,16 @@ std is the unbiased (Bessel) sample std, as ``torch.std`` in verl. A group whose
 rewards are all equal (or that has one member) carries no signal: every
 advantage in it is exactly 0.
 
+Std floor (an addition to the paper's rule, on by default): the divisor is
+``max(std_j R_j, σ_min) + ε``. In an all-failure group the rewards differ only
+by the shaping terms (efficiency, diversity, spam, invalid: tenths of a point),
+and dividing by their tiny std turns those differences into advantages as
+large as success vs failure (±1 and more). With σ_min = 1.0 (a tenth of the
+success reward) such a group keeps its raw, small differences, while any group
+with a success (std ≥ 3.3 for one success in 8) is normalised exactly as in the
+paper. ``std_floor = 0`` is the paper's rule. `std_floor_active` says per
+group whether the floor changed anything (logged as ``adv/std_floor_groups``).
+
 GiGPO (Feng et al. 2025, arXiv 2505.10978, verl-agent ``gigpo/core_gigpo.py``):
 
 - episode level (paper Eq. 3): A^E(τ_i) = the GRPO advantage above;
@@ -45,6 +55,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Literal
 
 import torch
+from pydantic import Field
 
 from evoharness.config import Strict
 from evoharness.rollout.records import Trajectory
@@ -54,17 +65,21 @@ class AdvantageConfig(Strict):
     estimator: Literal["grpo", "gigpo"] = "grpo"
     normalize_std: bool = True
     eps: float = 1e-6
+    std_floor: float = Field(1.0, ge=0.0, description="σ_min: the group std is clamped to at least this before "
+                                                      "dividing (0: the paper's rule)")
     gigpo_omega: float = 1.0
     gigpo_gamma: float = 0.95
 
 
-def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6,
+                    std_floor: float = 0.0) -> torch.Tensor:
     """Group-relative advantages.
 
     Args:
         rewards_NG: [N, G] trajectory rewards, row = one group (same task).
         normalize_std: divide by the group's (unbiased) std.
         eps: added to the std.
+        std_floor: σ_min, the std is clamped to at least this (0: the paper's rule).
 
     Returns:
         [N, G] float32 advantages; exactly 0 in all-equal or single-member groups.
@@ -75,8 +90,18 @@ def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: f
     flat = (r == r[:, :1]).all(dim=1, keepdim=True)  # [N, 1]
     adv = r - r.mean(dim=1, keepdim=True)
     if normalize_std and r.shape[1] > 1:
-        adv = adv / (r.std(dim=1, keepdim=True) + eps)
+        adv = adv / (r.std(dim=1, keepdim=True).clamp(min=std_floor) + eps)
     return torch.where(flat, torch.zeros_like(adv), adv)
+
+
+def std_floor_active(rewards_NG: torch.Tensor, cfg: "AdvantageConfig") -> torch.Tensor:
+    """[N] bool: groups with a reward spread whose std is below ``cfg.std_floor``,
+    i.e. where the floor (not the paper's rule) set the advantage scale."""
+    r = rewards_NG.float()
+    if not cfg.normalize_std or r.shape[1] < 2:
+        return torch.zeros(r.shape[0], dtype=torch.bool)
+    flat = (r == r[:, :1]).all(dim=1)
+    return ~flat & (r.std(dim=1) < cfg.std_floor)
 
 
 def discounted_returns(rewards_T: Sequence[float], gamma: float) -> list[float]:
@@ -104,7 +129,7 @@ def anchor_key(traj: Trajectory, t: int) -> str:
 
 
 def step_advantages(returns_GT: Sequence[Sequence[float]], keys_GT: Sequence[Sequence[Hashable]],
-                    normalize_std: bool = True, eps: float = 1e-6) -> list[list[float]]:
+                    normalize_std: bool = True, eps: float = 1e-6, std_floor: float = 0.0) -> list[list[float]]:
     """GiGPO step-level advantages A^S for ONE group (Eq. 6-7).
 
     Args:
@@ -126,7 +151,7 @@ def step_advantages(returns_GT: Sequence[Sequence[float]], keys_GT: Sequence[Seq
         if len(members) < 2:
             continue
         vals = torch.tensor([[returns_GT[i][t] for i, t in members]], dtype=torch.float64)
-        adv = grpo_advantages(vals, normalize_std, eps)[0]
+        adv = grpo_advantages(vals, normalize_std, eps, std_floor)[0]
         for (i, t), a in zip(members, adv.tolist()):
             out[i][t] = a
     return out
@@ -146,7 +171,7 @@ def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Te
     cfg = cfg or AdvantageConfig()
     if tuple(rewards_NG.shape) != (len(groups), len(groups[0]) if groups else 0):
         raise ValueError(f"rewards {tuple(rewards_NG.shape)} do not match {len(groups)} groups")
-    ep_NG = grpo_advantages(rewards_NG, cfg.normalize_std, cfg.eps).tolist()
+    ep_NG = grpo_advantages(rewards_NG, cfg.normalize_std, cfg.eps, cfg.std_floor).tolist()
     out: list[list[list[float]]] = []
     for n, group in enumerate(groups):
         per_traj = [[ep_NG[n][i]] * tr.steps for i, tr in enumerate(group)]
@@ -154,7 +179,7 @@ def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Te
             returns = [discounted_returns(terminal_step_rewards(float(rewards_NG[n, i]), tr.steps), cfg.gigpo_gamma)
                        for i, tr in enumerate(group)]
             keys = [[key_fn(tr, t) for t in range(tr.steps)] for tr in group]
-            step = step_advantages(returns, keys, cfg.normalize_std, cfg.eps)
+            step = step_advantages(returns, keys, cfg.normalize_std, cfg.eps, cfg.std_floor)
             per_traj = [[a + cfg.gigpo_omega * s for a, s in zip(ep, st)] for ep, st in zip(per_traj, step)]
         out.append(per_traj)
     return out

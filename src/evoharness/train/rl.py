@@ -35,7 +35,7 @@ from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.advantages import turn_advantages
+from evoharness.train.advantages import std_floor_active, turn_advantages
 from evoharness.train.checkpoint import (
     append_jsonl, atomic_dir, atomic_write_text, get_rng_state, latest_checkpoint, set_rng_state, truncate_metrics,
 )
@@ -226,6 +226,9 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
             **{f"harness/{v}_per_episode": sum(t.meta_calls[v] for t in trajs) / len(trajs)
                for v in ("track", "commit", "recall", "note")},
             **{f"train/{k}": v for k, v in upd.items()},
+            # how often the std floor (not the paper's std) set a group's advantage scale
+            "adv/signal_groups": int(sum(len(set(row.tolist())) > 1 for row in rewards)),
+            "adv/std_floor_groups": int(std_floor_active(rewards, g.advantage).sum()),
             "experience_ops": len(ops),
             "timing_s/rollout": t_rollout,
             "timing_s/env": env_clock[0],

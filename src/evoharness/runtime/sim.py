@@ -17,7 +17,11 @@ Models (units: seconds, tokens):
   change.
 - *Tools*: after each call the execution waits its tool latency (no cell
   capacity is used, but the execution keeps its slot and KV cache).
-- *Training*: a micro-batch takes ``tokens / train_tps`` on one train cell.
+- *Training*: a micro-batch of executions takes ``max(sum(tokens) /
+  train_tps, max(tokens) / seq_train_tps)`` on one train cell: a cell is
+  ``train_replicas`` data-parallel replicas and one trajectory trains on one
+  replica (``train_seq_tps``; by default one replica per cell). Train
+  utilisation counts the replicas in use.
 - *Weight sync*: ``weight_sync_s`` on the cells named; rollout cells pause.
   New weights invalidate the KV (prefix) cache (``sync_flushes_kv``): every
   execution bound to a synced rollout cell re-prefills its context, the call
@@ -472,18 +476,24 @@ class Simulator:
     def _micro_batch(self, c: int, execs: tuple[int, ...], version: int) -> None:
         if self.c_role[c] != Role.TRAIN or self.c_busy[c] or self.c_sync[c]:
             raise SchedulingError(f"micro-batch on cell {c}: not an idle train cell ({self.c_role[c].name})")
-        tokens = 0
+        cl = self.cfg.cluster
+        if not execs or len(execs) > cl.train_replicas:
+            raise SchedulingError(f"micro-batch on cell {c}: {len(execs)} executions, a cell trains 1 to "
+                                  f"{cl.train_replicas} at once")
+        tokens = []
         for e in execs:
             if self.x_state[e] != X_DONE or self.x_trained[e]:
                 raise SchedulingError(f"micro-batch: execution {e} not finished or already trained")
             self.x_trained[e] += 1
-            tokens += self.x_tokens[e]
+            tokens.append(self.x_tokens[e])
             self.staleness[version - self.x_version[e]] += 1
-        self.n["trained_tokens"] += tokens
+        self.n["trained_tokens"] += sum(tokens)
         self.n["micro_batches"] += 1
         self.c_busy[c] = True
-        self._acct(c, S_TRAIN, 1.0)
-        self._push(self.now + tokens / self.cfg.cluster.train_tps, E_MB, c, execs)
+        dt = cl.micro_batch_s(tokens)
+        # share of the cell's training throughput the micro-batch uses (idle replicas on a short one)
+        self._acct(c, S_TRAIN, sum(tokens) / cl.train_tps / dt if dt > 0 else 1.0)
+        self._push(self.now + dt, E_MB, c, execs)
 
     def _on_micro_batch(self, c: int, execs: tuple[int, ...]) -> None:
         self.c_busy[c] = False
@@ -636,10 +646,13 @@ def build_scheduler(name: str, cfg: SimConfig) -> Scheduler:
     """A scheduler for `cfg`'s cluster and workload, with `cfg.policy` knobs."""
     base = dict(cells=cfg.cluster.cells, capacity=cfg.cluster.capacity,
                 groups_per_step=cfg.workload.groups_per_step, group_size=cfg.workload.group_size,
-                steps=cfg.steps, train_unit=cfg.policy.train_unit)
+                steps=cfg.steps, train_unit=cfg.policy.train_unit, mb_size=cfg.cluster.train_replicas,
+                balance_micro_batches=cfg.policy.balance_micro_batches)
     if name == "async":
         base.update(train_cells=cfg.policy.async_train_cells, staleness=cfg.policy.staleness,
-                    stream=cfg.policy.async_stream)
+                    stream=cfg.policy.async_stream, batch_order=cfg.policy.async_batch_order)
+    elif name == "elastic-async":
+        base.update(staleness=cfg.policy.staleness, gate_ready_per_cell=cfg.policy.elastic_async_ready_per_cell)
     elif name in ("elastic", "elastic-gated"):
         base.update(reissue=cfg.policy.elastic_reissue, gate_ready_per_cell=cfg.policy.elastic_gate_ready_per_cell)
         if name == "elastic":

@@ -111,6 +111,7 @@ class ClusterConfig(Strict):
     gen_per_seq_max: float | None = Field(None, gt=0)
     prefill_speedup: float = Field(100.0, gt=0)
     train_tps: float = Field(50_000.0, gt=0)
+    train_seq_tps: float | None = Field(None, gt=0)
     weight_sync_s: float = Field(20.0, ge=0)
     switch_to_train_s: float = Field(8.52, ge=0)
     switch_to_rollout_s: float = Field(3.46, ge=0)
@@ -124,38 +125,73 @@ class ClusterConfig(Strict):
         r = self.gen_tps_single * n ** (self.gen_concurrency_exponent - 1.0)
         return min(r, self.gen_per_seq_max) if self.gen_per_seq_max is not None else r
 
+    @property
+    def seq_train_tps(self) -> float:
+        """Trained tokens/s of one execution alone on a cell: ``train_seq_tps``
+        when set (a cell larger than one training replica cannot spread one
+        trajectory over all its accelerators), else ``train_tps``."""
+        return min(self.train_tps, self.train_seq_tps) if self.train_seq_tps is not None else self.train_tps
+
+    @property
+    def train_replicas(self) -> int:
+        """Executions a train cell works on at once (its data-parallel
+        replicas, each training one trajectory): train_tps / seq_train_tps."""
+        return max(1, round(self.train_tps / self.seq_train_tps))
+
+    def micro_batch_s(self, tokens: list[float] | tuple[float, ...]) -> float:
+        """Seconds one train cell takes for a micro-batch of executions with
+        these trajectory token counts: the total at ``train_tps``, but never
+        less than its longest trajectory at ``seq_train_tps`` (the replicas
+        share the executions; one trajectory is not split across replicas)."""
+        return max(sum(tokens) / self.train_tps, max(tokens, default=0.0) / self.seq_train_tps)
+
     def regrouped(self, factor: float) -> ClusterConfig:
         """The same accelerators in cells `factor` times larger (factor 2: half
-        as many cells, each with twice the capacity and throughput; a cell is
-        modelled as `factor` inference replicas behind one router, so one
-        sequence never decodes faster than on the original cell)."""
+        as many cells, each with twice the capacity and throughput; factor 1/2:
+        twice as many, half as large). A larger cell is modelled as `factor`
+        replicas of the original one behind one router (inference) and one
+        shared micro-batch queue (training): one sequence never decodes, and
+        one trajectory never trains, faster than on the original cell. A
+        smaller cell is a smaller replica (its per-sequence speeds drop with
+        its throughput where they exceed it)."""
         cells = self.cells / factor
-        if factor < 1 or cells != int(cells) or cells < 1:
+        if factor <= 0 or cells != int(cells) or cells < 1:
             raise ValueError(f"cannot regroup {self.cells} cells by {factor}")
+        acc, cap = self.accelerators_per_cell * factor, self.capacity * factor
+        if acc != round(acc) or cap != round(cap) or acc < 1 or cap < 1:
+            raise ValueError(f"cannot regroup cells of {self.accelerators_per_cell} accelerators and capacity "
+                             f"{self.capacity} by {factor}")
+        g = self.gen_tps_single * factor ** (1 - self.gen_concurrency_exponent)
+        tps = self.train_tps * factor
         return self.model_copy(update=dict(
-            cells=int(cells), accelerators_per_cell=round(self.accelerators_per_cell * factor),
-            capacity=round(self.capacity * factor), train_tps=self.train_tps * factor,
-            gen_tps_single=self.gen_tps_single * factor ** (1 - self.gen_concurrency_exponent),
-            gen_per_seq_max=self.per_seq_tps(1)))
+            cells=int(cells), accelerators_per_cell=round(acc), capacity=round(cap), train_tps=tps,
+            train_seq_tps=min(self.seq_train_tps, tps), gen_tps_single=g,
+            gen_per_seq_max=min(self.per_seq_tps(1), g)))
 
 
 class PolicyConfig(Strict):
     """Schedule knobs: async's fixed split, staleness bound η and streaming
-    trainer (False: AReaL-like, a step starts when its batch is in), elastic's
+    trainer (False: AReaL-like, a step starts when its batch is in) and batch
+    order (``dispatch``: batch j = groups jG..(j+1)G-1; ``completion``: finished
+    groups, oldest version first, within η), elastic's
     re-issue switch (False = abort in-flight turns, an ablation), elastic's
     ready-work gate (True: a cell moves to train only when trainable
     micro-batches are waiting for it, ``elastic_gate_ready_per_cell`` per
     train cell; not in the paper, off by default; the ``elastic-gated`` policy
-    turns it on), and when a finished execution may be trained (``group``:
+    turns it on), elastic-async's ready-work gate
+    (``elastic_async_ready_per_cell``), and when a finished execution may be trained (``group``:
     GRPO waits for its whole group; ``execution``: at once)."""
 
     async_train_cells: int | None = Field(None, ge=1)
     staleness: int = Field(1, ge=0)
     async_stream: bool = False
+    async_batch_order: Literal["dispatch", "completion"] = "dispatch"
     elastic_reissue: bool = True
     elastic_gate_on_ready_work: bool = False
     elastic_gate_ready_per_cell: float = Field(1.0, gt=0)
+    elastic_async_ready_per_cell: float = Field(1.0, gt=0)
     train_unit: Literal["group", "execution"] = "group"
+    balance_micro_batches: bool = False   # cells of several replicas: longest waiting executions together
 
 
 class SimConfig(Strict):

@@ -1,4 +1,4 @@
-"""Rollout/training schedules: colocate, async, elastic, elastic-gated (see each module)."""
+"""Rollout/training schedules: colocate, async, elastic, elastic-gated, elastic-async (see each module)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from evoharness.runtime.schedulers.async_ import Async
 from evoharness.runtime.schedulers.base import Scheduler
 from evoharness.runtime.schedulers.colocate import Colocate
 from evoharness.runtime.schedulers.elastic import Elastic, ElasticGated
+from evoharness.runtime.schedulers.elastic_async import ElasticAsync
 
 SCHEDULERS: dict[str, type[Scheduler]] = {"colocate": Colocate, "async": Async, "elastic": Elastic,
-                                          "elastic-gated": ElasticGated}
+                                          "elastic-gated": ElasticGated, "elastic-async": ElasticAsync}
 
 
 def make_scheduler(name: str, **kwargs: Any) -> Scheduler:
@@ -20,4 +21,5 @@ def make_scheduler(name: str, **kwargs: Any) -> Scheduler:
     return SCHEDULERS[name](**kwargs)
 
 
-__all__ = ["SCHEDULERS", "Async", "Colocate", "Elastic", "ElasticGated", "Scheduler", "make_scheduler"]
+__all__ = ["SCHEDULERS", "Async", "Colocate", "Elastic", "ElasticAsync", "ElasticGated", "Scheduler",
+           "make_scheduler"]

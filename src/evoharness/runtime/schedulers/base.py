@@ -35,16 +35,27 @@ class Scheduler:
             (GRPO: once every member of its group finished, since the
             advantage needs the group's rewards) or ``execution`` (at once,
             e.g. a baseline that does not wait for the group).
+        mb_size: executions one train cell takes per micro-batch (its
+            data-parallel replicas; 1 by default). A cell claims fewer when
+            fewer are waiting rather than wait for more.
+        balance_micro_batches: with mb_size > 1, claim the longest waiting
+            executions together (LPT) instead of in queue order: a cell's
+            replicas run in lockstep (FSDP), so mixing a long and a short
+            trajectory idles the short one's replica.
     """
 
     name = "base"
     observes_model_calls = False
 
     def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
-                 train_unit: str = "group"):
+                 train_unit: str = "group", mb_size: int = 1, balance_micro_batches: bool = False):
         if train_unit not in ("group", "execution"):
             raise ValueError(f"train_unit must be 'group' or 'execution', got {train_unit!r}")
         self.train_unit = train_unit
+        if mb_size < 1:
+            raise ValueError(f"mb_size must be >= 1, got {mb_size}")
+        self.mb_size = mb_size
+        self.balance_micro_batches = balance_micro_batches
         if cells < 1 or capacity < 1 or groups_per_step < 1 or group_size < 1 or steps < 1:
             raise ValueError("cells, capacity, groups_per_step, group_size and steps must be >= 1")
         self.K, self.capacity = cells, capacity
@@ -101,10 +112,16 @@ class Scheduler:
         return range(group * self.group_size, (group + 1) * self.group_size)
 
     def claim(self, out: list[Command]) -> None:
-        """Idle train cells claim micro-batches from the shared queue."""
-        while self.idle_train and self.mb_queue:
-            e = self.mb_queue.popleft()
-            out.append(RunMicroBatch(self.idle_train.popleft(), (e,), self.version))
+        """Idle train cells claim micro-batches from the shared queue, in
+        queue order (QwenGyre's shared queue) or, with
+        ``balance_micro_batches``, the longest waiting executions first."""
+        q = self.mb_queue
+        if self.balance_micro_batches and self.mb_size > 1 and self.idle_train and len(q) > 1:
+            # a cell's replicas run in lockstep: batch similar lengths together, longest first (LPT)
+            self.mb_queue = q = deque(sorted(q, key=lambda e: -self.tokens[e]))
+        while self.idle_train and q:
+            execs = tuple(q.popleft() for _ in range(min(self.mb_size, len(q))))
+            out.append(RunMicroBatch(self.idle_train.popleft(), execs, self.version))
 
     # ---- default event handlers -------------------------------------------
     def on_dispatched(self, ev: ExecutionDispatched, out: list[Command]) -> None:

@@ -50,8 +50,9 @@ class Elastic(Scheduler):
 
     def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
                  train_unit: str = "group", reissue: bool = True, gate_on_ready_work: bool = False,
-                 gate_ready_per_cell: float = 1.0):
-        super().__init__(cells, capacity, groups_per_step, group_size, steps, train_unit)
+                 gate_ready_per_cell: float = 1.0, mb_size: int = 1, balance_micro_batches: bool = False):
+        super().__init__(cells, capacity, groups_per_step, group_size, steps, train_unit, mb_size,
+                         balance_micro_batches)
         if gate_ready_per_cell <= 0:
             raise ValueError(f"gate_ready_per_cell must be > 0, got {gate_ready_per_cell}")
         self.reissue = reissue
@@ -105,7 +106,7 @@ class Elastic(Scheduler):
     def ready_work_waiting(self) -> bool:
         """Enough unclaimed micro-batches that the moved cell, and every
         current train cell, has one waiting."""
-        return len(self.mb_queue) >= self.gate_ready_per_cell * (self.train_cells + 1)
+        return len(self.mb_queue) >= self.gate_ready_per_cell * (self.train_cells + 1) * self.mb_size
 
     def on_started(self, ev: ExecutionStarted, out: list[Command]) -> None:
         super().on_started(ev, out)

@@ -23,6 +23,7 @@ run: setup
 test: setup
 	$(BIN)/pytest -q $(ARGS)
 
+# Skips tests marked @pytest.mark.slow (real-process kill/resume runs and the like).
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow" $(ARGS)
 

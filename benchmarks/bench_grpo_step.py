@@ -64,7 +64,7 @@ def main() -> None:
                      decode_threads=args.threads, eval_every=0)
         cfg = load_config(RLConfig, args.config, [f"{k}={json.dumps(v)}" for k, v in sizes.items()] + args.overrides)
         if not args.config:  # the CPU-sized prompt cap and a harmless lr for a scratch model
-            cfg.max_prompt_tokens = cfg.grpo.max_prompt_tokens = 1024
+            cfg.max_prompt_tokens = 1024
             cfg.grpo.lr = 1e-5
         cfg.grpo.prompts_per_step, cfg.grpo.group_size = args.prompts, args.group
         train_rl(cfg, progress=False)

@@ -35,7 +35,7 @@ def _default_rl() -> RLConfig:
                   task_types=["pick_and_place_simple", "look_at_obj_in_light"])
     g = rl.grpo
     g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 2, 8, 2
-    g.lr, g.temperature, g.micro_batch_size, g.max_prompt_tokens = 1e-4, 0.6, 16, 1024
+    g.lr, g.temperature, g.micro_batch_size = 1e-4, 0.6, 16
     g.reward.t_max, g.reward.div_epochs = 30, 30
     return rl
 

@@ -11,8 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow  # real subprocesses, several RL runs: ~25 s on 2 cores
 
 SETTINGS = ["steps=4", "max_steps=4", "max_new_tokens=12", "max_prompt_tokens=512", "decode_threads=1", "threads=1",
             "seed=5", "grpo.group_size=2", "grpo.prompts_per_step=2", "grpo.lr=1e-3", "grpo.micro_batch_size=8",

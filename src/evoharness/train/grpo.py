@@ -57,11 +57,15 @@ from evoharness.train.rewards import RewardConfig
 
 
 class GRPOConfig(Strict):
-    """Stage 2 settings; defaults are the paper's Table 4 (Qwen3-8B, 8x H200)."""
+    """Stage 2 settings; defaults are the paper's Table 4 (Qwen3-8B, 8x H200).
+
+    The run length (Table 4's 150 epochs) is ``RLConfig.steps``; the prompt and
+    response caps (12,288 / 512 tokens) are ``RLConfig.max_prompt_tokens`` /
+    ``max_new_tokens``, which the sampler applies and the trainer inherits.
+    """
 
     group_size: int = 8
     prompts_per_step: int = 16
-    epochs: int = 150
     lr: float = 1e-6
     weight_decay: float = 0.0
     kl_beta: float = 0.01
@@ -69,8 +73,6 @@ class GRPOConfig(Strict):
     clip_high: float = 0.2
     entropy_coef: float = 0.0
     grad_clip: float = 1.0
-    max_prompt_tokens: int = 12288
-    max_response_tokens: int = 512
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature the behaviour log-probs used")
     micro_batch_size: int = Field(8, gt=0, description="turns per forward/backward")
     mini_batches: int = Field(1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); "
@@ -95,6 +97,9 @@ class TurnSample:
             otherwise the reference model is run in the loss.
         constraint: the grammar the completion was sampled under
             (`rollout.records.TurnRecord.constraint`); None: unconstrained.
+        group: index of the GRPO group (task) its trajectory belongs to; mini-batches
+            keep groups whole by this id. None: unknown (`grpo_step` then assumes
+            ``group_size`` consecutive trajectories per group).
     """
 
     prompt_ids: list[int]
@@ -105,6 +110,7 @@ class TurnSample:
     weight: float = 0.0
     ref_logprobs: list[float] | None = None
     constraint: dict | None = None
+    group: int | None = None
 
 
 class TokenMasks:
@@ -148,11 +154,15 @@ class TokenMasks:
 
 
 def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]],
-                 max_turns: int | None = None, seed: int = 0) -> list[TurnSample]:
+                 max_turns: int | None = None, seed: int = 0, group_size: int | None = None) -> list[TurnSample]:
     """Flatten trajectories into trainable turns.
 
     Args:
         trajectories: episodes with TITO records.
+        group_size: trajectories per GRPO group (consecutive in `trajectories`, as
+            rolled out); sets each sample's ``group`` from its trajectory's
+            position, so a trajectory without trainable turns (a game that failed
+            to load) shifts nothing. None: ``group`` stays unset.
         advantages: per trajectory, one advantage per turn (a flattened
             `advantages.turn_advantages` result, same order).
         max_turns: train on at most this many turns per trajectory, drawn
@@ -170,7 +180,7 @@ def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequen
     import random
 
     out = []
-    for traj, adv in zip(trajectories, advantages, strict=True):
+    for n, (traj, adv) in enumerate(zip(trajectories, advantages, strict=True)):
         pairs = list(zip(traj.turns, adv, strict=True))
         if max_turns is not None and len(pairs) > max_turns:
             keep = sorted(random.Random(f"{seed}:{traj.episode_id}").sample(range(len(pairs)), max_turns))
@@ -181,7 +191,8 @@ def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequen
             if len(turn.logprobs) != len(turn.completion_token_ids):
                 raise ValueError(f"{traj.episode_id} turn {turn.turn}: logprobs/completion length mismatch")
             out.append(TurnSample(list(turn.prompt_token_ids), list(turn.completion_token_ids),
-                                  list(turn.logprobs), float(a), traj.episode_id, constraint=turn.constraint))
+                                  list(turn.logprobs), float(a), traj.episode_id, constraint=turn.constraint,
+                                  group=n // group_size if group_size else None))
     return out
 
 
@@ -369,6 +380,26 @@ def accumulate_gradients(model: Any, samples: Sequence[TurnSample], cfg: GRPOCon
     }
 
 
+def mini_batch_slices(samples: Sequence[TurnSample], mini_batches: int, group_size: int = 1) -> list[list[TurnSample]]:
+    """Split a step batch into at most `mini_batches` slices of whole GRPO groups
+    (groups dealt round-robin in order of first appearance).
+
+    A sample's group is its ``group`` id; samples without one fall back to
+    ``group_size`` consecutive trajectories per group (right only when every
+    trajectory has trainable turns).
+    """
+    if any(s.group is None for s in samples):
+        episodes = list(dict.fromkeys(s.episode_id for s in samples))
+        group_of = {e: i // max(1, group_size) for i, e in enumerate(episodes)}
+        gid = lambda s: group_of[s.episode_id]  # noqa: E731
+    else:
+        gid = lambda s: s.group  # noqa: E731
+    groups = list(dict.fromkeys(gid(s) for s in samples))
+    n = max(1, min(mini_batches, len(groups)))
+    slot = {g: j % n for j, g in enumerate(groups)}
+    return [[s for s in samples if slot[gid(s)] == j] for j in range(n)]
+
+
 def make_optimizer(model: Any, cfg: GRPOConfig) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters (Table 4: lr 1e-6)."""
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
@@ -379,23 +410,17 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Tu
               ref_model: Any = None, group_size: int = 1, masks: TokenMasks | None = None) -> dict[str, float]:
     """Optimizer steps on one step batch of turns.
 
-    The batch's trajectories (in rollout order, ``group_size`` consecutive
-    trajectories per GRPO group) are cut into ``cfg.mini_batches`` slices of
-    whole groups; each slice is one update: accumulate (token weights over
-    the slice), clip the gradient norm to ``cfg.grad_clip``, step. From the
-    second slice on the policy has moved, so ρ ≠ 1 and the PPO clip acts
-    (verl's ``ppo_mini_batch_size``). With one mini-batch this is exactly one
-    full-batch step. Returns `accumulate_gradients`' metrics plus
+    The batch's GRPO groups are cut into ``cfg.mini_batches`` slices of whole
+    groups (`mini_batch_slices`); each slice is one update: accumulate (token
+    weights over the slice), clip the gradient norm to ``cfg.grad_clip``, step.
+    From the second slice on the policy has moved, so ρ ≠ 1 and the PPO clip
+    acts (verl's ``ppo_mini_batch_size``). With one mini-batch this is exactly
+    one full-batch step. Returns `accumulate_gradients`' metrics plus
     ``grad_norm`` (before clipping), averaged over the updates
     (``ratio_max``: the max; ``n_tokens``: the sum).
     """
-    episodes = list(dict.fromkeys(s.episode_id for s in samples))
-    groups = [episodes[i:i + group_size] for i in range(0, len(episodes), max(1, group_size))]
-    k = max(1, min(cfg.mini_batches, len(groups)))
-    slices = [{e for grp in groups[j::k] for e in grp} for j in range(k)] if k > 1 else [set(episodes)]
     runs = []
-    for members in slices:
-        batch = [s for s in samples if s.episode_id in members]
+    for batch in mini_batch_slices(samples, cfg.mini_batches, group_size):
         optimizer.zero_grad(set_to_none=True)
         m = accumulate_gradients(model, batch, cfg, ref_model, masks)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]

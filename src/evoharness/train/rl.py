@@ -203,7 +203,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         breakdowns = [[trajectory_reward(t, step, g.reward) for t in grp] for grp in groups]
         rewards = torch.tensor([[b.total for b in row] for row in breakdowns], dtype=torch.float32)
         adv = turn_advantages(groups, rewards, g.advantage)
-        samples = turn_samples(trajs, [a for ga in adv for a in ga], max_turns=g.max_train_turns, seed=step)
+        samples = turn_samples(trajs, [a for ga in adv for a in ga], max_turns=g.max_train_turns, seed=step,
+                               group_size=g.group_size)
         t1 = time.perf_counter()
         policy.model.train()
         upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref, group_size=g.group_size,
@@ -211,7 +212,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         policy.policy_version += 1
         t_train = time.perf_counter() - t1
         store.unfreeze()
-        ops = store.consolidate(consolidator, epoch=step)
+        ops = store.consolidate(consolidator)  # epoch + 1: continues from the store's collect epochs
 
         flat = [b for row in breakdowns for b in row]
         rec = {
@@ -223,6 +224,9 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
             "steps_per_episode": sum(t.steps for t in trajs) / len(trajs),
             "completion_tokens_per_episode": sum(t.completion_tokens for t in trajs) / len(trajs),
             "invalid_per_episode": sum(t.invalid_actions for t in trajs) / len(trajs),
+            # prompts over max_prompt_tokens: oldest history dropped (harness.prompt), counted per step
+            "prompt/fitted_turns": sum(t.info.get("prompt_fit", {}).get("turns", 0) for t in trajs),
+            "prompt/cut_tokens": sum(t.info.get("prompt_fit", {}).get("tokens_cut", 0) for t in trajs),
             **{f"harness/{v}_per_episode": sum(t.meta_calls[v] for t in trajs) / len(trajs)
                for v in ("track", "commit", "recall", "note")},
             **{f"train/{k}": v for k, v in upd.items()},
@@ -230,6 +234,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
             "adv/signal_groups": int(sum(len(set(row.tolist())) > 1 for row in rewards)),
             "adv/std_floor_groups": int(std_floor_active(rewards, g.advantage).sum()),
             "experience_ops": len(ops),
+            "experience_epoch": store.epoch,
             "timing_s/rollout": t_rollout,
             "timing_s/env": env_clock[0],
             "timing_s/gen": t_rollout - env_clock[0],

@@ -437,7 +437,17 @@ class ExperienceStore:
     def consolidate(self, consolidator: Consolidator | None = None, epoch: int | None = None) -> list[Op]:
         """Epoch boundary: turn the buffer into operations, apply them, clear the
         buffer, advance the epoch (to `epoch` if given). Returns the operations
-        applied, LFU evictions included (for logs). Frozen state is unchanged."""
+        applied, LFU evictions included (for logs). Frozen state is unchanged.
+
+        The epoch only moves forward across a store's whole life (collect, then
+        RL on the same store): entry ages (``created_epoch``), the unused-entry
+        pruning and the LFU tie-break all compare epochs.
+
+        Raises:
+            ValueError: `epoch` below the current epoch.
+        """
+        if epoch is not None and epoch < self.epoch:
+            raise ValueError(f"experience epoch must not go backwards: {self.epoch} -> {epoch}")
         with self._lock:
             pending, self._pending = self._pending, []
             ops = (consolidator or RuleConsolidator())(self, pending)

@@ -1,0 +1,97 @@
+"""Issue 10 fault 8: state that drifts between stages and within a GRPO step.
+
+- the experience store's epoch continues from collect into RL (never back to 0);
+- GRPO mini-batches keep real groups whole when a trajectory has no trainable turn;
+- config fields nothing reads are rejected, not silently accepted.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evoharness.config import ConfigError, load_config
+from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld.games import discover_games
+from evoharness.harness.bpe import BPEHarness, ExperienceStore
+from evoharness.policies.local import LocalHFPolicy
+from evoharness.policies.scripted import ExpertPolicy
+from evoharness.rollout.collect import collect_traces
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from evoharness.train.grpo import mini_batch_slices, turn_samples
+from evoharness.train.rl import RLConfig, train_rl
+
+
+def test_experience_epoch_continues_from_collect_into_rl(model_dir, tmp_path):
+    exp = tmp_path / "experience.json"
+    stats = collect_traces(discover_games("train")[:6], ExpertPolicy(), lambda store: BPEHarness(store),
+                           lambda task: make_env(task, engine="fast"), tmp_path / "traces.jsonl", max_steps=30,
+                           batch_size=2, experience_path=exp, progress=False)
+    collected = json.loads(exp.read_text())["epoch"]
+    assert stats.batches == 3 and collected == 3
+    cfg = RLConfig(model_path=str(model_dir), out_dir=str(tmp_path / "rl"), steps=2, max_steps=3, max_new_tokens=12,
+                   max_prompt_tokens=512, decode_threads=1)
+    cfg.harness.experience_path = str(exp)
+    cfg.grpo.group_size, cfg.grpo.prompts_per_step = 2, 1
+    final = train_rl(cfg, progress=False)
+    metrics = [json.loads(ln) for ln in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["experience_epoch"] for m in metrics] == [collected + 1, collected + 2]
+    assert json.loads((final / "experience.json").read_text())["epoch"] == collected + 2
+
+    store = ExperienceStore.load(exp)
+    with pytest.raises(ValueError, match="backwards"):
+        store.consolidate(epoch=0)
+
+
+def test_mini_batches_keep_groups_whole_when_a_game_fails_to_load(model_dir):
+    tasks = discover_games("train")[:3]
+    broken = f"{tasks[0].task_id}#1"  # the second sample of group 0 never loads
+
+    def env_for(spec_ids):
+        def make(task):
+            if next(spec_ids) == broken:
+                raise FileNotFoundError("game file vanished")
+            return make_env(task, engine="fast")
+        return make
+
+    specs = [EpisodeSpec(t, f"{t.task_id}#{k}", 0) for t in tasks for k in range(2)]
+    policy = LocalHFPolicy(model_dir, temperature=1.0, constrained=True, max_new_tokens=12, max_prompt_tokens=512,
+                           num_threads=1)
+    store = ExperienceStore()
+    store.freeze()
+    trajs = run_episodes(specs, env_for(iter(s.episode_id for s in specs)), lambda: BPEHarness(store), policy,
+                         max_steps=2)
+    assert trajs[1].stop_reason == "error" and not trajs[1].turns
+    samples = turn_samples(trajs, [[0.5] * t.steps for t in trajs], group_size=2)
+    assert {s.episode_id: s.group for s in samples} == {specs[0].episode_id: 0, specs[2].episode_id: 1,
+                                                         specs[3].episode_id: 1, specs[4].episode_id: 2,
+                                                         specs[5].episode_id: 2}
+    slices = mini_batch_slices(samples, 2)
+    assert [{s.group for s in sl} for sl in slices] == [{0, 2}, {1}]
+    # every group sits in exactly one slice, whole
+    for g in (0, 1, 2):
+        owners = [i for i, sl in enumerate(slices) if any(s.group == g for s in sl)]
+        assert len(owners) == 1
+        assert {s.episode_id for s in slices[owners[0]] if s.group == g} == \
+            {s.episode_id for s in samples if s.group == g}
+    # Without group ids (the old rule) the missing trajectory shifts every later group boundary.
+    for s in samples:
+        s.group = None
+    legacy = mini_batch_slices(samples, 2, group_size=2)
+    assert {s.episode_id for s in legacy[0]} & {specs[2].episode_id} and \
+        {s.episode_id for s in legacy[1]} & {specs[3].episode_id}
+
+
+@pytest.mark.parametrize("key", ["grpo.epochs=3", "grpo.max_prompt_tokens=1024", "grpo.max_response_tokens=64"])
+def test_unread_config_fields_are_rejected(key):
+    with pytest.raises(ConfigError, match=key.split("=")[0]):
+        load_config(RLConfig, overrides=[key])
+
+
+@pytest.mark.parametrize("name", ["rl_cpu.toml", "rl_qwen3_8b.toml"])
+def test_shipped_rl_configs_load(name):
+    from pathlib import Path
+
+    cfg = load_config(RLConfig, Path(__file__).resolve().parents[2] / "configs" / name)
+    assert cfg.max_prompt_tokens > 0 and cfg.max_new_tokens > 0

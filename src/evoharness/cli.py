@@ -23,10 +23,12 @@ def fail(msg: str) -> None:
 
 @app.command("eval")
 def eval_cmd(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (EvalConfig)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (EvalConfig, or RepoEvalConfig with --env repo)."),
+    env: str = typer.Option("alfworld", "--env", help="alfworld | repo (repository-building tasks)."),
+    tasks: Optional[str] = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
     split: Optional[str] = typer.Option(None, help="train | valid_seen | valid_unseen"),
     harness: Optional[str] = typer.Option(None, help="react | bpe"),
-    policy: Optional[str] = typer.Option(None, help="expert | noisy_expert | random | teacher | openai | hf"),
+    policy: Optional[str] = typer.Option(None, help="expert | noisy_expert | random | teacher | openai | hf; repo: reference | empty | openai"),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1"),
     model: Optional[str] = typer.Option(None, help="Model name at the endpoint."),
     model_path: Optional[Path] = typer.Option(None, help="Local Hugging Face model directory (policy hf)."),
@@ -39,8 +41,28 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set policy.temperature=0.7"),
 ) -> None:
-    """Evaluate a policy with a harness on a fixed ALFWorld panel."""
+    """Evaluate a policy with a harness on a fixed ALFWorld panel, or on repository tasks (--env repo)."""
     from evoharness.config import ConfigError, load_config
+
+    if env == "repo":
+        alf_only = {"--split": split, "--harness": harness, "--model-path": model_path, "--protocol": protocol,
+                    "--max-steps": max_steps, "--engine": engine, "--data-path": data_path}
+        if used := [k for k, v in alf_only.items() if v is not None]:
+            fail(f"{', '.join(used)}: only for --env alfworld")
+        from evoharness.envs.repo.evaluate import run_cli
+
+        flags = {"tasks": tasks, "policy.kind": policy, "policy.base_url": base_url, "policy.model": model,
+                 "workers": workers, "limit": limit, "out_dir": out and str(out)}
+        overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
+        try:
+            typer.echo(run_cli(config, overrides))
+        except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
+            fail(str(e))
+        return
+    if env != "alfworld":
+        fail(f"unknown --env {env!r} (alfworld | repo)")
+    if tasks is not None:
+        fail("--tasks applies to --env repo only")
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.eval.evaluate import EvalConfig, evaluate
     from evoharness.eval.report import markdown_table
@@ -171,6 +193,34 @@ def simulate_cmd(
         typer.echo(run_cli(workload, cells, policies, steps, seed, out, list(set_)))
     except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError
         fail(str(e))
+
+
+@app.command("serve")
+def serve_cmd(
+    model_path: Optional[Path] = typer.Option(None, help="Local HF model directory served by the project's engine."),
+    backend: list[str] = typer.Option([], "--backend", help="OpenAI-compatible server (vLLM, SGLang), e.g. http://h:8000/v1; repeatable."),
+    workers: int = typer.Option(0, help="Run the engine in N worker processes instead of in-process (needs --model-path)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (admin endpoints are unauthenticated: keep loopback)."),
+    port: int = typer.Option(8000, help="Port."),
+    records: Optional[Path] = typer.Option(None, help="Directory of per-execution call records (JSONL); default: in memory."),
+    served_model_name: Optional[str] = typer.Option(None, help="Model name clients use (default: the model directory's name)."),
+    max_prompt_tokens: Optional[int] = typer.Option(None, help="Left-truncate prompts to this many tokens (engine backends)."),
+    max_batch: int = typer.Option(64, help="Calls per engine batch at most."),
+    threads: Optional[int] = typer.Option(None, help="Torch CPU threads per engine."),
+) -> None:
+    """OpenAI-compatible gateway: routing, token-in/token-out records, transparent retry (QwenGyre)."""
+    from evoharness.runtime.gateway import build_gateway, serve
+
+    if workers and not model_path:
+        fail("--workers needs --model-path")
+    try:
+        gw = build_gateway(str(model_path) if model_path else None, list(backend), workers, records,
+                           served_model_name, max_prompt_tokens, max_batch, threads, log_dir=records)
+    except (ValueError, OSError) as e:
+        fail(str(e))
+    typer.echo(f"serving model {gw.served_model!r} at http://{host}:{port}/v1 "
+               f"({len(gw.backends)} backend(s); records: {records or 'in memory'})", err=True)
+    serve(gw, host, port)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -519,3 +519,50 @@ class GatewayServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def build_gateway(model_path: str | None = None, backend_urls: list[str] | None = None, workers: int = 0,
+                  records: str | Path | None = None, served_model: str | None = None,
+                  max_prompt_tokens: int | None = None, max_batch: int = 64, num_threads: int | None = None,
+                  log_dir: str | Path | None = None) -> Gateway:
+    """The gateway ``evoharness serve`` runs.
+
+    `model_path` with ``workers == 0`` loads the engine in this process; with
+    ``workers = N`` it starts N worker processes instead. Each `backend_urls`
+    entry adds an OpenAI-compatible server. Backends start with the app.
+
+    Raises:
+        ValueError: no backend at all.
+    """
+    if not model_path and not backend_urls:
+        raise ValueError("give --model-path and/or --backend URL")
+    backends: list[Backend] = []
+    worker_args: dict[str, Any] = {}
+    if model_path:
+        if workers > 0:
+            args = ["--max-batch", str(max_batch)]
+            if max_prompt_tokens:
+                args += ["--max-prompt-tokens", str(max_prompt_tokens)]
+            if num_threads:
+                args += ["--num-threads", str(num_threads)]
+            worker_args = {"model_path": str(model_path), "args": args}
+            for i in range(workers):
+                log = Path(log_dir) / f"worker{i}.log" if log_dir else None
+                backends.append(WorkerBackend(name=f"worker{i}", log_path=log, **worker_args))
+        else:
+            from evoharness.runtime.backends import LocalBackend
+
+            backends.append(LocalBackend.from_model_path(model_path, max_prompt_tokens=max_prompt_tokens,
+                                                         max_batch=max_batch, num_threads=num_threads))
+    for i, url in enumerate(backend_urls or []):
+        backends.append(HTTPBackend(url, name=f"http{i}"))
+    name = served_model or (Path(model_path).name if model_path else "evoharness")
+    return Gateway(backends, served_model=name, records=records, worker_args=worker_args)
+
+
+def serve(gateway: Gateway, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Serve `gateway` in the foreground until interrupted (Ctrl-C / SIGTERM stop it cleanly)."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(create_app(gateway), host=host, port=port, log_level=log_level,
+                                  timeout_keep_alive=30, backlog=2048)).run()

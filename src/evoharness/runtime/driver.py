@@ -1,0 +1,162 @@
+"""The runtime driver: a scheduler's commands become real actions, real completions its events.
+
+The schedulers in `runtime.schedulers` are clock-free objects (``start()``,
+``handle(event)`` -> commands). The simulator (`runtime.sim`) is one world
+they drive; a `Backend` is another: real processes or Ray actors that host
+the executions' model calls (rollout cells) and the forward/backward passes
+(train cells). The driver has no scheduling logic of its own: it forwards
+every command to the backend, feeds every event the backend reports back to
+the scheduler, in order, and checks on the way that the run is sound
+(every execution finishes and is trained exactly once, micro-batches only on
+train cells, no staleness beyond what the schedule promises) and measures it
+(wall time per step, role switches and their latency, aborted turns,
+staleness), under verl-style metric names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from evoharness.runtime.cells import Role
+from evoharness.runtime.events import (Command, Dispatch, Event, ExecutionFinished, ExecutionOrphaned,
+                                       RoleSwitchDone, RunMicroBatch, SwitchRole, WeightSyncDone)
+from evoharness.runtime.schedulers import Scheduler
+
+
+class Backend(Protocol):
+    """A world of K cells that carries out commands and reports events.
+
+    ``apply`` must not block for long (it starts work); ``poll`` returns the
+    events that happened since, waiting at most `timeout` seconds for one.
+    """
+
+    def apply(self, command: Command) -> None: ...
+
+    def poll(self, timeout: float) -> list[Event]: ...
+
+    def close(self) -> None: ...
+
+
+class DriverError(RuntimeError):
+    """The backend reported something impossible, or the run stalled."""
+
+
+@dataclass
+class RunStats:
+    """What a driven run measured (seconds; counts)."""
+
+    wall_s: float = 0.0
+    step_end_s: list[float] = field(default_factory=list)
+    switches: int = 0
+    switch_latency_s: dict[str, list[float]] = field(default_factory=lambda: {"to_train": [], "to_rollout": []})
+    aborted_turns: int = 0
+    staleness: Counter = field(default_factory=Counter)
+    events: int = 0
+    commands: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        steps = len(self.step_end_s)
+        ends = [0.0] + self.step_end_s
+        lat = self.switch_latency_s
+        return {
+            "timing_s/run": self.wall_s, "timing_s/step": (ends[-1] / steps) if steps else 0.0,
+            "timing_s/step_max": max((b - a for a, b in zip(ends, ends[1:])), default=0.0),
+            "runtime/switches": float(self.switches), "runtime/aborted_turns": float(self.aborted_turns),
+            "runtime/switch_to_train_s": sum(lat["to_train"]) / len(lat["to_train"]) if lat["to_train"] else 0.0,
+            "runtime/switch_to_rollout_s": (sum(lat["to_rollout"]) / len(lat["to_rollout"])
+                                            if lat["to_rollout"] else 0.0),
+            "runtime/staleness_max": float(max(self.staleness, default=0)),
+        }
+
+
+class Driver:
+    """Runs `scheduler` on `backend` until the scheduler is done.
+
+    Args:
+        scheduler: a fresh scheduler built for the backend's K cells.
+        backend: the world.
+        stall_s: raise `DriverError` when no event arrives for this long while
+            the scheduler still waits (a dead backend must not hang the job).
+    """
+
+    def __init__(self, scheduler: Scheduler, backend: Backend, stall_s: float = 120.0):
+        self.sched, self.backend, self.stall_s = scheduler, backend, stall_s
+        self.stats = RunStats()
+        gs = scheduler.group_size
+        self._gs = gs
+        self._behaviour: dict[int, int] = {}        # execution -> behaviour version
+        self._finished: set[int] = set()
+        self._trained: set[int] = set()
+        self._role = list(scheduler.initial_roles())
+        self._switch_t0: dict[int, float] = {}
+        self._t0 = 0.0
+
+    def _apply(self, cmds: list[Command]) -> None:
+        now = time.monotonic() - self._t0
+        for c in cmds:
+            self.stats.commands += 1
+            if isinstance(c, Dispatch):
+                for e in range(c.group * self._gs, (c.group + 1) * self._gs):
+                    if e in self._behaviour:
+                        raise DriverError(f"execution {e} dispatched twice")
+                    self._behaviour[e] = c.version
+            elif isinstance(c, RunMicroBatch):
+                if self._role[c.cell] != Role.TRAIN:
+                    raise DriverError(f"micro-batch on cell {c.cell} in role {self._role[c.cell].name}")
+                for e in c.executions:
+                    if e not in self._finished or e in self._trained:
+                        raise DriverError(f"execution {e} trained before it finished, or twice")
+                    self._trained.add(e)
+                    self.stats.staleness[c.version - self._behaviour[e]] += 1
+            elif isinstance(c, SwitchRole):
+                self._role[c.cell] = Role.TO_TRAIN if c.role == Role.TRAIN else Role.TO_ROLLOUT
+                self._switch_t0[c.cell] = now
+                self.stats.switches += 1
+            self.backend.apply(c)
+
+    def _observe(self, ev: Event) -> None:
+        now = time.monotonic() - self._t0
+        if isinstance(ev, ExecutionFinished):
+            if ev.execution in self._finished:
+                raise DriverError(f"execution {ev.execution} finished twice")
+            self._finished.add(ev.execution)
+        elif isinstance(ev, ExecutionOrphaned):
+            self.stats.aborted_turns += int(ev.aborted)
+        elif isinstance(ev, RoleSwitchDone):
+            self._role[ev.cell] = ev.role
+            key = "to_train" if ev.role == Role.TRAIN else "to_rollout"
+            self.stats.switch_latency_s[key].append(now - self._switch_t0.pop(ev.cell, now))
+        elif isinstance(ev, WeightSyncDone):
+            self.stats.step_end_s.append(now)
+
+    def run(self) -> RunStats:
+        """Drive to the end; returns the measurements.
+
+        Raises:
+            DriverError: an impossible report or a stall (see `stall_s`).
+        """
+        self._t0 = time.monotonic()
+        self._apply(self.sched.start())
+        last = time.monotonic()
+        while not self.sched.done:
+            events = self.backend.poll(timeout=1.0)
+            if not events:
+                if time.monotonic() - last > self.stall_s:
+                    raise DriverError(f"no event for {self.stall_s:.0f} s; {self.sched.name} waits "
+                                      f"(steps done {self.sched.steps_done})")
+                continue
+            last = time.monotonic()
+            for ev in events:
+                self.stats.events += 1
+                self._observe(ev)
+                self._apply(self.sched.handle(ev))
+        self.stats.wall_s = time.monotonic() - self._t0
+        n = self.sched.steps * self.sched.N
+        missing = [e for e in range(n) if e not in self._trained]
+        if missing:
+            raise DriverError(f"{len(missing)} executions of the {self.sched.steps} steps never trained "
+                              f"(first: {missing[:5]})")
+        return self.stats

@@ -119,8 +119,8 @@ def test_packed_sft_loss_and_gradients_equal_unpacked(model_dir, episodes):
     assert batch.input_ids.numel() < sum(len(r[0]) for r in rows)  # shared prefixes ran once
 
 
-@pytest.mark.parametrize("max_tokens,rows_per_micro", [(None, 1), (900, 1), (900, 3)])
-def test_tree_grpo_equals_turn_rows(model_dir, episodes, max_tokens, rows_per_micro):
+@pytest.mark.parametrize("max_tokens,rows_per_micro,cost_model", [(None, 1, False), (900, 1, False), (900, 3, True)])
+def test_tree_grpo_equals_turn_rows(model_dir, episodes, max_tokens, rows_per_micro, cost_model):
     """Uncapped J_max: the tree loss (execution-level advantages, KL to a reference, entropy) and
     its gradient equal the turn-row loss, however the trees are cut into rows and micro-batches."""
     model = load_model(model_dir)
@@ -140,14 +140,13 @@ def test_tree_grpo_equals_turn_rows(model_dir, episodes, max_tokens, rows_per_mi
     model.zero_grad(set_to_none=True)
     trees = [TrajectoryTree.from_trajectory(t) for t in episodes]
     got = tree_accumulate_gradients(model, trees, adv, cfg, j_max=None, max_tokens=max_tokens,
-                                    rows_per_micro=rows_per_micro, ref_model=ref_model)
+                                    rows_per_micro=rows_per_micro, cost_model=cost_model, ref_model=ref_model)
     for key in ("loss", "pg_loss", "kl", "entropy", "ratio_mean"):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     assert got["n_tokens"] == want["n_tokens"] and want["clip_fraction"] > 0
     assert got["clip_fraction"] == pytest.approx(want["clip_fraction"])
     _assert_grads_close(_grads(model), want_grads)
-    if max_tokens is not None:
-        assert got["rows"] > 1
+    assert (got["rows"] > 1) == (max_tokens is not None)
     assert got["packed_tokens"] < sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
 
 
@@ -162,3 +161,18 @@ def test_j_max_trains_fewer_tokens_each_once(model_dir, episodes):
         assert sum(s.n_tokens for s in sels) < sum(t.n_trainable for t in trees)
     full = collate(trees, pack_trees(trees, [all_paths(t) for t in trees]))
     assert full.n_targets == sum(t.n_trainable for t in trees)
+
+
+def test_cost_model_packs_only_what_shares_enough():
+    tree = TrajectoryTree("c")
+    tree.add_call(list(range(1, 401)), [500, 501])          # path A: 402 tokens
+    tree.add_call(list(range(1, 401)), [600, 601])          # path B: shares A's 400-token prompt
+    tree.add_call([1] + list(range(1000, 1400)), [700])     # path C: shares one token
+    rows = pack_trees([tree], alpha=960.0)  # the 'tiny' preset's ratio
+    assert [len(r.segments) for r in rows] == [4, 2]  # "1", A's prompt rest, A, B | "1", C
+    assert rows[1].n_tokens == 402
+    assert len(pack_trees([tree])) == 1  # no cost model, no budget: one row
+    assert len(pack_trees([tree], alpha=1e6)) == 1  # a big model: one shared token already pays
+    assert len(pack_trees([tree], max_tokens=1)) == 3  # one row per path
+    batch = collate([tree], pack_trees([tree], alpha=960.0))
+    assert batch.n_targets == 5  # the shared "1" is context in both rows; every completion token once

@@ -26,7 +26,7 @@ import torch
 
 from evoharness.rollout.tree import PathSelection, TrajectoryTree, all_paths, select_paths
 from evoharness.train.grpo import GRPOConfig
-from evoharness.train.packing import PackedBatch, collate, pack_trees, target_logprobs
+from evoharness.train.packing import PackedBatch, collate, linear_cost, pack_trees, target_logprobs
 
 
 def ppo_token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
@@ -113,7 +113,7 @@ def packed_grpo_loss(model: Any, trees: Sequence[TrajectoryTree], batch: PackedB
 def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
                               advantages: Sequence[float | Sequence[float]], cfg: GRPOConfig, *,
                               j_max: int | None = None, seed: int | str = 0, max_tokens: int | None = 4096,
-                              rows_per_micro: int = 1, ref_model: Any = None,
+                              rows_per_micro: int = 1, cost_model: bool = True, ref_model: Any = None,
                               allowed_fn: Any = None) -> dict[str, float]:
     """Dedup-sample, pack and accumulate gradients of the two-level GRPO loss.
 
@@ -122,6 +122,8 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
         j_max: paths per execution (`select_paths`); None: every path.
         seed: sampling seed (e.g. the RL step).
         max_tokens: row budget of `pack_trees`; rows_per_micro: rows per forward/backward.
+        cost_model: a path joins a row only when `packing.linear_cost` of the model says
+            it is cheaper than a row of its own (small models pay more for long rows).
         allowed_fn: optional ``allowed_fn(trees, batch) -> [K, V] bool`` (sampling masks).
 
     Returns:
@@ -132,7 +134,7 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
         raise ValueError(f"{len(advantages)} advantages for {len(trees)} trees")
     sels = [select_paths(t, j_max, seed) if j_max is not None else all_paths(t) for t in trees]
     weights = execution_weights(sels)
-    rows = pack_trees(trees, sels, max_tokens)
+    rows = pack_trees(trees, sels, max_tokens, linear_cost(model.config) if cost_model else None)
     tot: dict[str, float] = defaultdict(float)
     ratio_max = 0.0
     for k in range(0, len(rows), rows_per_micro):

@@ -19,6 +19,9 @@ is in), at its best split, and with a streaming trainer at its best split.
 Elastic is shown twice: ``elastic`` is the paper's rule alone (w(t) <= C_R(t) -
 C_e), ``elastic-gated`` adds the ready-work gate (a cell moves to train only
 when trainable micro-batches are waiting for it; not in the paper).
+``elastic-async`` (runtime/schedulers/elastic_async.py) combines elastic cells
+with bounded-staleness streaming and completion-order batches; it is compared
+with every baseline, streaming async in completion order included.
 """
 
 from __future__ import annotations
@@ -97,19 +100,30 @@ def main_tables(name: str) -> dict[str, dict[str, float]]:
     for unit in ("group", "execution"):
         cfg = with_policy(base, train_unit=unit)
         col, ela, gated = simulate(cfg, "colocate"), simulate(cfg, "elastic"), simulate(cfg, "elastic-gated")
+        easync = simulate(cfg, "elastic-async")
         adef = simulate(cfg, "async")
         k, abest = best_async(cfg, stream=False)
         ks, astream = best_async(cfg, stream=True)
+        kc, acomp = best_async(with_policy(cfg, async_batch_order="completion"), stream=True)
         print(f"\n  trainable unit: {unit}")
         print(f"  {'policy':<30} {'wall h':>7} {'elastic':>8} {'accel-h':>9} {'post h':>6} {'idle R':>7} "
               f"{'util R':>7} {'idle T':>7} {'stale':>5} {'abort':>5} {'switch':>5}")
         d = max(1, cl.cells // 4)
         for label, r in (("colocate", col), (f"async (default {d} train cells)", adef),
                          (f"async (best: {k} train cells)", abest), (f"async stream (best: {ks})", astream),
-                         ("elastic (paper rule)", ela), ("elastic-gated (+ ready work)", gated)):
+                         (f"async stream compl. (best: {kc})", acomp),
+                         ("elastic (paper rule)", ela), ("elastic-gated (+ ready work)", gated),
+                         ("elastic-async (this repo)", easync)):
             print(row(label, r, ela))
-        out[f"{unit}/elastic"] = speedups("elastic      ", ela, col, adef, abest, astream, name)
-        out[f"{unit}/elastic-gated"] = speedups("elastic-gated", gated, col, adef, abest, astream, name)
+        best_stream = min(astream, acomp, key=lambda r: r.wall_s)
+        out[f"{unit}/elastic"] = speedups("elastic      ", ela, col, adef, abest, best_stream, name)
+        out[f"{unit}/elastic-gated"] = speedups("elastic-gated", gated, col, adef, abest, best_stream, name)
+        out[f"{unit}/elastic-async"] = speedups("elastic-async", easync, col, adef, abest, best_stream, name)
+        others = {"colocate": col, "elastic": ela, "elastic-gated": gated, "async default": adef,
+                  "async best": abest, "async stream": astream, "async stream completion": acomp}
+        slowest = min(others, key=lambda n: others[n].wall_s / easync.wall_s)
+        print(f"  elastic-async vs the strongest other schedule ({slowest}): "
+              f"{others[slowest].wall_s / easync.wall_s:.2f}x")
     return out
 
 
@@ -150,28 +164,27 @@ def sweep_tail() -> None:
 
 
 def sweep_granularity() -> None:
-    print("\n## Sensitivity: cell granularity, same 256 accelerators (qwengyre_nl2repo, 3 steps)")
+    print("\n## Sensitivity: cell granularity, same 256 accelerators (qwengyre_nl2repo, 3 steps, trainable unit group)")
+    print("   a cell of f x 4 nodes = f replicas of a 4-node cell: one trajectory decodes and trains at a 4-node")
+    print("   replica's speed; replicas train in lockstep (FSDP), claiming from the shared queue in order, or")
+    print("   longest first (balanced). 16 x 2 nodes: half-size replicas.")
     base = load("qwengyre_nl2repo", "steps=3")
-    fine = base.cluster.model_copy(update=dict(
-        cells=16, accelerators_per_cell=16, capacity=16, train_tps=base.cluster.train_tps / 2,
-        gen_tps_single=base.cluster.gen_tps_single / 2 ** (1 - base.cluster.gen_concurrency_exponent)))
-    print(f"  {'layout':>16} {'unit':>9} {'elastic h':>9} {'vs 8x4 nodes':>12} {'colocate h':>10} {'vs col':>7} "
-          f"{'gated h':>8} {'vs 8x4 nodes':>12}")
-    for unit in ("group", "execution"):
-        ref = gref = None
-        for factor in (1, 2, 4, 8):
-            cfg = with_policy(base, train_unit=unit)
-            cfg.cluster = fine.regrouped(factor) if factor > 1 else fine
-            ela, col, gat = simulate(cfg, "elastic"), simulate(cfg, "colocate"), simulate(cfg, "elastic-gated")
-            if factor == 2:
-                ref, gref = ela.wall_s, gat.wall_s
-            rel = "" if ref is None else f"{100 * (ela.wall_s / ref - 1):+11.1f}%"
-            grel = "" if gref is None else f"{100 * (gat.wall_s / gref - 1):+11.1f}%"
-            layout = f"{cfg.cluster.cells} x {cfg.cluster.accelerators_per_cell // 8} nodes"
-            print(f"  {layout:>16} {unit:>9} {ela.metrics['wall_h']:9.2f} {rel:>12} {col.metrics['wall_h']:10.2f} "
-                  f"{col.wall_s / ela.wall_s:6.2f}x {gat.metrics['wall_h']:8.2f} {grel:>12}")
-    print(f"  (paper: 4 cells x 8 nodes costs +{100 * PAPER_GRANULARITY:.1f}% vs 8 x 4; rows above 8 x 4 have no "
-          "reference yet)")
+    pols = ("colocate", "elastic", "elastic-gated", "elastic-async")
+    print(f"  {'layout':>12} {'claim':>9} " + " ".join(f"{p + ' h':>15} {'vs 8x4':>7}" for p in pols))
+    for balance in (False, True):
+        ref: dict[str, float] = {}
+        for factor in (1, 0.5, 2, 4):
+            cfg = with_policy(base, balance_micro_batches=balance)
+            cfg.cluster = base.cluster.regrouped(factor)
+            cols = []
+            for p in pols:
+                r = simulate(cfg, p)
+                ref.setdefault(p, r.wall_s)
+                cols.append(f"{r.metrics['wall_h']:15.2f} {100 * (r.wall_s / ref[p] - 1):+6.1f}%")
+            layout = f"{cfg.cluster.cells} x {cfg.cluster.accelerators_per_cell // 8}"
+            print(f"  {layout:>12} {'balanced' if balance else 'in order':>9} " + " ".join(cols))
+    print(f"  (paper: 4 cells x 8 nodes costs +{100 * PAPER_GRANULARITY:.1f}% vs 8 x 4; decode inside a bigger cell is")
+    print("   still pooled across its replicas, which favours big cells: see docs/simulator.md)")
 
 
 def sweep_gate() -> None:
@@ -233,7 +246,8 @@ def sweep_decode_scaling() -> None:
 
 
 def sweep_staleness() -> None:
-    print("\n## Sensitivity: async staleness bound η (qwengyre_nl2repo, 3 steps, 4 train cells)")
+    print("\n## Sensitivity: staleness bound η (qwengyre_nl2repo, 3 steps; async: 4 train cells; "
+          "e-async: elastic-async)")
     print(f"  {'eta':>3} {'stream':>6} {'async h':>8} {'stale mean':>10} {'stale max':>9} {'idle train':>10}")
     for eta in (0, 1, 2, 4):
         for stream in (False, True):
@@ -243,6 +257,10 @@ def sweep_staleness() -> None:
             m = r.metrics
             print(f"  {eta:3d} {str(stream):>6} {m['wall_h']:8.2f} {m['staleness_mean']:10.2f} "
                   f"{m['staleness_max']:9.0f} {100 * m['idle_train']:9.1f}%")
+        r = simulate(with_policy(load("qwengyre_nl2repo", "steps=3"), staleness=eta), "elastic-async")
+        m = r.metrics
+        print(f"  {eta:3d} {'e-async':>6} {m['wall_h']:8.2f} {m['staleness_mean']:10.2f} "
+              f"{m['staleness_max']:9.0f} {100 * m['idle_train']:9.1f}%")
 
 
 def main() -> None:
@@ -256,6 +274,7 @@ def main() -> None:
     print("# used (tps(n)/tps(capacity)); stale = max staleness; abort = aborted turns; switch = role switches")
     summary = {name: main_tables(name) for name in ("qwengyre_nl2repo", "qwengyre_122b")}
     print("\n## Summary: speedup of each elastic variant (wall time of the other schedule / its own)")
+    print("  (async stream = the faster of the best streaming split in dispatch and in completion order)")
     print(f"  {'workload':>16} {'unit':>9} {'variant':>13} {'vs colocate':>11} {'vs async def':>12} "
           f"{'vs async best':>13} {'vs async stream':>15}")
     for name, res in summary.items():

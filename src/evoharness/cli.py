@@ -180,13 +180,15 @@ def distill_cmd(ctx: typer.Context) -> None:
 def simulate_cmd(
     workload: Path = typer.Option(..., "--workload", "-w", help="Workload TOML or JSONL trace of executions."),
     cells: Optional[int] = typer.Option(None, "--cells", "-k", help="K cells (default: the workload's cluster)."),
-    policies: str = typer.Option("colocate,async,elastic", help="Comma-separated schedules."),
+    policies: str = typer.Option("colocate,async,elastic,elastic-async",
+                                 help="Comma-separated schedules: colocate, async, elastic, elastic-gated, "
+                                      "elastic-async."),
     steps: Optional[int] = typer.Option(None, help="RL steps to simulate."),
     seed: Optional[int] = typer.Option(None, help="Seed of the workload draws."),
     out: Optional[Path] = typer.Option(None, help="Write table.md, results.json and timeline.png here."),
     set_: list[str] = typer.Option([], "--set", help="Override any key: --set cluster.train_tps=3000"),
 ) -> None:
-    """Simulate colocate / async / elastic rollout-train schedules of a workload on K cells."""
+    """Simulate colocate / async / elastic / elastic-async rollout-train schedules of a workload on K cells."""
     from evoharness.runtime.sim_report import run_cli
 
     try:

@@ -41,3 +41,11 @@ def test_simulate_clear_errors(tmp_path):
     assert r.exit_code == 2 and "not valid TOML" in r.output
     r = CliRunner().invoke(app, ["simulate", "--workload", str(SMOKE), "--policies", "colocate,fifo"])
     assert r.exit_code == 2 and "unknown policy fifo" in r.output
+
+
+def test_simulate_elastic_async_by_name():
+    res = CliRunner().invoke(app, ["simulate", "--workload", str(SMOKE), "--steps", "2",
+                                   "--policies", "async,elastic-async", "--set", "policy.staleness=1"])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if line.startswith("| elastic-async |"))
+    assert row.split("|")[11].strip().endswith("/1") and row.split("|")[12].strip() == "0"   # staleness max 1, 0 aborted

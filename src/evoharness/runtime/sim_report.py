@@ -159,7 +159,7 @@ def write_report(results: list[SimResult], out_dir: str | Path, title: str = "si
     return paths
 
 
-def run_cli(workload: str | Path, cells: int | None = None, policies: str = "colocate,async,elastic",
+def run_cli(workload: str | Path, cells: int | None = None, policies: str = "colocate,async,elastic,elastic-async",
             steps: int | None = None, seed: int | None = None, out: str | Path | None = None,
             overrides: list[str] | None = None) -> str:
     """What ``evoharness simulate`` does: load, run each policy, write, summarise.

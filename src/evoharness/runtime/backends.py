@@ -245,8 +245,10 @@ class LocalBackend(Backend):
     Args:
         engine: `engine.Engine` (or the same interface); its ``model`` is reloaded by `load_weights`.
         tokenizer: the model's tokenizer (chat template applied with ``add_generation_prompt``).
-        max_prompt_tokens: prompts are left-truncated to this (None: no cap); a request's
-            ``truncate_prompt_tokens`` wins.
+        max_prompt_tokens: prompt budget (None: no cap); a request's ``truncate_prompt_tokens``
+            wins. A longer prompt is fitted as `LocalHFPolicy` fits it
+            (`harness.prompt.fit_prompt_ids`: oldest history first), so served and
+            in-process prompts match; with ``tools`` it is left-truncated.
         default_max_tokens: completion cap when the request gives none.
         max_batch: calls per ``generate`` at most.
         batch_wait_s: after the first call arrives, wait this long for company.
@@ -358,7 +360,17 @@ class LocalBackend(Backend):
         text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         cap = p.truncate_prompt_tokens or self.max_prompt_tokens
-        return ids[-cap:] if cap else ids
+        if not cap or len(ids) <= cap or kw:
+            return ids[-cap:] if cap else ids
+        try:  # the project's prompt recipe (as `LocalHFPolicy` and SFT): oldest history dropped first
+            from evoharness.harness.prompt import PromptTooLong, fit_prompt_ids
+        except ImportError:
+            return ids[-cap:]
+        try:
+            return fit_prompt_ids(self.tokenizer, msgs, cap)[0]
+        except PromptTooLong as e:
+            raise BackendRejected(400, f"prompt does not fit truncate_prompt_tokens={cap}: {e}",
+                                  "context_length_exceeded") from e
 
     def _run_batch(self, batch: list[GenParams]) -> list[GenOutput | BaseException]:
         import torch

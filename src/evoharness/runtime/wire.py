@@ -8,7 +8,8 @@ and forwarded to HTTP backends, as vLLM does. Extensions beyond the OpenAI API
   ``prompt_token_ids`` and per choice ``token_ids``;
 - ``logprobs: true`` (OpenAI): ``choices[i].logprobs.content[j].logprob`` is the
   behaviour log-prob of completion token j;
-- ``truncate_prompt_tokens: N`` (vLLM): keep the last N prompt tokens;
+- ``truncate_prompt_tokens: N`` (vLLM): prompt budget. vLLM keeps the last N tokens; the
+  project's engine fits the prompt as `LocalHFPolicy` does (oldest history dropped first);
 - ``action_grammar: {"commands": [...], "meta_verbs": [...]}`` (this project):
   constrain the completion to ``<think>…</think><action>A</action>`` with A an
   admissible command or ``verb text`` for a meta verb (`engine.ActionGrammar`).

@@ -1,0 +1,118 @@
+"""The sandbox contains what an agent might do: each attack runs for real in bwrap and the
+host is checked afterwards."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from evoharness.envs.repo import sandbox as sandbox_mod
+from evoharness.envs.repo.sandbox import Sandbox, SandboxUnavailable, _proc_uid_stats
+from evoharness.envs.repo.task import PACK_DIR
+
+
+def test_confined_view_of_the_system(sandbox):
+    r = sandbox.run("id -u; pwd; python -c 'import pytest; print(pytest.__version__)'; "
+                    "ls /root/.ssh /work /home /etc/shadow 2>&1; touch /usr/x 2>&1; echo done")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == str(sandbox.uid) and int(lines[0]) != 0 and lines[1] == "/workspace"
+    assert "Read-only file system" in r.output and "No such file" in r.output and lines[-1] == "done"
+
+
+def test_hidden_tests_and_project_invisible(sandbox, pack):
+    task = next(iter(pack.values()))
+    test_file = next(task.tests_dir.glob("test_*.py"))
+    r = sandbox.run(f"cat {test_file} 2>&1; ls {PACK_DIR} 2>&1; ls {task.root} 2>&1; "
+                    "python -c 'import evoharness' 2>&1 | tail -1")
+    assert "def test_" not in r.output
+    assert r.output.count("No such file or directory") >= 3 and "ModuleNotFoundError" in r.output
+
+
+def test_writes_outside_the_workspace_never_reach_the_host(sandbox, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    r = sandbox.run(f"echo x > {outside}/pwned; echo x > /tmp/t && echo tmp-ok; echo x > /workspace/../escape; "
+                    "echo x > /workspace/inside && echo ws-ok")
+    assert "tmp-ok" in r.output and "ws-ok" in r.output
+    assert not (outside / "pwned").exists() and (sandbox.workspace / "inside").read_text() == "x\n"
+    assert not (sandbox.workspace.parent / "escape").exists()
+
+
+def test_no_network_even_to_host_loopback(sandbox):
+    hits = []
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        r = sandbox.run("python -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:%d/x', timeout=3)\"; "
+                        "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)\"" % port)
+        assert "Connection refused" in r.output and "Network is unreachable" in r.output
+        assert hits == []
+    finally:
+        srv.shutdown()
+
+
+def test_fork_bomb_is_contained(sandbox):
+    t0 = time.monotonic()
+    r = sandbox.run(":(){ :|:& };:; sleep 30", wall_s=4)
+    assert r.killed == "wall_time" and time.monotonic() - t0 < 15
+    assert _proc_uid_stats(sandbox.uid)[0] == []  # every process of the bomb is gone
+    assert sandbox.run("echo alive").output.strip() == "alive"
+
+
+def test_memory_bomb_is_contained(sandbox):
+    r = sandbox.run("python -c 'x = bytearray(4 << 30)'")
+    assert r.exit_code != 0 and "MemoryError" in r.output
+    # many processes, each under the per-process cap, together over it: the watchdog ends them
+    r = sandbox.run("for i in 1 2 3 4; do python -c 'import time; x = bytearray(600 << 20); "
+                    "x[::4096] = b\"1\" * len(x[::4096]); time.sleep(30)' & done; wait", wall_s=15)
+    assert r.killed == "memory"
+    assert _proc_uid_stats(sandbox.uid)[0] == []
+
+
+def test_infinite_loop_and_background_processes_killed(sandbox):
+    t0 = time.monotonic()
+    r = sandbox.run("(sleep 1000 &) ; while true; do :; done", wall_s=2)
+    assert r.timed_out and r.exit_code == -9 and time.monotonic() - t0 < 10
+    r = sandbox.run("sleep 1000 &")  # a background process does not outlive its command
+    assert r.exit_code == 0 and _proc_uid_stats(sandbox.uid)[0] == []
+
+
+def test_100mb_of_output_is_bounded(sandbox):
+    r = sandbox.run("head -c 100000000 /dev/zero | tr '\\0' 'a'; echo END", wall_s=30)
+    assert r.output_total >= 100_000_000
+    assert len(r.output) < 2 * sandbox.limits.output_bytes
+    assert "bytes of output truncated" in r.output and r.output.rstrip().endswith("END")
+
+
+def test_file_size_and_cpu_limits(sandbox):
+    r = sandbox.run("head -c 200M /dev/zero > big; stat -c %s big", file_size_mb=8)
+    assert "File size limit exceeded" in r.output and r.output.split()[-1] == str(8 << 20)
+    r = sandbox.run("python -c 'while True: pass'", cpu_s=1, wall_s=20)
+    assert r.killed is None and r.exit_code != 0  # SIGXCPU from RLIMIT_CPU, not the wall timer
+
+
+def test_missing_bwrap_fails_loudly(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox_mod.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
+        Sandbox(tmp_path / "ws")
+
+
+def test_bwrap_is_installed():
+    """CI installs bubblewrap (.ci/run); without it the environment must not pretend."""
+    assert shutil.which("bwrap"), "bubblewrap missing: apt-get install -y bubblewrap"

@@ -71,7 +71,8 @@ def make_policy(cfg: PolicyConfig):
         return OpenAIPolicy(
             base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env, timeout_s=cfg.timeout_s,
             max_retries=cfg.max_retries, concurrency=cfg.concurrency, temperature=cfg.temperature,
-            top_p=cfg.top_p, max_tokens=cfg.max_tokens, seed=cfg.seed,
+            top_p=cfg.top_p, max_tokens=cfg.max_tokens, seed=cfg.seed, constrained=cfg.constrained,
+            max_prompt_tokens=cfg.max_prompt_tokens,
         )
     if cfg.kind == "hf":
         from evoharness.policies.local import LocalHFPolicy

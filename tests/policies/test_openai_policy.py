@@ -43,3 +43,61 @@ def test_unreachable_endpoint():
     req = PolicyRequest(messages=[{"role": "user", "content": "hi"}], episode_id="e", turn=0, admissible_commands=[])
     (c,) = policy.act([req])
     assert c.error and c.finish_reason == "error"
+
+
+def test_token_ids_logprobs_seed_and_grammar_requested(chat_server):
+    from evoharness.policies.local import request_seed
+
+    server, calls = chat_server(lambda body: "<think>x</think><action>look</action>")
+    policy = OpenAIPolicy(base_url=server, model="m", seed=5, constrained=True, max_prompt_tokens=100)
+    req = PolicyRequest(messages=[{"role": "user", "content": "hi"}], episode_id="game#3", turn=2,
+                        admissible_commands=["look", "go to fridge 1"])
+    (c,) = policy.act([req])
+    body = calls[0][2]
+    assert body["seed"] == request_seed(5, "game#3", 2) == c.extra["seed"]  # the in-process derivation
+    assert body["logprobs"] is True and body["return_token_ids"] is True and body["truncate_prompt_tokens"] == 100
+    assert body["action_grammar"] == {"commands": ["look", "go to fridge 1"], "meta_verbs": ["track", "commit", "recall", "note"]}
+    assert c.extra["constraint"]["commands"] == ["look", "go to fridge 1"]
+    # this endpoint offers no token ids: the completion is text-only, not an error
+    assert c.error is None and c.text.endswith("</action>") and c.completion_token_ids is None and c.logprobs is None
+
+    vllm = OpenAIPolicy(base_url=server, model="m", constrained=True, constraint_format="vllm")
+    vllm.act([req])
+    assert "action_grammar" not in calls[1][2] and calls[1][2]["structured_outputs"]["regex"].startswith("<think>")
+
+
+def test_endpoint_rejecting_extensions_falls_back_to_text_only(chat_server):
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = []
+
+    class Strict(BaseHTTPRequestHandler):  # a hosted API: unknown arguments are a 400
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            if "return_token_ids" in body:
+                data, status = {"error": {"message": "Unrecognized request argument supplied: return_token_ids"}}, 400
+            else:
+                data, status = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]}, 200
+            raw = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Strict)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        policy = OpenAIPolicy(base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", model="m", max_retries=0)
+        req = PolicyRequest(messages=[{"role": "user", "content": "hi"}], episode_id="e", turn=0, admissible_commands=[])
+        assert [c.text for c in policy.act([req, req])] == ["ok", "ok"]
+        assert policy.extensions is False and "return_token_ids" not in bodies[-1] and "logprobs" not in bodies[-1]
+    finally:
+        srv.shutdown()

@@ -112,12 +112,6 @@ class _Compiler:
         return ("for", names, iterable, nodes, empty)
 
 
-class _Loop:
-    def __init__(self, index0, length):
-        self.index0, self.index, self.length = index0, index0 + 1, length
-        self.first, self.last = index0 == 0, index0 == length - 1
-
-
 class Template:
     def __init__(self, source, *, autoescape=True, strict=False):
         self.autoescape, self.strict = autoescape, strict
@@ -162,7 +156,8 @@ class Template:
                     items = []
                 items = list(items)
                 for i, item in enumerate(items):
-                    frame = {"loop": _Loop(i, len(items))}
+                    frame = {"loop": {"index0": i, "index": i + 1, "length": len(items),
+                                      "first": i == 0, "last": i == len(items) - 1}}
                     if len(names) == 2:
                         frame[names[0]], frame[names[1]] = item
                     else:

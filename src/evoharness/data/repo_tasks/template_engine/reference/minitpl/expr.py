@@ -15,9 +15,6 @@ class Undefined:
     def __bool__(self):
         return False
 
-    def __repr__(self):
-        return f"Undefined({self.name!r})"
-
 
 class Markup(str):
     """A string that must not be HTML-escaped again."""

@@ -37,7 +37,8 @@ def tool_server():
     """A real OpenAI-compatible server on 127.0.0.1. Call it with ``reply(body, headers)``
     returning an assistant message dict (``content``/``tool_calls``), or an
     ``(status, message)`` tuple for an HTTP error. Returns ``(base_url, calls)`` where
-    ``calls`` collects ``(headers, body)``."""
+    ``calls`` collects ``(headers, body)``. Answers carry vLLM's ``prompt_token_ids`` /
+    ``token_ids`` / log-probs, so it also serves as a backend of the project's gateway."""
     servers = []
 
     def start(reply):
@@ -46,6 +47,14 @@ def tool_server():
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *a):
                 pass
+
+            def do_GET(self):  # /v1/models, as a vLLM server answers it
+                data = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "test"}]})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data.encode())
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -62,9 +71,12 @@ def tool_server():
                                               "function": {"name": n, "arguments": a}}
                                              for i, (n, a) in enumerate(out["tool_calls"])]
                     n_prompt = sum(len(json.dumps(m)) for m in body["messages"]) // 4
-                    data = json.dumps({
+                    data = json.dumps({  # vLLM's token-in/token-out fields too, so the gateway can record
                         "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                        "choices": [{"index": 0, "message": msg,
+                        "prompt_token_ids": [1] * n_prompt,
+                        "choices": [{"index": 0, "message": msg, "token_ids": [7] * 20,
+                                     "logprobs": {"content": [{"token": "a", "logprob": -0.5, "bytes": [],
+                                                               "top_logprobs": []}] * 20},
                                      "finish_reason": "tool_calls" if out.get("tool_calls") else "stop"}],
                         "usage": {"prompt_tokens": n_prompt, "completion_tokens": 20, "total_tokens": n_prompt + 20},
                     }).encode()

@@ -1,0 +1,327 @@
+"""`StaticKVDecoder`: a lean forward pass of a Qwen3-family causal LM over a
+pre-allocated KV cache, for decoding many sequences at once.
+
+Why not the Hugging Face forward: at batch 32 a decode step of a 1-10M
+parameter model is a few dozen small matmuls, and the module forward spends
+most of a step outside them (module calls, mask building, cache bookkeeping):
+``model(...)`` with a `StaticCache` decodes ~3.5x slower than this loop on the
+same weights (benchmarks/results/bench_decode.txt). This module runs the same
+arithmetic as ``Qwen3ForCausalLM`` (RMSNorm, q/k-norm, RoPE from the model's own
+rotary module, grouped-query SDPA, SwiGLU MLP, tied or untied head) as plain
+tensor ops on the model's own weights, with:
+
+- one KV buffer ``[layers, 2, B, kv_heads, T, head_dim]`` allocated per call
+  (reused across calls when it fits) and written in place: column ``t`` holds
+  every row's step-``t`` key/value, so a decode step writes one column;
+- fused q/k/v and gate/up projections (rebuilt when any model parameter changes
+  in place -- an optimizer step or ``load_state_dict`` -- detected from the
+  parameters' version counters, so weight sync needs no call here);
+- decode-time attention as one SDPA call per layer with the query heads of a
+  kv head grouped as extra query rows (no repeated keys/values).
+
+Supported: ``model_type`` qwen3 / qwen2 / llama without sliding windows and
+with SiLU MLPs (`StaticKVDecoder.unsupported` says why a model is not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+SUPPORTED_TYPES = ("qwen3", "qwen2", "llama")
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [Hq + Hk, D]: q_norm weight per query head, then k_norm per kv head
+    wo: torch.Tensor
+    bo: torch.Tensor | None
+    ln2: torch.Tensor
+    wgu: torch.Tensor
+    wd: torch.Tensor
+
+
+@dataclass
+class DecodeState:
+    """The KV cache and per-row positions of one batch being decoded.
+
+    Attributes:
+        kv: [layers, 2, B, Hk, T, D] keys/values; column ``t`` is written next.
+        bias: [B, 1, 1, T] additive attention bias (0, or -inf on padding columns).
+        pos: [B] RoPE position of the next token of each row.
+        t: the next cache column (shared by all rows: prompts are left-padded).
+        shared: columns ``[0, shared)`` hold the prompts' common prefix, the same in
+            every row; decode attends to it once for the whole batch (row 0's copy).
+    """
+
+    kv: torch.Tensor
+    bias: torch.Tensor
+    pos: torch.Tensor
+    t: int
+    shared: int = 0
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices into the current batch), in that order."""
+        self.kv = self.kv.index_select(2, rows)
+        self.bias, self.pos = self.bias[rows], self.pos[rows]
+
+
+class StaticKVDecoder:
+    """Prefill and decode for a Qwen3-family HF model (see module docstring).
+
+    Args:
+        model: a loaded HF causal LM (eval mode); its device and dtype are used.
+
+    Raises:
+        ValueError: the model is not supported (`unsupported` gives the reason).
+    """
+
+    def __init__(self, model: PreTrainedModel):
+        why = self.unsupported(model)
+        if why:
+            raise ValueError(f"StaticKVDecoder cannot run this model: {why}")
+        c = model.config
+        self.model = model
+        self.H, self.Hq, self.Hk = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
+        self.D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.G = self.Hq // self.Hk
+        self.eps = c.rms_norm_eps
+        self.n_layers = c.num_hidden_layers
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self._sig: tuple | None = None
+        self._layers: list[_Layer] = []
+        self._rope = torch.empty(0, 2, self.D, device=self.device, dtype=self.dtype)
+        self._pool: torch.Tensor | None = None
+        self.cascade = True  # decode reads the shared prefix once (see `_cascade`)
+
+    @staticmethod
+    def unsupported(model: PreTrainedModel) -> str | None:
+        """Why the lean forward cannot run `model` (None when it can)."""
+        c = model.config
+        if getattr(c, "model_type", None) not in SUPPORTED_TYPES:
+            return f"model_type {getattr(c, 'model_type', None)!r} not in {SUPPORTED_TYPES}"
+        if getattr(c, "use_sliding_window", False) or "sliding_attention" in (getattr(c, "layer_types", None) or []):
+            return "sliding-window attention"
+        if getattr(c, "hidden_act", "silu") != "silu":
+            return f"hidden_act {c.hidden_act!r}"
+        if getattr(c, "mlp_bias", False):
+            return "MLP biases"
+        return None
+
+    # ---- weights -------------------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Rebuild the fused weights if any parameter changed since the last call; True if rebuilt."""
+        params = list(self.model.parameters())
+        sig = tuple((q.data_ptr(), q._version) for q in params)
+        if sig == self._sig:
+            return False
+        with torch.no_grad():
+            self._build()
+        self._sig = tuple((q.data_ptr(), q._version) for q in params)
+        return True
+
+    def _build(self) -> None:
+        m = self.model.model
+        layers = []
+        for lay in m.layers:
+            a, mlp = lay.self_attn, lay.mlp
+            bias = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+            qn = getattr(a, "q_norm", None)
+            qk_norm = None
+            if qn is not None:
+                qk_norm = torch.cat([qn.weight.expand(self.Hq, self.D), a.k_norm.weight.expand(self.Hk, self.D)])
+            layers.append(_Layer(
+                ln1=lay.input_layernorm.weight.detach(),
+                wqkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                bqkv=torch.cat(bias).detach() if bias[0] is not None else None,
+                qk_norm=qk_norm.detach().contiguous() if qk_norm is not None else None,
+                wo=a.o_proj.weight.detach(), bo=a.o_proj.bias.detach() if a.o_proj.bias is not None else None,
+                ln2=lay.post_attention_layernorm.weight.detach(),
+                wgu=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                wd=mlp.down_proj.weight.detach(),
+            ))
+        self._layers = layers
+        self._embed = m.embed_tokens.weight.detach()
+        self._norm = m.norm.weight.detach()
+        self._head = self.model.get_output_embeddings().weight.detach()
+
+    def _rope_rows(self, n: int) -> torch.Tensor:
+        """[>= n, 2, D] (cos, sin) per position, from the model's own rotary module."""
+        if self._rope.shape[0] < n:
+            size = max(n, 2 * self._rope.shape[0], 1024)
+            pos = torch.arange(size, device=self.device)[None]
+            dummy = torch.empty(1, device=self.device, dtype=self.dtype)
+            cos, sin = self.model.model.rotary_emb(dummy, pos)
+            self._rope = torch.stack([cos[0], sin[0]], dim=1).contiguous()
+        return self._rope
+
+    # ---- cache ---------------------------------------------------------------------------------
+
+    def _cache(self, B: int, T: int) -> torch.Tensor:
+        """A [layers, 2, B, Hk, T, D] view of the reusable KV buffer (grown when too small)."""
+        pool = self._pool
+        if pool is None or pool.shape[2] < B or pool.shape[4] < T:
+            b = max(B, pool.shape[2] if pool is not None else 0)
+            t = -(-max(T, pool.shape[4] if pool is not None else 0) // 64) * 64
+            self._pool = None  # free the old buffer first
+            pool = self._pool = torch.empty(self.n_layers, 2, b, self.Hk, t, self.D, device=self.device, dtype=self.dtype)
+        return pool[:, :, :B, :, :T]
+
+    def release(self) -> None:
+        """Drop the reusable KV buffer (it is re-allocated on the next call)."""
+        self._pool = None
+
+    # ---- forward -------------------------------------------------------------------------------
+
+    def _rot(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = self.D // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.rms_norm(x, (self.H,), self._norm, self.eps), self._head)
+
+    def _forward_block(self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, col0: int,
+                       mask: torch.Tensor) -> torch.Tensor:
+        """Prefill-style forward of ids [B, L] at positions [B, L], writing cache columns
+        ``col0 .. col0+L-1``; `mask` [B, 1, L, col0+L] additive. Returns the last hidden states [B, H]."""
+        B, L = ids.shape
+        Hq, Hk, D, H = self.Hq, self.Hk, self.D, self.H
+        cs = self._rope_rows(int(pos.max()) + 1)[pos]  # [B, L, 2, D]
+        cos, sin = cs[:, :, None, 0], cs[:, :, None, 1]
+        x = F.embedding(ids, self._embed)
+        end = col0 + L
+        for li, w in enumerate(self._layers):
+            h = F.rms_norm(x, (H,), w.ln1, self.eps)
+            qkv = F.linear(h, w.wqkv, w.bqkv).view(B, L, Hq + 2 * Hk, D)
+            qk, v = qkv[:, :, :Hq + Hk], qkv[:, :, Hq + Hk:]
+            if w.qk_norm is not None:
+                qk = F.rms_norm(qk, (D,), None, self.eps) * w.qk_norm
+            qk = self._rot(qk, cos, sin).transpose(1, 2)  # [B, Hq+Hk, L, D]
+            kc, vc = kv[li, 0], kv[li, 1]
+            kc[:, :, col0:end] = qk[:, Hq:]
+            vc[:, :, col0:end] = v.transpose(1, 2)
+            att = F.scaled_dot_product_attention(qk[:, :Hq], kc[:, :, :end], vc[:, :, :end], attn_mask=mask,
+                                                 enable_gqa=self.G > 1)
+            x = x + F.linear(att.transpose(1, 2).reshape(B, L, Hq * D), w.wo, w.bo)
+            h = F.rms_norm(x, (H,), w.ln2, self.eps)
+            g, u = F.linear(h, w.wgu).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, w.wd)
+        return x[:, -1]
+
+    def prefill(self, prompts: list[list[int]], max_new_tokens: int, min_shared_prefix: int = 32,
+                pad_id: int = 0) -> tuple[torch.Tensor, DecodeState]:
+        """Run the prompts into a fresh cache sized for `max_new_tokens` more tokens.
+
+        The prompts' longest common prefix (when at least `min_shared_prefix`
+        tokens: a harness's system message) runs once and its cache column block
+        is copied to every row; the rest, left-padded to one length, runs as one
+        batch. Padding is hidden by the attention bias; positions count real
+        tokens only, so a row's result does not depend on the batch.
+
+        Returns:
+            (logits [B, V] of each prompt's last token, the `DecodeState`).
+        """
+        dev, B = self.device, len(prompts)
+        shared = 0
+        if B > 1:
+            shortest = min(map(len, prompts))
+            first = prompts[0]
+            while shared < shortest - 1 and all(p[shared] == first[shared] for p in prompts):
+                shared += 1
+            if shared < min_shared_prefix:
+                shared = 0
+        rest = [p[shared:] for p in prompts]
+        L = max(map(len, rest))
+        T = shared + L + max_new_tokens
+        kv = self._cache(B, T)
+        neg = torch.finfo(self.dtype).min
+        if shared:
+            ids = torch.tensor([prompts[0][:shared]], device=dev)
+            pos = torch.arange(shared, device=dev)[None]
+            causal = torch.full((shared, shared), neg, device=dev, dtype=self.dtype).triu(1)[None, None]
+            self._forward_block(ids, pos, kv[:, :, :1], 0, causal)
+            kv[:, :, 1:, :, :shared] = kv[:, :, :1, :, :shared]
+        ids = torch.full((B, L), pad_id, dtype=torch.long)
+        real = torch.ones((B, shared + L), dtype=torch.bool)
+        for i, r in enumerate(rest):
+            ids[i, L - len(r):] = torch.tensor(r)
+            real[i, shared:shared + L - len(r)] = False
+        ids, real = ids.to(dev), real.to(dev)
+        pos_all = (real.cumsum(-1) - 1).clamp(min=0)
+        # query i (cache column shared+i) sees earlier real columns and itself (so a pad query never
+        # has an empty row: its NaN-free output is discarded anyway)
+        cols = torch.arange(shared + L, device=dev)
+        qcol = (shared + torch.arange(L, device=dev))[:, None]
+        see = (cols[None] <= qcol)[None] & (real[:, None, :] | (cols[None] == qcol)[None])
+        mask = torch.zeros(see.shape, device=dev, dtype=self.dtype).masked_fill_(~see, neg)[:, None]
+        hidden = self._forward_block(ids, pos_all[:, shared:], kv, shared, mask)
+        bias = torch.zeros((B, 1, 1, T), device=dev, dtype=self.dtype)
+        bias[:, 0, 0, :shared + L].masked_fill_(~real, float("-inf"))
+        return self._head_logits(hidden), DecodeState(kv, bias, pos_all[:, -1] + 1, shared + L, shared)
+
+    def _cascade(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S: int, T: int,
+                 bias_s: torch.Tensor) -> torch.Tensor:
+        """Decode attention with a shared prefix read once (cascade attention).
+
+        q [B, Hk, G, D]; caches [B, Hk, T', D] whose columns ``< S`` are equal in
+        every row; `bias_s` [B*Hk, 1, T-S] masks the per-row suffix. The prefix
+        part is one matmul per kv head over all B*G queries, the suffix part a
+        batched matmul per row; the two softmax halves are merged by their
+        log-sum-exps: ``out = w o_prefix + (1 - w) o_suffix``,
+        ``w = sigmoid(lse_prefix - lse_suffix)``. Returns [B*Hk, G, D].
+        """
+        B, Hk, G, D = q.shape
+        q = q * (D ** -0.5)
+        qp = q.transpose(0, 1).reshape(Hk, B * G, D)
+        sp = torch.matmul(qp, kc[0, :, :S].transpose(1, 2))             # [Hk, B*G, S]
+        lp = torch.logsumexp(sp, -1, keepdim=True)
+        op = torch.matmul(sp.sub_(lp).exp_(), vc[0, :, :S])              # [Hk, B*G, D]
+        ks, vs = kc[:, :, S:T].flatten(0, 1), vc[:, :, S:T].flatten(0, 1)  # [B*Hk, T-S, D]
+        ss = torch.baddbmm(bias_s, q.reshape(B * Hk, G, D), ks.transpose(1, 2))  # [B*Hk, G, T-S]
+        ls = torch.logsumexp(ss, -1, keepdim=True)
+        os_ = torch.bmm(ss.sub_(ls).exp_(), vs)                           # [B*Hk, G, D]
+        w = torch.sigmoid(lp.view(Hk, B, G, 1).transpose(0, 1).reshape(B * Hk, G, 1) - ls)
+        return torch.lerp(os_, op.view(Hk, B, G, D).transpose(0, 1).reshape(B * Hk, G, D), w)
+
+    def decode(self, tokens: torch.Tensor, st: DecodeState) -> torch.Tensor:
+        """One step: feed tokens [B] (one per row), write cache column ``st.t``; returns logits [B, V]."""
+        B, t = tokens.shape[0], st.t
+        Hq, Hk, G, D, H = self.Hq, self.Hk, self.G, self.D, self.H
+        cs = self._rope_rows(t + 1)[st.pos]  # [B, 2, D]
+        cos, sin = cs[:, None, 0], cs[:, None, 1]
+        S = st.shared
+        bias = st.bias[..., :t + 1]
+        bias_s = bias[..., S:].reshape(B, 1, t + 1 - S).expand(B, Hk, t + 1 - S).reshape(B * Hk, 1, t + 1 - S)
+        x = F.embedding(tokens, self._embed)
+        kv = st.kv
+        for li, w in enumerate(self._layers):
+            h = F.rms_norm(x, (H,), w.ln1, self.eps)
+            qkv = F.linear(h, w.wqkv, w.bqkv).view(B, Hq + 2 * Hk, D)
+            qk = qkv[:, :Hq + Hk]
+            if w.qk_norm is not None:
+                qk = F.rms_norm(qk, (D,), None, self.eps) * w.qk_norm
+            qk = self._rot(qk, cos, sin)
+            kc, vc = kv[li, 0], kv[li, 1]
+            kc.select(2, t).copy_(qk[:, Hq:])
+            vc.select(2, t).copy_(qkv[:, Hq + Hk:])
+            # the G query heads sharing a kv head become G query rows of one attention call
+            if S and self.cascade:
+                att = self._cascade(qk[:, :Hq].reshape(B, Hk, G, D), kc, vc, S, t + 1, bias_s)
+            else:  # the G query heads sharing a kv head become G query rows of one attention call
+                att = F.scaled_dot_product_attention(qk[:, :Hq].reshape(B, Hk, G, D), kc[:, :, :t + 1],
+                                                     vc[:, :, :t + 1], attn_mask=bias)
+            x = x + F.linear(att.reshape(B, Hq * D), w.wo, w.bo)
+            h = F.rms_norm(x, (H,), w.ln2, self.eps)
+            g, u = F.linear(h, w.wgu).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, w.wd)
+        st.t += 1
+        st.pos = st.pos + 1
+        return self._head_logits(x)

@@ -42,7 +42,8 @@ carries no gradient, whatever its advantage.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -355,10 +356,13 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
 
 
 def accumulate_gradients(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
-                         ref_model: Any = None, masks: TokenMasks | None = None) -> dict[str, float]:
+                         ref_model: Any = None, masks: TokenMasks | None = None,
+                         amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
     """Weights over the whole batch, then forward/backward per micro-batch
     (``cfg.micro_batch_size`` turns, length-sorted to limit padding); gradients
-    accumulate in ``.grad``. Returns step metrics: ``loss``, ``pg_loss``, ``kl``,
+    accumulate in ``.grad`` (fp32 for fp32 master weights). `amp` wraps the
+    forward passes (e.g. `precision.autocast` for bf16 compute); backward runs
+    outside it. Returns step metrics: ``loss``, ``pg_loss``, ``kl``,
     ``entropy`` (trajectory-token means, as the loss), ``clip_fraction``,
     ``ratio_mean`` (plain token means), ``ratio_max``, ``n_tokens``,
     ``forced_fraction`` (tokens the constraint forced)."""
@@ -367,7 +371,8 @@ def accumulate_gradients(model: Any, samples: Sequence[TurnSample], cfg: GRPOCon
     tot: dict[str, float] = defaultdict(float)
     ratio_max = 0.0
     for k in range(0, len(order), cfg.micro_batch_size):
-        loss, st = microbatch_loss(model, order[k : k + cfg.micro_batch_size], cfg, ref_model, masks)
+        with amp():
+            loss, st = microbatch_loss(model, order[k : k + cfg.micro_batch_size], cfg, ref_model, masks)
         loss.backward()
         ratio_max = max(ratio_max, st.pop("ratio_max"))
         for key, v in st.items():
@@ -401,13 +406,18 @@ def mini_batch_slices(samples: Sequence[TurnSample], mini_batches: int, group_si
 
 
 def make_optimizer(model: Any, cfg: GRPOConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (Table 4: lr 1e-6)."""
+    """AdamW over the trainable parameters (Table 4: lr 1e-6), which must be fp32
+    master weights (`precision.check_master_weights`: bf16 would round the updates away)."""
+    from evoharness.train.precision import check_master_weights
+
+    check_master_weights(model)
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                              weight_decay=cfg.weight_decay)
 
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample], cfg: GRPOConfig,
-              ref_model: Any = None, group_size: int = 1, masks: TokenMasks | None = None) -> dict[str, float]:
+              ref_model: Any = None, group_size: int = 1, masks: TokenMasks | None = None,
+              amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
     """Optimizer steps on one step batch of turns.
 
     The batch's GRPO groups are cut into ``cfg.mini_batches`` slices of whole
@@ -422,7 +432,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Tu
     runs = []
     for batch in mini_batch_slices(samples, cfg.mini_batches, group_size):
         optimizer.zero_grad(set_to_none=True)
-        m = accumulate_gradients(model, batch, cfg, ref_model, masks)
+        m = accumulate_gradients(model, batch, cfg, ref_model, masks, amp)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
         optimizer.step()

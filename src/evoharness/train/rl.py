@@ -40,6 +40,7 @@ from evoharness.train.checkpoint import (
     append_jsonl, atomic_dir, atomic_write_text, get_rng_state, latest_checkpoint, set_rng_state, truncate_metrics,
 )
 from evoharness.train.grpo import GRPOConfig, TokenMasks, grpo_step, make_optimizer, turn_samples
+from evoharness.train.precision import autocast, compute_dtype
 from evoharness.train.rewards import trajectory_reward
 
 
@@ -69,7 +70,11 @@ class RLConfig(Strict):
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe"))
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     device: str = "cpu"
+    # Forward compute dtype of rollouts and training (auto: bf16 on CUDA, fp32 on CPU). The
+    # policy's parameters and AdamW state are fp32 master weights whatever this says
+    # (`train.precision`); the frozen reference model is held in this dtype.
     dtype: str = "auto"
+    ref_device: str | None = None  # the reference model's device (None: `device`), e.g. "cuda:1"
     # Default on: the policy acts through the action grammar, and the trainer scores that
     # masked distribution (forced tokens carry no gradient). Off: free decoding, where the
     # reward's invalid-action term does the work of the grammar.
@@ -154,13 +159,19 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
 
     ckpt = latest_checkpoint(out)
     start_path = str(ckpt) if ckpt else cfg.model_path
-    policy = LocalHFPolicy(start_path, device=cfg.device, dtype=cfg.dtype, temperature=g.temperature,
+    # fp32 master weights; low precision only as autocast compute (issue 10 fault 1)
+    dtype = compute_dtype(cfg.dtype, cfg.device)
+
+    def amp():
+        return autocast(cfg.device, dtype)
+
+    policy = LocalHFPolicy(start_path, device=cfg.device, dtype=torch.float32, temperature=g.temperature,
                            max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
                            constrained=cfg.constrained, seed=cfg.seed, num_threads=cfg.decode_threads)
     policy.model.train()
     ref = None
     if g.kl_beta > 0:
-        ref = load_model(cfg.model_path, cfg.device, cfg.dtype)
+        ref = load_model(cfg.model_path, cfg.ref_device or cfg.device, dtype)
         ref.eval().requires_grad_(False)
     optimizer = make_optimizer(policy.model, g)
     # The trainer scores the distribution the engine sampled from (constraint masks included).
@@ -194,10 +205,12 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         env_clock = [0.0]
         store.freeze()
         policy.model.eval()
-        trajs = run_episodes(
-            specs, make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine), env_clock),
-            make_harness=lambda: make_harness(cfg.harness, experience=store), policy=policy, max_steps=cfg.max_steps,
-        )
+        with amp():
+            trajs = run_episodes(
+                specs, make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine), env_clock),
+                make_harness=lambda: make_harness(cfg.harness, experience=store), policy=policy,
+                max_steps=cfg.max_steps,
+            )
         t_rollout = time.perf_counter() - t0
         groups = [trajs[i * g.group_size:(i + 1) * g.group_size] for i in range(g.prompts_per_step)]
         breakdowns = [[trajectory_reward(t, step, g.reward) for t in grp] for grp in groups]
@@ -208,7 +221,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         t1 = time.perf_counter()
         policy.model.train()
         upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref, group_size=g.group_size,
-                        masks=masks) if samples else {}
+                        masks=masks, amp=amp) if samples else {}
         policy.policy_version += 1
         t_train = time.perf_counter() - t1
         store.unfreeze()
@@ -244,7 +257,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
             "constrained": cfg.constrained,
         }
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-            rec.update(_quick_eval(cfg, policy, store))
+            with amp():
+                rec.update(_quick_eval(cfg, policy, store))
         done_all = step + 1 == cfg.steps
         if (step + 1) % cfg.ckpt_every == 0 or done_all:
             _save(out, step + 1, policy, optimizer, store, order, cfg.keep_checkpoints)

@@ -18,7 +18,9 @@ token never sees a later pad, so no attention mask is needed (SDPA's causal
 fast path). Only target positions go through the LM head.
 
 The loop: AdamW, linear warm-up then cosine decay to ``min_lr_ratio * lr``,
-gradient clipping, fp32 on CPU, bf16 autocast on CUDA. Every ``ckpt_every``
+gradient clipping. Parameters, gradients and optimizer state are always fp32
+(master weights, `train.precision`); ``precision`` only picks the forward
+compute dtype: fp32 on CPU, bf16 autocast on CUDA by default. Every ``ckpt_every``
 steps an atomic checkpoint (model as an HF directory, optimizer, scheduler,
 RNG states, step, this epoch's batch order) is written; calling `train_sft`
 again with the same `out_dir` resumes from it and reaches the same weights as
@@ -50,6 +52,8 @@ from evoharness.config import Strict
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, get_rng_state, latest_checkpoint,
                                          set_rng_state, truncate_metrics)
+from evoharness.train.precision import autocast as precision_autocast
+from evoharness.train.precision import check_master_weights
 
 IGNORE = -100
 
@@ -71,7 +75,9 @@ class SFTConfig(Strict):
     grad_clip: float = 1.0             # <= 0: no clipping
     seed: int = 0
     device: str = "cpu"
-    precision: Literal["auto", "fp32", "bf16_autocast", "bf16"] = "auto"  # auto: fp32 on CPU, bf16 autocast on CUDA
+    # Forward compute dtype; parameters and AdamW state stay fp32 (pure-bf16 weights would
+    # round small updates away). auto: fp32 on CPU, bf16 autocast on CUDA.
+    precision: Literal["auto", "fp32", "bf16_autocast"] = "auto"
     max_minutes: float | None = None   # time budget; stops after a checkpoint
     fit_schedule_to_budget: bool = False  # shrink the cosine horizon to the steps the budget allows
     calibration_steps: int = 10        # steps timed before fitting the horizon
@@ -281,12 +287,15 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
     t_start = time.monotonic()
     dev = torch.device(cfg.device)
     precision = cfg.precision if cfg.precision != "auto" else ("bf16_autocast" if dev.type == "cuda" else "fp32")
-    autocast = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if precision == "bf16_autocast" \
-        else (lambda: torch.autocast(dev.type, enabled=False))
+    amp_dtype = torch.bfloat16 if precision == "bf16_autocast" else torch.float32
+
+    def autocast():
+        return precision_autocast(dev, amp_dtype)
 
     ckpt = latest_checkpoint(out)
     tokenizer = load_tokenizer(model_dir)
-    model = load_model(ckpt or model_dir, dev, torch.bfloat16 if precision == "bf16" else torch.float32)
+    model = load_model(ckpt or model_dir, dev, torch.float32)  # fp32 master weights whatever the checkpoint's dtype
+    check_master_weights(model)
     model.train()
 
     exs = load_examples(examples) if isinstance(examples, (str, Path)) else list(examples)

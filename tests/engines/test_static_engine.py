@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from conftest import COMMANDS, chat_prompts
+from engine_helpers import COMMANDS, chat_prompts
 from model_helpers import MICRO
 
 from evoharness.engine import ActionGrammar, Engine, GenRequest

@@ -28,6 +28,8 @@ Models `StaticKVDecoder` does not support are refused at construction
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -79,6 +81,7 @@ class StaticEngine:
         self.masks = MaskCache(invalid)
         self._vocab: Vocab | None = None
         self.min_shared_prefix = 32  # shorter common prefixes are not worth a separate prefill
+        self._lock = threading.Lock()  # one call at a time: the KV buffer and mask cache are shared
 
     @property
     def vocab(self) -> Vocab:
@@ -113,7 +116,11 @@ class StaticEngine:
             raise ValueError("every request needs a non-empty prompt")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        dev, B, N = self.device, len(requests), max_new_tokens
+        with self._lock:
+            return self._generate(requests, max_new_tokens, temperature, top_p)
+
+    def _generate(self, requests: list[GenRequest], N: int, temperature: float, top_p: float) -> list[GenResult]:
+        dev, B = self.device, len(requests)
         self.decoder.refresh()
         logits, st = self.decoder.prefill([r.prompt_ids for r in requests], N, self.min_shared_prefix, self.pad_id)
         sampler = Sampler(temperature, top_p, [r.seed for r in requests], self.vocab_size, dev)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -496,8 +497,11 @@ class HTTPBackend(Backend):
 
     async def start(self) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])  # no Nagle stall between header and body
         self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+                                         transport=transport)
         try:
             r = await self._client.get(f"{self.base_url}/models")
             r.raise_for_status()

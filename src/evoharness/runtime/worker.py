@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
                                            max_batch=a.max_batch, num_threads=a.num_threads,
                                            policy_version=a.policy_version)
     gw = Gateway([backend], served_model=a.served_model_name, records=False, max_attempts=1, wait_for_backend_s=0)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY: see GatewayServer
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((a.host, a.port))
     server = uvicorn.Server(uvicorn.Config(create_app(gw), log_level="warning", timeout_keep_alive=30, backlog=2048))

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from evoharness.engine import Engine, GenRequest
+from evoharness.engine import GenRequest
+from evoharness.engines import make_engine
 from evoharness.harness.base import META_VERBS
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.policies.base import Completion, PolicyRequest
@@ -44,6 +45,9 @@ def request_seed(seed: int, episode_id: str, turn: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+DEFAULT_ENGINE = "auto"  # `evoharness.engines.make_engine` name used when a policy is built without one
+
+
 class LocalHFPolicy:
     """A local HF model directory as a `Policy` (token ids and behaviour log-probs included).
 
@@ -63,6 +67,8 @@ class LocalHFPolicy:
             tiny model's decode step is too small to split: with 2 threads and
             any other busy process, OpenMP spin-waiting made a step 30x slower
             here (456 ms vs 14.7 ms with 1 thread).
+        engine: in-process decoder, ``auto`` / ``static`` / ``hf`` (`evoharness.engines.make_engine`;
+            None: `DEFAULT_ENGINE`). ``static`` is the fast one; ``hf`` the module-forward engine.
     """
 
     name = "local"
@@ -70,11 +76,12 @@ class LocalHFPolicy:
     def __init__(self, model_path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None,
                  temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
                  max_prompt_tokens: int = 4096, constrained: bool = False, seed: int = 0,
-                 policy_version: int = 0, meta_verbs: tuple[str, ...] = META_VERBS, num_threads: int | None = None):
+                 policy_version: int = 0, meta_verbs: tuple[str, ...] = META_VERBS, num_threads: int | None = None,
+                 engine: str | None = None):
         self.model_path = str(model_path)
         self.model = load_model(model_path, device, dtype)
         self.tokenizer = load_tokenizer(model_path)
-        self.engine = Engine(self.model, self.tokenizer)
+        self.engine = make_engine(engine or DEFAULT_ENGINE, self.model, self.tokenizer)
         self.temperature, self.top_p = temperature, top_p
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.constrained, self.seed, self.policy_version = constrained, seed, policy_version

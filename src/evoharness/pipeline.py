@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from evoharness.config import Strict
 from evoharness.eval.evaluate import EnvConfig, EvalConfig, evaluate
@@ -72,6 +72,45 @@ class RunConfig(Strict):
     # for SFT and 30x slower for decoding (machine-notes.md); set 2 on a quiet box.
     threads: int | None = 1
 
+    @model_validator(mode="after")
+    def _one_prompt_recipe(self) -> "RunConfig":
+        # SFT trains on the prompts RL and evaluation show: one harness config
+        # (``harness``) and one prompt budget for every stage.
+        if self.rl.max_prompt_tokens != self.sft.max_prompt_tokens:
+            raise ValueError(f"rl.max_prompt_tokens ({self.rl.max_prompt_tokens}) must equal sft.max_prompt_tokens "
+                             f"({self.sft.max_prompt_tokens}): the student must see the prompts it was trained on")
+        if self.rl.harness != HarnessConfig(kind="bpe"):
+            raise ValueError("set the harness for every stage with `harness.*`, not `rl.harness.*`")
+        return self
+
+
+def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
+    """The RL stage's config: ``cfg.rl`` with the run's harness (and the teacher's
+    experience store), engine, data, constraint and seed."""
+    rl_cfg = cfg.rl.model_copy(deep=True)
+    rl_cfg.model_path, rl_cfg.out_dir = str(out / "sft" / "final"), str(out / "rl")
+    rl_cfg.engine, rl_cfg.data_path = cfg.env.engine, cfg.env.data_path
+    rl_cfg.harness = cfg.harness.model_copy(update={"experience_path": str(out / "experience.json")})
+    rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
+    if rl_cfg.max_minutes is None:
+        rl_cfg.max_minutes = cfg.budget_minutes * cfg.rl_budget_share
+    return rl_cfg
+
+
+def model_policy(cfg: RunConfig, path: Path) -> PolicyConfig:
+    """A trained model as the evaluation policy, with the prompt budget SFT trained on."""
+    return PolicyConfig(kind="hf", model_path=str(path), temperature=0.0, constrained=cfg.constrained,
+                        max_tokens=cfg.rl.max_new_tokens, max_prompt_tokens=cfg.sft.max_prompt_tokens,
+                        seed=cfg.seed, num_threads=cfg.rl.decode_threads)
+
+
+def eval_config(cfg: RunConfig, out: Path, name: str, policy: PolicyConfig, store: Path) -> EvalConfig:
+    """An evaluation stage's config: the run's harness with experience store `store`."""
+    harness = cfg.harness.model_copy(update={"experience_path": str(store)})
+    return EvalConfig(split=cfg.eval_split, limit=cfg.eval_limit, seed=cfg.seed, max_steps=cfg.max_steps,
+                      workers=cfg.eval_workers, batch_size=cfg.eval_batch, out_dir=str(out / "eval" / name),
+                      env=cfg.env, harness=harness, policy=policy)
+
 
 class Stage:
     """Runs a pipeline stage once: skipped when its ``.done`` marker exists."""
@@ -113,7 +152,6 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     model_dir, sft_dir, rl_dir = out / "model_init", out / "sft", out / "rl"
     # The experience store the teacher built on the train games: the student starts from it.
     experience = out / "experience.json"
-    harness_cfg = cfg.harness.model_copy(update={"experience_path": str(experience)})
 
     def collect() -> None:
         tasks = discover_games(cfg.train_split, cfg.env.data_path)
@@ -145,28 +183,13 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         train_sft(sft_cfg, sft_data, cfg.model_path or model_dir, sft_dir)
 
     def rl() -> None:
-        rl_cfg = cfg.rl.model_copy(deep=True)
-        rl_cfg.model_path, rl_cfg.out_dir = str(sft_dir / "final"), str(rl_dir)
-        rl_cfg.engine, rl_cfg.data_path, rl_cfg.harness = cfg.env.engine, cfg.env.data_path, harness_cfg
-        rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
-        if rl_cfg.max_minutes is None:
-            rl_cfg.max_minutes = cfg.budget_minutes * cfg.rl_budget_share
-        train_rl(rl_cfg)
+        train_rl(rl_config(cfg, out))
 
     def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience) -> Callable[[], None]:
         def run() -> None:
-            harness = cfg.harness.model_copy(update={"experience_path": str(store)})
-            ecfg = EvalConfig(split=cfg.eval_split, limit=cfg.eval_limit, seed=cfg.seed, max_steps=cfg.max_steps,
-                              workers=cfg.eval_workers, batch_size=cfg.eval_batch, out_dir=str(out / "eval" / name),
-                              env=cfg.env, harness=harness, policy=policy)
-            s = evaluate(ecfg)
+            s = evaluate(eval_config(cfg, out, name, policy, store))
             log(f"  {name}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%")
         return run
-
-    def model_policy(path: Path) -> PolicyConfig:
-        return PolicyConfig(kind="hf", model_path=str(path), temperature=0.0, constrained=cfg.constrained,
-                            max_tokens=cfg.rl.max_new_tokens, max_prompt_tokens=cfg.sft.max_prompt_tokens,
-                            seed=cfg.seed, num_threads=cfg.rl.decode_threads)
 
     stage("collect", collect)
     if cfg.model_path is None:
@@ -177,10 +200,10 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     systems = {"random": PolicyConfig(kind="random", seed=cfg.seed), "scripted teacher": cfg.teacher}
     for name, pol in systems.items():
         stage(f"eval_{_slug(name)}", evaluate_system(_slug(name), pol))
-    stage("eval_sft", evaluate_system("sft", model_policy(sft_dir / "final")))
+    stage("eval_sft", evaluate_system("sft", model_policy(cfg, sft_dir / "final")))
     names = ["random", "scripted_teacher", "sft"]
     if not cfg.skip_rl and (rl_dir / "final").exists():
-        stage("eval_sft_grpo", evaluate_system("sft_grpo", model_policy(rl_dir / "final"),
+        stage("eval_sft_grpo", evaluate_system("sft_grpo", model_policy(cfg, rl_dir / "final"),
                                                rl_dir / "final" / "experience.json"))
         names.append("sft_grpo")
     labels = {"random": "random", "scripted_teacher": "scripted teacher (non-privileged)", "sft": "SFT (from scratch)",

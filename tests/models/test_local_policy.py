@@ -18,16 +18,23 @@ def requests(n: int) -> list[PolicyRequest]:
 
 
 def test_act_returns_token_records(model_dir, tokenizer):
-    pol = LocalHFPolicy(model_dir, max_new_tokens=12, max_prompt_tokens=64, policy_version=3)
+    budget = 100  # the system prompt fits; the longest user message does not
+    pol = LocalHFPolicy(model_dir, max_new_tokens=12, max_prompt_tokens=budget, policy_version=3)
     assert isinstance(pol, Policy)
     reqs = requests(3)
     outs = pol.act(reqs)
     assert len(outs) == 3 and all(isinstance(c, Completion) for c in outs)
     for req, c in zip(reqs, outs):
         assert c.error is None and c.policy_version == 3
-        assert c.prompt_tokens == len(c.prompt_token_ids) <= 64
+        assert c.prompt_tokens == len(c.prompt_token_ids) <= budget
         full = tokenizer.encode(tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True))
-        assert c.prompt_token_ids == full[-64:]  # left-truncated: the end of the prompt is kept
+        system = tokenizer.encode(tokenizer.apply_chat_template(req.messages[:1], tokenize=False) + "<|im_start|>user\n")
+        if len(full) <= budget:
+            assert c.prompt_token_ids == full and c.extra["prompt_fit"] is None
+        else:  # over budget: the system prompt is kept, the cut is right after it, the end is kept
+            assert c.prompt_token_ids[:len(system)] == system and c.prompt_token_ids[-10:] == full[-10:]
+            assert len(c.prompt_token_ids) == budget
+            assert c.extra["prompt_fit"] == {"history_dropped": 0, "tokens_cut": len(full) - budget}
         assert c.completion_tokens == len(c.completion_token_ids) == len(c.logprobs) <= 12
         assert all(lp <= 0 for lp in c.logprobs)
         assert c.text == tokenizer.decode([t for t in c.completion_token_ids if t != tokenizer.eos_token_id],

@@ -74,10 +74,16 @@ def test_labels_are_ignore_exactly_on_the_prompt(model_dir):
         assert row == (prompt + target, len(prompt))
         labels = labels_for(row)
         assert labels[:len(prompt)] == [IGNORE] * len(prompt) and labels[len(prompt):] == target
-    short = tokenize_examples(tok, EXAMPLES[:1], 16, 5)[0]
     full = rows[0]
-    assert short[1] == 16 and short[0][:16] == full[0][full[1] - 16:full[1]]  # left-truncated prompt: its end
-    assert short[0][16:] == full[0][full[1]:full[1] + 5]                        # right-truncated completion
+    budget = full[1] - 6  # over budget: cut after the system prompt and OBJECTIVE, never them (harness.prompt)
+    stats: dict[str, int] = {}
+    short = tokenize_examples(tok, EXAMPLES[:1], budget, 5, stats)[0]
+    assert short[1] == budget and short[0][budget - 10:budget] == full[0][full[1] - 10:full[1]]  # the end is kept
+    assert tok.decode(short[0][:budget]).startswith(
+        tok.apply_chat_template(EXAMPLES[0]["messages"], tokenize=False).split("\nOBSERVATION")[0])
+    assert stats["prompts_fitted"] == stats["prompts_cut"] == 1
+    assert short[0][budget:] == full[0][full[1]:full[1] + 5]                        # right-truncated completion
+    assert tokenize_examples(tok, EXAMPLES[:1], 16, 5, stats) == [] and stats["too_long_dropped"] == 1
     ids, lab = collate([short, full], tok.pad_token_id)
     assert ids.shape == lab.shape == (2, len(full[0])) and (lab[0, len(short[0]):] == IGNORE).all()
 

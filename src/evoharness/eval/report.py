@@ -30,6 +30,9 @@ def _row(trajs: list[Trajectory]) -> dict[str, Any]:
         "invalid_per_ep": round(sum(t.invalid_actions for t in trajs) / n, 2),
         "meta_per_ep": {v: round(meta[v] / n, 2) for v in META_VERBS},
         "errors": sum(t.stop_reason == "error" for t in trajs),
+        # turns whose prompt exceeded the policy's budget (history dropped / tokens cut; harness.prompt)
+        "prompt_fit": {k: sum(t.info.get("prompt_fit", {}).get(k, 0) for t in trajs)
+                       for k in ("turns", "history_dropped", "tokens_cut")},
     }
 
 
@@ -105,6 +108,10 @@ def write_report(summary: dict[str, Any], out: Path) -> None:
     ]
     if summary.get("protocol") == "random128":
         md.insert(2, "> verl-agent-style protocol: 128 games drawn with replacement; not a fixed panel.\n")
+    fit = o.get("prompt_fit") or {}
+    if fit.get("turns"):
+        md += [f"Prompts over the policy's token budget: {fit['turns']} turns shortened ({fit['history_dropped']} "
+               f"history entries dropped; {fit['tokens_cut']} tokens cut after the OBJECTIVE as a last resort).", ""]
     if summary["failed_episodes"]:
         md += ["Failed episodes: " + ", ".join(f"`{e}`" for e in summary["failed_episodes"][:50]), ""]
     (out / "report.md").write_text("\n".join(md))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from evoharness.envs.base import StepResult, TaskSpec
 from evoharness.harness.base import Harness, ParsedAction
+from evoharness.harness.prompt import HISTORY_HEADER, history_entry, render_history
 
 SYSTEM_PROMPT = (
     "You are an agent in a text-based household environment. Each turn you see the objective, "
@@ -19,10 +20,8 @@ SYSTEM_PROMPT = (
 
 
 def format_history(history: list[tuple[str, str]], window: int) -> str:
-    """Last `window` (action, feedback) pairs as ``> action\\nfeedback`` lines."""
-    if not history or window <= 0:
-        return "(none)"
-    return "\n".join(f"> {a}\n{f}" for a, f in history[-window:])
+    """Last `window` (action, feedback) pairs as ``> action\\nfeedback`` entries (`prompt.history_entry`)."""
+    return render_history([history_entry(a, f) for a, f in history[-window:]] if window > 0 else [])
 
 
 class ReActHarness(Harness):
@@ -58,7 +57,7 @@ class ReActHarness(Harness):
             f"OBJECTIVE: {self._goal}\n\n"
             f"OBSERVATION: {self._obs}\n\n"
             f"ADMISSIBLE COMMANDS: {', '.join(self._admissible)}\n\n"
-            f"PREVIOUS ACTIONS:\n{format_history(self._history, self.history_window)}"
+            f"{HISTORY_HEADER}\n{format_history(self._history, self.history_window)}"
         )
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 

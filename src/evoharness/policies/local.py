@@ -21,6 +21,7 @@ import torch
 from evoharness.engine import GenRequest
 from evoharness.engines import make_engine
 from evoharness.harness.base import META_VERBS
+from evoharness.harness.prompt import fit_prompt_ids
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.policies.base import Completion, PolicyRequest
 
@@ -57,7 +58,9 @@ class LocalHFPolicy:
         temperature: 0 for greedy; log-probs are of ``softmax(logits / temperature)``.
         top_p: nucleus mass when sampling.
         max_new_tokens: completion cap (finish_reason ``length`` when hit).
-        max_prompt_tokens: prompts are truncated from the left to this many tokens.
+        max_prompt_tokens: prompt budget; a longer prompt drops its oldest history
+            first and never loses the system prompt or OBJECTIVE (`harness.prompt.fit_prompt_ids`);
+            a fitted prompt is reported in ``Completion.extra["prompt_fit"]``.
         constrained: restrict the action to admissible commands / meta-actions.
         seed: base sampling seed.
         policy_version: version stamped on completions; `update_weights` bumps it.
@@ -87,18 +90,27 @@ class LocalHFPolicy:
         self.constrained, self.seed, self.policy_version = constrained, seed, policy_version
         self.meta_verbs = tuple(meta_verbs)
         self.num_threads = num_threads
+        self._fits: dict[tuple[str, int], dict[str, int]] = {}  # (episode, turn) -> PromptFit, until `act` reports it
         self._drop = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, *self.engine.stop_ids} - {
             self.tokenizer.convert_tokens_to_ids("</action>")}
 
     def _prompt_ids(self, req: PolicyRequest) -> list[int]:
-        text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids[-self.max_prompt_tokens:]
+        """The request's prompt ids within ``max_prompt_tokens``, fitted exactly as SFT
+        fits its examples (one prompt recipe); a fit is kept for `act` to report.
+
+        Raises:
+            PromptTooLong: the system prompt and OBJECTIVE alone exceed the budget.
+        """
+        ids, fit = fit_prompt_ids(self.tokenizer, req.messages, self.max_prompt_tokens)
+        if fit.fitted:
+            self._fits[(req.episode_id, req.turn)] = fit.as_dict()
+        return ids
 
     def act(self, requests: list[PolicyRequest]) -> list[Completion]:
         """Answer the requests together; a request that cannot be rendered gets an error completion."""
         out: list[Completion | None] = [None] * len(requests)
         gen: list[tuple[int, GenRequest]] = []
+        self._fits.clear()
         for i, req in enumerate(requests):
             try:
                 grammar = None
@@ -130,7 +142,8 @@ class LocalHFPolicy:
                 prompt_token_ids=g.prompt_ids, completion_token_ids=r.token_ids, logprobs=r.logprobs,
                 policy_version=self.policy_version, prompt_tokens=len(g.prompt_ids),
                 completion_tokens=len(r.token_ids), finish_reason=r.finish_reason,
-                extra={"seed": g.seed, "constraint": constraint},
+                extra={"seed": g.seed, "constraint": constraint,
+                       "prompt_fit": self._fits.pop((requests[i].episode_id, requests[i].turn), None)},
             )
         return out  # type: ignore[return-value]
 

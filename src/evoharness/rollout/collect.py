@@ -26,6 +26,10 @@ Command line (the teacher on the bundled train games, then the SFT file)::
 
     python -m evoharness.rollout.collect --split train --per-type 10 \\
         --out runs/traces/teacher.jsonl --sft runs/traces/sft.jsonl --engine fast
+
+One prompt recipe: the harness options (``--history-window``,
+``--system-prompt``) must be the ones ``eval`` and ``rl`` get
+(``harness.history_window``, ``harness.system_prompt``); the defaults agree.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from tqdm import tqdm
 
 from evoharness.envs.base import Env, TaskSpec
 from evoharness.harness.base import Harness, split_completion
+from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.policies.base import Policy, format_action
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
@@ -47,11 +52,15 @@ Keep = Literal["successful", "all"]
 HarnessFactory = Callable[[Any], Harness]  # (experience store or None) -> a fresh harness
 
 
-def bpe_harness_factory(history_window: int = 8) -> HarnessFactory:
-    """A factory of BPE harnesses sharing the store they are given."""
-    from evoharness.harness.bpe import BPEHarness
+def bpe_harness_factory(cfg: HarnessConfig | None = None) -> HarnessFactory:
+    """A factory of harnesses built from `cfg` (default: `HarnessConfig()`, the BPE harness
+    as ``eval`` and ``rl`` build it), sharing the store they are given.
 
-    return lambda store: BPEHarness(experience=store, history_window=history_window)
+    The teacher's prompts become SFT examples: render them with the same
+    configuration the student is evaluated and trained with (one prompt recipe).
+    """
+    cfg = cfg or HarnessConfig()
+    return lambda store: make_harness(cfg, experience=store)
 
 
 @dataclass
@@ -280,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-steps", type=int, default=50)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--keep", default="successful", choices=("successful", "all"))
+    ap.add_argument("--history-window", type=int, default=None,
+                    help="PREVIOUS ACTIONS entries shown (default: the harness's, as eval and rl use it)")
+    ap.add_argument("--system-prompt", default="full", choices=("full", "compact"))
     ap.add_argument("--out", required=True, help="trajectory JSONL")
     ap.add_argument("--sft", default=None, help="also write SFT examples here")
     ap.add_argument("--experience", default=None, help="experience store JSON (loaded on resume, saved per batch)")
@@ -290,9 +302,10 @@ def main(argv: list[str] | None = None) -> None:
         for t in tasks:
             by[t.task_type].append(t)
         tasks = [t for ts in by.values() for t in ts[: args.per_type]]
+    harness = HarnessConfig(kind="bpe", history_window=args.history_window, system_prompt=args.system_prompt)
     policy = make_policy(PolicyConfig(kind=args.policy, base_url=args.base_url, model=args.model))
     try:
-        stats = collect_traces(tasks, policy, bpe_harness_factory(), lambda t: make_env(t, engine=args.engine, wording=args.wording),
+        stats = collect_traces(tasks, policy, bpe_harness_factory(harness), lambda t: make_env(t, engine=args.engine, wording=args.wording),
                                args.out, samples=args.samples, max_steps=args.max_steps, keep=args.keep,
                                batch_size=args.batch_size, experience_path=args.experience, wording=args.wording)
     finally:

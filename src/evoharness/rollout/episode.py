@@ -154,6 +154,8 @@ def _advance(lv: _Live, req: PolicyRequest, comp: Completion, timeout_s: float, 
     """Apply one completion to one episode; False when the episode has ended."""
     h = lv.harness
     views = h.views()
+    if fit := comp.extra.get("prompt_fit"):  # the policy shortened this turn's prompt to its budget
+        count_prompt_fit(lv.traj.info, fit)
     if comp.error:
         parsed = ParsedAction("invalid", "", error=f"(policy error) {comp.error}")
     else:
@@ -197,6 +199,15 @@ def _turn(lv: _Live, req: PolicyRequest, comp: Completion, parsed: ParsedAction,
         logprobs=comp.logprobs, policy_version=comp.policy_version, prompt_tokens=comp.prompt_tokens,
         completion_tokens=comp.completion_tokens, error=comp.error, constraint=comp.extra.get("constraint"),
     )
+
+
+def count_prompt_fit(info: dict, fit: dict[str, int]) -> None:
+    """Add one fitted prompt (`harness.prompt.PromptFit`) to a trajectory's
+    ``info["prompt_fit"]``: ``{"turns", "history_dropped", "tokens_cut"}`` totals."""
+    acc = info.setdefault("prompt_fit", {"turns": 0, "history_dropped": 0, "tokens_cut": 0})
+    acc["turns"] += 1
+    acc["history_dropped"] += fit.get("history_dropped", 0)
+    acc["tokens_cut"] += fit.get("tokens_cut", 0)
 
 
 def _describe(e: BaseException) -> str:

@@ -86,6 +86,7 @@ from tqdm import tqdm
 from evoharness.envs.alfworld.wording import parse_place
 from evoharness.envs.base import StepResult, TaskSpec
 from evoharness.harness.base import META_VERBS
+from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.policies.base import estimate_tokens, format_action
 from evoharness.policies.teacher import current_subgoal, decide, parse_prompt
 from evoharness.rollout.collect import read_jsonl, traces_to_sft, write_jsonl_atomic
@@ -404,12 +405,14 @@ def _turn(h, n: int, completion: str, parsed, feedback: str, result: StepResult,
 
 
 def rebuild(task: TaskSpec, first: StepResult, results: list[StepResult], actions: list[str], store,
-            history_window: int = 8) -> list[TurnRecord]:
+            harness: HarnessConfig | None = None) -> list[TurnRecord]:
     """Replay `actions` (with their verified `results`) through a fresh BPE
-    harness, inserting the meta-actions the teacher would place."""
-    from evoharness.harness.bpe import BPEHarness
-
-    h = BPEHarness(experience=store, history_window=history_window)
+    harness built from `harness` (default `HarnessConfig()`), inserting the
+    meta-actions the teacher would place."""
+    harness = harness or HarnessConfig()
+    if harness.kind != "bpe":
+        raise ValueError(f"distillation rebuilds BPE turns; harness.kind must be 'bpe', got {harness.kind!r}")
+    h = make_harness(harness, experience=store)
     h.reset(task, first)
     turns: list[TurnRecord] = []
     last = first
@@ -479,7 +482,7 @@ def distill(
     store=None,
     batch_size: int = 16,
     max_steps: int = 50,
-    history_window: int = 8,
+    harness: HarnessConfig | None = None,
     progress: bool = False,
 ) -> tuple[list[Trajectory], DistillStats]:
     """Distil won episodes of `logs` into BPE trajectories (steps in the module docstring).
@@ -494,7 +497,8 @@ def distill(
         batch_size: episodes per frozen-store batch; consolidated after each.
         max_steps: distilled episodes longer than this (meta-actions included)
             are dropped: a student could not finish them within the budget.
-        history_window: the BPE harness's PREVIOUS ACTIONS window.
+        harness: the BPE harness configuration the prompts are rendered with:
+            the one ``eval`` and ``rl`` use (default `HarnessConfig()`).
 
     Returns:
         (distilled trajectories, `DistillStats`).
@@ -514,7 +518,7 @@ def distill(
             stats.won += 1
             stats.steps_in += len(log.steps)
             try:
-                traj = _distill_one(log, make_env, tasks, store, max_steps, history_window, stats)
+                traj = _distill_one(log, make_env, tasks, store, max_steps, harness, stats)
             except DistillError as e:
                 stats.dropped[str(e).split(":")[0][:60]] += 1
                 continue
@@ -524,7 +528,7 @@ def distill(
     return out, stats
 
 
-def _distill_one(log: AgentLog, make_env, tasks, store, max_steps: int, history_window: int,
+def _distill_one(log: AgentLog, make_env, tasks, store, max_steps: int, harness: HarnessConfig | None,
                  stats: DistillStats) -> Trajectory:
     if log.wording == "mixed":
         raise DistillError("the log uses both 'put X in/on Y' and 'move X to Y'")
@@ -544,7 +548,7 @@ def _distill_one(log: AgentLog, make_env, tasks, store, max_steps: int, history_
         first, results = _log_results(log, cleaned.steps)
     if log.goal and first.goal and log.goal.strip().rstrip(".") != first.goal.strip().rstrip("."):
         raise DistillError(f"goal mismatch on replay ({first.goal!r})")
-    turns = rebuild(task, first, results, actions, store, history_window)
+    turns = rebuild(task, first, results, actions, store, harness)
     if len(turns) > max_steps:
         raise DistillError(f"too long after distillation ({len(turns)} > {max_steps} steps)")
     traj = Trajectory(
@@ -590,9 +594,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engine", default="fast", choices=("textworld", "fast"))
     ap.add_argument("--data-path", default=None, help="ALFWORLD_DATA root; default: the bundled pack")
     ap.add_argument("--max-steps", type=int, default=50)
+    ap.add_argument("--history-window", type=int, default=None,
+                    help="PREVIOUS ACTIONS entries shown (default: the BPE harness's, as eval and rl use it)")
+    ap.add_argument("--system-prompt", default="full", choices=("full", "compact"))
     args = ap.parse_args(argv)
+    harness = HarnessConfig(kind="bpe", history_window=args.history_window, system_prompt=args.system_prompt)
     st = distill_file(args.logs, args.out, args.sft, engine=args.engine, data_path=args.data_path,
-                      max_steps=args.max_steps, progress=True)
+                      max_steps=args.max_steps, harness=harness, progress=True)
     print(json.dumps({"episodes": st.episodes, "won": st.won, "distilled": st.distilled, "dropped": dict(st.dropped),
                       "steps_in": st.steps_in, "steps_out": st.steps_out, "removed": dict(st.removed),
                       "meta": dict(st.meta), "pairs": st.pairs}, indent=1))

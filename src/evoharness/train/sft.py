@@ -108,14 +108,23 @@ def load_examples(path: str | Path) -> list[dict[str, Any]]:
 
 
 def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_tokens: int,
-                      max_completion_tokens: int) -> list[tuple[list[int], int]]:
+                      max_completion_tokens: int, stats: dict[str, int] | None = None) -> list[tuple[list[int], int]]:
     """Tokenise examples into rows ``(input_ids, n_prompt)``.
 
-    ``input_ids[:n_prompt]`` is the (left-truncated) chat-templated prompt with
-    the generation prompt; the rest is ``completion + eos`` (right-truncated).
-    Labels are `labels_for` of a row. Examples whose completion is empty are
-    dropped.
+    ``input_ids[:n_prompt]`` is the chat-templated prompt with the generation
+    prompt, fitted to `max_prompt_tokens` exactly as the policies fit theirs
+    (`harness.prompt.fit_prompt_ids`: oldest history first, never the system
+    prompt or OBJECTIVE); the rest is ``completion + eos`` (right-truncated).
+    Labels are `labels_for` of a row. Examples whose completion is empty, or
+    whose protected prompt part alone exceeds the budget, are dropped.
+    `stats`, if given, receives counts: ``prompts_fitted``,
+    ``history_dropped``, ``prompts_cut``, ``too_long_dropped``.
     """
+    from evoharness.harness.prompt import PromptTooLong, fit_prompt_ids
+
+    stats = {} if stats is None else stats
+    for k in ("prompts_fitted", "history_dropped", "prompts_cut", "too_long_dropped"):
+        stats.setdefault(k, 0)
     prompts = [tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
                for ex in examples]
     eos = tokenizer.eos_token or ""
@@ -126,7 +135,15 @@ def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_toke
     for p, c, ex in zip(p_ids, c_ids, examples):
         if not ex["completion"]:
             continue
-        p = p[-max_prompt_tokens:] if max_prompt_tokens > 0 else p
+        if 0 < max_prompt_tokens < len(p):
+            try:
+                p, fit = fit_prompt_ids(tokenizer, ex["messages"], max_prompt_tokens)
+            except PromptTooLong:
+                stats["too_long_dropped"] += 1
+                continue
+            stats["prompts_fitted"] += 1
+            stats["history_dropped"] += fit.history_dropped
+            stats["prompts_cut"] += bool(fit.tokens_cut)
         c = c[:max_completion_tokens]
         rows.append((p + c, len(p)))
     return rows
@@ -299,7 +316,9 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
     model.train()
 
     exs = load_examples(examples) if isinstance(examples, (str, Path)) else list(examples)
-    rows = tokenize_examples(tokenizer, exs, cfg.max_prompt_tokens, cfg.max_completion_tokens)
+    prompt_fit: dict[str, int] = {}
+    rows = tokenize_examples(tokenizer, exs, cfg.max_prompt_tokens, cfg.max_completion_tokens, prompt_fit)
+    (out / "prompt_fit.json").write_text(json.dumps({"examples": len(exs), **prompt_fit}))  # for reports
     if not rows:
         raise ValueError("no SFT examples with a non-empty completion")
     eval_rows = None

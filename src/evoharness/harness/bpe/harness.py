@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from evoharness.envs.base import StepResult, TaskSpec
 from evoharness.harness.base import META_VERBS, Harness, ParsedAction
+from evoharness.harness.prompt import HISTORY_HEADER, history_entry, render_history
 from evoharness.harness.bpe.belief import BELIEF_CAPACITY, Belief, type_of
 from evoharness.harness.bpe.experience import Entry, ExperienceStore, Recall
 from evoharness.harness.bpe.goal import Goal, parse_goal
@@ -221,20 +222,22 @@ class BPEHarness(Harness):
         return out
 
     def format_history(self) -> str:
-        if not self.history or self.history_window <= 0:
-            return "(none)"
-        recent = self.history[-self.history_window :]
-        lines = [f"> {a}\n{_short(f)}" for a, f in recent[:-1]]
-        a, f = recent[-1]
-        lines.append(f"> {a}\n{f}")
-        return "\n".join(lines)
+        """The last ``history_window`` entries, older feedback shortened, the newest in full.
+
+        Rendering with window w-1 equals dropping the oldest entry of the
+        window-w rendering (`prompt.drop_oldest_history` relies on it).
+        """
+        recent = self.history[-self.history_window:] if self.history_window > 0 else []
+        entries = [history_entry(a, _short(f)) for a, f in recent[:-1]]
+        entries += [history_entry(a, f) for a, f in recent[-1:]]
+        return render_history(entries)
 
     def messages(self) -> list[dict[str, str]]:
         sections = [
             f"OBJECTIVE: {self.goal.text}",
             f"OBSERVATION: {self._obs}",
             f"ADMISSIBLE COMMANDS: {', '.join(self._admissible)}",
-            f"PREVIOUS ACTIONS:\n{self.format_history()}",
+            f"{HISTORY_HEADER}\n{self.format_history()}",
         ]
         sections += [f"{name}:\n{text}" for name, text in self.views().items()]
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": "\n\n".join(sections)}]

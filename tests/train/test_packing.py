@@ -15,11 +15,11 @@ from evoharness.models.init import load_model
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
-from evoharness.train.grpo import GRPOConfig, accumulate_gradients, logprobs_of, turn_samples
+from evoharness.train.grpo import GRPOConfig, TokenMasks, accumulate_gradients, logprobs_of, turn_samples
 from evoharness.train.packing import collate, pack_trees, packed_sft_loss, sft_trees, target_logprobs
 from evoharness.train.sft import collate as sft_collate
 from evoharness.train.sft import completion_loss
-from evoharness.train.tree_loss import tree_accumulate_gradients
+from evoharness.train.tree_loss import trajectory_trees, tree_accumulate_gradients
 
 
 @pytest.fixture(autouse=True)
@@ -30,16 +30,27 @@ def _one_thread():
     torch.set_num_threads(prev)
 
 
-@pytest.fixture(scope="module")
-def episodes(model_dir):
+def play(model_dir, constrained: bool):
     """Three real BPE episodes (4 turns each) sampled from the micro model at T=1."""
-    policy = LocalHFPolicy(model_dir, temperature=1.0, max_new_tokens=10, max_prompt_tokens=4096, seed=1)
+    policy = LocalHFPolicy(model_dir, temperature=1.0, max_new_tokens=10 if not constrained else 24,
+                           max_prompt_tokens=4096, seed=1, constrained=constrained)
     tasks = discover_games("valid_seen")[:3]
     specs = [EpisodeSpec(t, f"{t.task_id}#0", seed=i) for i, t in enumerate(tasks)]
     trajs = run_episodes(specs, lambda t: make_env(t, engine="fast"), lambda: BPEHarness(ExperienceStore()),
                          policy, max_steps=4)
     assert all(len(t.turns) == 4 and t.turns[0].completion_token_ids for t in trajs)
-    return trajs
+    assert all((t.constraint is not None) == constrained for tr in trajs for t in tr.turns)
+    return trajs, TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
+
+
+@pytest.fixture(scope="module")
+def episodes(model_dir):
+    return play(model_dir, constrained=False)[0]
+
+
+@pytest.fixture(scope="module")
+def constrained(model_dir):
+    return play(model_dir, constrained=True)
 
 
 def _grads(model):
@@ -120,9 +131,11 @@ def test_packed_sft_loss_and_gradients_equal_unpacked(model_dir, episodes):
 
 
 @pytest.mark.parametrize("max_tokens,rows_per_micro,cost_model", [(None, 1, False), (900, 1, False), (900, 3, True)])
-def test_tree_grpo_equals_turn_rows(model_dir, episodes, max_tokens, rows_per_micro, cost_model):
-    """Uncapped J_max: the tree loss (execution-level advantages, KL to a reference, entropy) and
-    its gradient equal the turn-row loss, however the trees are cut into rows and micro-batches."""
+def test_tree_grpo_equals_turn_rows(model_dir, constrained, max_tokens, rows_per_micro, cost_model):
+    """Uncapped J_max: the tree loss (per-turn advantages, KL to a reference, entropy, the
+    constrained sampler's masks replayed) and its gradient equal the turn-row loss, however
+    the trees are cut into rows and micro-batches."""
+    episodes, masks = constrained
     model = load_model(model_dir)
     model.train()
     ref_model = copy.deepcopy(model).eval()
@@ -130,17 +143,23 @@ def test_tree_grpo_equals_turn_rows(model_dir, episodes, max_tokens, rows_per_mi
         for p in ref_model.parameters():
             p.add_(0.01 * torch.randn_like(p))
     cfg = GRPOConfig(kl_beta=0.05, entropy_coef=0.01, temperature=1.0, micro_batch_size=3)
-    adv = [1.5, -0.5, 0.25]
+    episodes = copy.deepcopy(episodes)
     for traj in episodes:  # make the ratio move off 1 so the clip is exercised
         for t in traj.turns:
             t.logprobs = [x + 0.3 * ((i % 3) - 1) for i, x in enumerate(t.logprobs)]
-    samples = turn_samples(episodes, [[a] * len(t.turns) for a, t in zip(adv, episodes)])
-    want = accumulate_gradients(model, samples, cfg, ref_model)
+    adv = [[1.5 - 0.1 * k for k in range(4)], [-0.5] * 4, [0.25, 0.0, -0.25, 1.0]]
+    samples = turn_samples(episodes, adv)
+    want = accumulate_gradients(model, samples, cfg, ref_model, masks)
     want_grads = _grads(model)
     model.zero_grad(set_to_none=True)
-    trees = [TrajectoryTree.from_trajectory(t) for t in episodes]
-    got = tree_accumulate_gradients(model, trees, adv, cfg, j_max=None, max_tokens=max_tokens,
-                                    rows_per_micro=rows_per_micro, cost_model=cost_model, ref_model=ref_model)
+    trees, call_adv = trajectory_trees(episodes, adv)
+    assert all(len(t.calls) == 4 for t in trees)
+    got = tree_accumulate_gradients(model, trees, call_adv, cfg, j_max=None, max_tokens=max_tokens,
+                                    rows_per_micro=rows_per_micro, cost_model=cost_model, ref_model=ref_model,
+                                    masks=masks)
+    assert want["forced_fraction"] > 0 and got["forced_fraction"] == pytest.approx(want["forced_fraction"])
+    with pytest.raises(ValueError, match="TokenMasks"):
+        tree_accumulate_gradients(model, trees, call_adv, cfg, ref_model=ref_model)
     for key in ("loss", "pg_loss", "kl", "entropy", "ratio_mean"):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     assert got["n_tokens"] == want["n_tokens"] and want["clip_fraction"] > 0

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from evoharness.rollout.records import AGENT_ROLES, CallRecord, Trajectory
+from evoharness.rollout.records import AGENT_ROLES, CallRecord, Trajectory, TurnRecord
 
 ROOT = 0
 ROLE_RANK = {r: i for i, r in enumerate(AGENT_ROLES)}  # 0 = highest priority
@@ -233,10 +233,10 @@ class TrajectoryTree:
         with an empty prompt are skipped, as `grpo.turn_samples` skips them."""
         tree = cls(traj.episode_id)
         for t in traj.turns:
-            if not t.prompt_token_ids or t.completion_token_ids is None or t.logprobs is None:
+            if not has_tokens(t):
                 continue
             tree.add_call(t.prompt_token_ids, t.completion_token_ids, t.logprobs, call_id=f"{traj.episode_id}#t{t.turn}",
-                          policy_version=t.policy_version or 0, constraint=getattr(t, "constraint", None))
+                          policy_version=t.policy_version or 0, constraint=t.constraint)
         return tree
 
     # ------------------------------------------------------------ reading
@@ -309,6 +309,11 @@ class TrajectoryTree:
             if (i == ROOT) != (n.parent == -1) or n.parent >= len(nodes):
                 raise ValueError(f"{d['execution_id']}: node {i} has parent {n.parent}")
         return cls(d["execution_id"], nodes, [TreeCall(**c) for c in d["calls"]])
+
+
+def has_tokens(turn: TurnRecord) -> bool:
+    """A turn that `TrajectoryTree.from_trajectory` folds in (it has a TITO record)."""
+    return bool(turn.prompt_token_ids) and turn.completion_token_ids is not None and turn.logprobs is not None
 
 
 def trees_from_records(records: Iterable[CallRecord]) -> dict[str, TrajectoryTree]:

@@ -19,13 +19,15 @@ loss of `grpo.accumulate_gradients` (tested), while shared prefixes run once.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
-from evoharness.rollout.tree import PathSelection, TrajectoryTree, all_paths, select_paths
-from evoharness.train.grpo import GRPOConfig
+from evoharness.rollout.records import Trajectory
+from evoharness.rollout.tree import PathSelection, TrajectoryTree, all_paths, has_tokens, select_paths
+from evoharness.train.grpo import GRPOConfig, TokenMasks
 from evoharness.train.packing import PackedBatch, collate, linear_cost, pack_trees, target_logprobs
 
 
@@ -53,7 +55,8 @@ def ppo_token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tenso
         d = (ref - logp).clamp(-20.0, 20.0)
         kl = (torch.exp(d) - d - 1.0).clamp(max=10.0)
     with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coef != 0):
-        ent = -(logp_all.exp() * logp_all).sum(-1)
+        # masked ids: p = 0 and log p = −∞; count them as 0 (0 · −∞ would be NaN)
+        ent = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)
     per_tok = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent
     return {"per_tok": per_tok, "pg": pg, "kl": kl, "ent": ent, "ratio": ratio, "clipped": pg2 > pg1}
 
@@ -64,6 +67,53 @@ def execution_weights(selections: Sequence[PathSelection]) -> list[float]:
     return [1.0 / (m * s.n_tokens) if s.n_tokens else 0.0 for s in selections]
 
 
+def trajectory_trees(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]
+                     ) -> tuple[list[TrajectoryTree], list[list[float]]]:
+    """ALFWorld episodes as trees, and per tree one advantage per call.
+
+    Args:
+        trajectories: episodes with TITO records (rollout order).
+        advantages: per trajectory, one advantage per turn (`advantages.turn_advantages`,
+            flattened), so GiGPO's step-level advantages reach the tokens of their turn.
+    """
+    trees, per_call = [], []
+    for traj, adv in zip(trajectories, advantages, strict=True):
+        if len(adv) != len(traj.turns):
+            raise ValueError(f"{traj.episode_id}: {len(adv)} advantages for {len(traj.turns)} turns")
+        trees.append(TrajectoryTree.from_trajectory(traj))
+        per_call.append([float(a) for t, a in zip(traj.turns, adv) if has_tokens(t)])
+    return trees, per_call
+
+
+def target_masks(masks: TokenMasks, trees: Sequence[TrajectoryTree], batch: PackedBatch,
+                 device: torch.device) -> torch.Tensor | None:
+    """[K, V] bool: the allowed ids each target was sampled under (the behaviour log-prob
+    contract, as `grpo.TokenMasks` for turn rows): ids ``>= len(tokenizer)`` never, and
+    for a constrained call the mask its grammar applied at that completion position
+    (`engine.ActionGrammar.replay`, once per call). None when nothing is masked."""
+    from evoharness.engine import ActionGrammar
+
+    keys = list(zip(batch.tree.tolist(), batch.gen_call.tolist(), batch.node.tolist(), batch.offset.tolist()))
+    constrained = {(t, g) for t, g, _, _ in keys if trees[t].calls[g].constraint is not None}
+    if masks.n_valid >= masks.vocab_size and not constrained:
+        return None
+    allowed = torch.ones((len(keys), masks.vocab_size), dtype=torch.bool, device=device)
+    allowed[:, masks.n_valid:] = False
+    replays: dict[tuple[int, int], torch.Tensor] = {}
+    depth: dict[tuple[int, int], int] = {}
+    for k, (t, g, node, off) in enumerate(keys):
+        if (t, g) not in constrained:
+            continue
+        call = trees[t].calls[g]
+        if (t, g) not in replays:
+            grammar = ActionGrammar.from_constraint(masks.vocab(device), call.constraint)
+            replays[(t, g)] = grammar.replay(trees[t].call_sequence(g)[1], int(call.constraint["max_new_tokens"]))
+        if (t, node) not in depth:
+            depth[(t, node)] = trees[t].depth(node)
+        allowed[k] &= replays[(t, g)][depth[(t, node)] + off - call.n_prompt]
+    return allowed
+
+
 def _token_advantages(batch: PackedBatch, advantages: Sequence[float | Sequence[float]]) -> torch.Tensor:
     out = torch.empty(batch.n_targets, dtype=torch.float32)
     for k, (t, g) in enumerate(zip(batch.tree.tolist(), batch.gen_call.tolist())):
@@ -72,17 +122,17 @@ def _token_advantages(batch: PackedBatch, advantages: Sequence[float | Sequence[
     return out
 
 
-def packed_grpo_loss(model: Any, trees: Sequence[TrajectoryTree], batch: PackedBatch,
-                     advantages: Sequence[float | Sequence[float]], weights: Sequence[float], cfg: GRPOConfig,
-                     ref_model: Any = None, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def packed_grpo_loss(model: Any, batch: PackedBatch, advantages: Sequence[float | Sequence[float]],
+                     weights: Sequence[float], cfg: GRPOConfig, ref_model: Any = None,
+                     allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ_k w_k ℓ_k over one packed batch's target tokens.
 
     Args:
-        trees: the trees `batch` was packed from (same order).
+        batch: packed from the trees that `advantages` and `weights` index.
         advantages: per tree, one float (the execution's advantage) or one per call.
         weights: per tree, the token weight (`execution_weights`).
-        allowed: optional [K, V] bool, the sampling masks (vocabulary padding,
-            grammar) of each target, applied to π_θ and π_ref alike.
+        allowed: optional [K, V] bool sampling masks (`target_masks`), applied to
+            π_θ, π_ref and the entropy alike.
 
     Returns:
         the scalar loss and sums for the metrics, as `grpo.microbatch_loss`.
@@ -98,6 +148,7 @@ def packed_grpo_loss(model: Any, trees: Sequence[TrajectoryTree], batch: PackedB
             raise ValueError("kl_beta > 0 needs a reference model")
         with torch.no_grad():
             ref, _ = target_logprobs(ref_model, batch, cfg.temperature, allowed)
+            ref = ref.to(dev)
     t = ppo_token_terms(logp, logp_all, old, adv, ref, cfg)
     loss = (t["per_tok"] * w).sum()
     r = t["ratio"].detach()
@@ -106,6 +157,7 @@ def packed_grpo_loss(model: Any, trees: Sequence[TrajectoryTree], batch: PackedB
         "kl": float((t["kl"].detach() * w).sum()), "entropy": float((t["ent"].detach() * w).sum()),
         "n_tokens": batch.n_targets, "n_clipped": int(t["clipped"].sum()),
         "ratio_sum": float(r.sum()), "ratio_max": float(r.max()) if r.numel() else 0.0,
+        "n_forced": int((allowed.sum(-1) == 1).sum()) if allowed is not None else 0,
     }
     return loss, stats
 
@@ -114,7 +166,8 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
                               advantages: Sequence[float | Sequence[float]], cfg: GRPOConfig, *,
                               j_max: int | None = None, seed: int | str = 0, max_tokens: int | None = 4096,
                               rows_per_micro: int = 1, cost_model: bool = True, ref_model: Any = None,
-                              allowed_fn: Any = None) -> dict[str, float]:
+                              masks: TokenMasks | None = None,
+                              amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
     """Dedup-sample, pack and accumulate gradients of the two-level GRPO loss.
 
     Args:
@@ -124,25 +177,33 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
         max_tokens: row budget of `pack_trees`; rows_per_micro: rows per forward/backward.
         cost_model: a path joins a row only when `packing.linear_cost` of the model says
             it is cheaper than a row of its own (small models pay more for long rows).
-        allowed_fn: optional ``allowed_fn(trees, batch) -> [K, V] bool`` (sampling masks).
+        masks: rebuilds the sampler's allowed-token masks (as in `grpo.microbatch_loss`).
+        amp: wraps the forward passes (autocast); backward runs outside it.
 
     Returns:
         the metrics of `grpo.accumulate_gradients` plus ``paths`` (selected
         paths), ``packed_tokens`` (tokens run, padding excluded) and ``rows``.
+
+    Raises:
+        ValueError: advantages and trees differ in number; a constrained call without `masks`.
     """
     if len(advantages) != len(trees):
         raise ValueError(f"{len(advantages)} advantages for {len(trees)} trees")
+    if masks is None and any(c.constraint is not None for t in trees for c in t.calls):
+        raise ValueError("constrained calls need TokenMasks to rebuild the sampling distribution")
     sels = [select_paths(t, j_max, seed) if j_max is not None else all_paths(t) for t in trees]
     weights = execution_weights(sels)
     rows = pack_trees(trees, sels, max_tokens, linear_cost(model.config) if cost_model else None)
+    device = next(model.parameters()).device
     tot: dict[str, float] = defaultdict(float)
     ratio_max = 0.0
     for k in range(0, len(rows), rows_per_micro):
         batch = collate(trees, rows[k:k + rows_per_micro])
         if batch.n_targets == 0:
             continue
-        allowed = allowed_fn(trees, batch) if allowed_fn is not None else None
-        loss, st = packed_grpo_loss(model, trees, batch, advantages, weights, cfg, ref_model, allowed)
+        allowed = target_masks(masks, trees, batch, device) if masks is not None else None
+        with amp():
+            loss, st = packed_grpo_loss(model, batch, advantages, weights, cfg, ref_model, allowed)
         loss.backward()
         ratio_max = max(ratio_max, st.pop("ratio_max"))
         for key, v in st.items():
@@ -151,6 +212,42 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
     return {
         "loss": tot["loss"], "pg_loss": tot["pg_loss"], "kl": tot["kl"], "entropy": tot["entropy"],
         "clip_fraction": tot["n_clipped"] / n, "ratio_mean": tot["ratio_sum"] / n, "ratio_max": ratio_max,
-        "n_tokens": int(tot["n_tokens"]), "paths": sum(len(s.leaves) for s in sels),
-        "packed_tokens": sum(r.n_tokens for r in rows), "rows": len(rows),
+        "n_tokens": int(tot["n_tokens"]), "forced_fraction": tot["n_forced"] / n,
+        "paths": sum(len(s.leaves) for s in sels), "packed_tokens": sum(r.n_tokens for r in rows), "rows": len(rows),
     }
+
+
+def tree_grpo_step(model: Any, optimizer: torch.optim.Optimizer, trees: Sequence[TrajectoryTree],
+                   advantages: Sequence[float | Sequence[float]], cfg: GRPOConfig, *, group_size: int = 1,
+                   j_max: int | None = None, seed: int | str = 0, max_tokens: int | None = 4096,
+                   ref_model: Any = None, masks: TokenMasks | None = None,
+                   amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+    """Optimizer steps on one step batch of trees: `grpo.grpo_step` with tree packing.
+
+    The trees (rollout order, ``group_size`` consecutive trees per GRPO group)
+    are dealt round-robin by whole groups into ``cfg.mini_batches`` slices, as
+    `grpo.mini_batch_slices`; each slice is one update (weights over the slice,
+    accumulate, clip to ``cfg.grad_clip``, step). Returns the metrics of
+    `tree_accumulate_gradients` plus ``grad_norm``, averaged over the updates
+    (``ratio_max``: the max; ``n_tokens``, ``packed_tokens``, ``paths``, ``rows``: sums).
+    """
+    n_groups = -(-len(trees) // max(1, group_size))
+    n = max(1, min(cfg.mini_batches, n_groups))
+    runs = []
+    for j in range(n):
+        idx = [i for i in range(len(trees)) if (i // max(1, group_size)) % n == j]
+        optimizer.zero_grad(set_to_none=True)
+        m = tree_accumulate_gradients(model, [trees[i] for i in idx], [advantages[i] for i in idx], cfg,
+                                      j_max=j_max, seed=seed, max_tokens=max_tokens, ref_model=ref_model,
+                                      masks=masks, amp=amp)
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        runs.append(m)
+    out = {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]}
+    out["ratio_max"] = max(r["ratio_max"] for r in runs)
+    for key in ("n_tokens", "packed_tokens", "paths", "rows"):
+        out[key] = sum(r[key] for r in runs)
+    out["updates"] = len(runs)
+    return out

@@ -69,6 +69,8 @@ def test_agent_cannot_reconfigure_or_fake_the_run(pack, tmp_path):
     (ws / "pytest.ini").write_text("[pytest]\naddopts = -k nothing_matches\n")
     (ws / "conftest.py").write_text("import pytest\n@pytest.fixture(autouse=True)\ndef boom():\n    raise RuntimeError\n")
     (ws / "results.jsonl").write_text('{"event": "test", "nodeid": "x", "when": "call", "outcome": "passed"}\n')
+    (ws / "sitecustomize.py").write_text("import os\nos._exit(0)\n")  # would end python before pytest runs
+    (ws / "pytest.py").write_text("raise SystemExit(0)\n")  # would shadow pytest
     assert score_workspace(task, ws).reward == 1.0
 
 

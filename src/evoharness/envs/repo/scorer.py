@@ -6,7 +6,8 @@ special files skipped), with the suite mounted read-only at ``/score/tests``
 (pack layout; ``-c /score/pytest.ini --rootdir /score``, so the agent's own
 ``conftest.py``/``pytest.ini`` cannot reconfigure the run) or copied over the
 copy at its upstream paths (NL2Repo layout). The workspace root is cwd and on
-``sys.path``.
+``sys.path`` (after pytest and the plugin are imported, in isolated mode, so
+the agent's ``sitecustomize.py`` or a ``pytest.py`` of its own change nothing).
 
 A small pytest plugin (``evo_score_plugin``) appends one JSON line per test
 report to a results file as the run goes, so a run that the agent's code kills
@@ -94,6 +95,19 @@ def pytest_runtest_call(item):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+'''
+
+# Runs as ``python -I -B /score/evo_run.py``: isolated mode keeps the workspace off sys.path
+# while the interpreter starts (no sitecustomize/usercustomize of the agent's) and while
+# pytest and the plugin are imported (no shadowing ``pytest.py``); then the workspace goes
+# first on sys.path, where the tests import the agent's code from.
+RUNNER = '''\
+import sys
+import pytest
+sys.path.insert(0, "/score")
+import evo_score_plugin
+sys.path.insert(0, "/workspace")
+sys.exit(pytest.main(sys.argv[1:], plugins=[evo_score_plugin]))
 '''
 
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".git"}
@@ -184,8 +198,9 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
         score.mkdir()
         out.mkdir()
         (score / "evo_score_plugin.py").write_text(PLUGIN)
+        (score / "evo_run.py").write_text(RUNNER)
         (score / "pytest.ini").write_text("[pytest]\n")
-        args = ["python", "-m", "pytest", "-q", "-p", "evo_score_plugin", "-p", "no:cacheprovider",
+        args = ["python", "-I", "-B", "/score/evo_run.py", "-q", "-p", "no:cacheprovider",
                 "--continue-on-collection-errors", "-o", "addopts=", "--color=no"]
         if task.layout == "pack":
             shutil.copytree(task.tests_dir, score / "tests", ignore=shutil.ignore_patterns("__pycache__"))
@@ -207,7 +222,7 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
             sandbox.own_tree(out)
             try:
                 r = sandbox.run(args, extra_ro={str(score): "/score"}, extra_rw={str(out): "/out"},
-                                env={"PYTHONPATH": "/score:/workspace", "EVO_SCORE_RESULTS": "/out/results.jsonl",
+                                env={"EVO_SCORE_RESULTS": "/out/results.jsonl",
                                      "EVO_PER_TEST_TIMEOUT": str(task.per_test_timeout_s)})
             except SandboxError as e:
                 raise EvaluationError(f"sandbox failed: {e}") from e

@@ -87,6 +87,9 @@ def test_compaction_summarises_and_continues(pack, tool_server, tmp_path):
     after = calls[roles.index("summary") + 1][1]["messages"]  # a fresh context: system + spec + summary
     assert len(after) == 2 and "SUMMARY-1" in after[1]["content"] and "# Specification" in after[1]["content"]
     assert [json.loads(x)["role"] for x in (tmp_path / "t.jsonl").read_text().splitlines()].count("summary") == 2
+    segments = json.loads((tmp_path / "transcript.json").read_text())["segments"]
+    assert [g["role"] for g in segments] == ["main", "summary", "main", "summary", "main"]
+    assert segments[1]["content"].startswith("SUMMARY-1") and segments[-1]["messages"][-1]["role"] == "tool"
 
 
 def test_context_length_error_triggers_compaction(pack, tool_server, tmp_path):
@@ -174,6 +177,8 @@ def test_cli_eval_repo_writes_report_plot_trace_and_resumes(pack, tmp_path):
     assert summary["overall"]["mean_score"] == 1.0 and summary["scoring"]["score/scored"] == 1
     n_trace = len((out / "trace.jsonl").read_text().splitlines())
     assert len(load_trace(out / "trace.jsonl")) == 1
+    r = CliRunner().invoke(app, ["simulate", "--workload", str(out / "trace.jsonl"), "--policies", "colocate"])
+    assert r.exit_code == 0 and "| colocate |" in r.output, r.output
     r = CliRunner().invoke(app, args)  # resumes: nothing replayed
     assert r.exit_code == 0 and len((out / "trace.jsonl").read_text().splitlines()) == n_trace
     r = CliRunner().invoke(app, ["eval", "--env", "repo", "--split", "valid_seen"])

@@ -21,6 +21,7 @@ harness fault).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import uuid
@@ -150,6 +151,7 @@ class _Episode:
         self.known = (0, 0)  # (messages sent at the last call, its prompt + completion tokens)
         self.finish_summary = ""
         self.error: str | None = None
+        self.segments: list[dict[str, Any]] = []  # earlier contexts and their summaries (the transcript)
 
     # ---- model calls ----------------------------------------------------------------
 
@@ -192,6 +194,9 @@ class _Episode:
             self.error = reply.error
             return "context_overflow" if reply.context_overflow else "model_error"
         self.n_compact += 1
+        self.segments += [{"role": "main", "messages": self.messages},
+                          {"role": "summary", "dropped_messages": len(self.messages) - len(convo),
+                           "content": reply.content}]
         self.messages = self.head[:1] + [{"role": "user", "content": (
             f"{self.head[1]['content']}\n\n# Your progress so far (summary {self.n_compact})\n\n"
             f"{reply.content.strip()}\n\nFiles now in the workspace:\n"
@@ -278,7 +283,9 @@ def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cf
                      trace: TraceWriter | None = None, execution_id: str | None = None) -> RepoEpisode:
     """Play one execution of `task` with `policy` in ``workdir/workspace`` and score it.
 
-    The workspace is left in place (scored on a copy). Never raises for the
+    The workspace is left in place (scored on a copy); ``workdir/transcript.json``
+    holds every context the agent saw (segments: main conversations and the
+    summaries that replaced them). Never raises for the
     agent's or the endpoint's failures: they end the episode with a stop reason.
 
     Raises:
@@ -291,6 +298,11 @@ def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cf
         stop = ep.run()
     finally:
         ep.sandbox.close()
+        transcript = {"execution_id": xid, "task_id": task.task_id,
+                      "segments": ep.segments + [{"role": "main", "messages": ep.messages}]}
+        tmp = Path(workdir) / ".transcript.json.tmp"
+        tmp.write_text(json.dumps(transcript))
+        os.replace(tmp, Path(workdir) / "transcript.json")
     wall = time.monotonic() - ep.t0
     t_score = time.monotonic()
     outcome = score_workspace(task, ep.workspace, budget=cfg.score_budget)

@@ -15,11 +15,12 @@ from evoharness.models.init import load_model
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
-from evoharness.train.grpo import GRPOConfig, TokenMasks, accumulate_gradients, logprobs_of, turn_samples
+from evoharness.train.grpo import (GRPOConfig, TokenMasks, accumulate_gradients, grpo_step, logprobs_of,
+                                   turn_samples)
 from evoharness.train.packing import collate, pack_trees, packed_sft_loss, sft_trees, target_logprobs
 from evoharness.train.sft import collate as sft_collate
 from evoharness.train.sft import completion_loss
-from evoharness.train.tree_loss import trajectory_trees, tree_accumulate_gradients
+from evoharness.train.tree_loss import trajectory_trees, tree_accumulate_gradients, tree_grpo_step
 
 
 @pytest.fixture(autouse=True)
@@ -195,3 +196,23 @@ def test_cost_model_packs_only_what_shares_enough():
     assert len(pack_trees([tree], max_tokens=1)) == 3  # one row per path
     batch = collate([tree], pack_trees([tree], alpha=960.0))
     assert batch.n_targets == 5  # the shared "1" is context in both rows; every completion token once
+
+
+def test_tree_grpo_step_equals_grpo_step_with_mini_batches(model_dir, constrained):
+    """Two updates (mini-batches of whole groups): the weights after a tree step equal a turn step's
+    (SGD: Adam's g/sqrt(v) would blow float noise in near-zero gradients up to a full step)."""
+    episodes, masks = constrained
+    cfg = GRPOConfig(lr=0.5, kl_beta=0.0, mini_batches=2, clip_low=0.05, clip_high=0.05)
+    adv = [[1.0] * 4, [-1.0] * 4, [0.5] * 4]
+    a, b = load_model(model_dir), load_model(model_dir)
+    a.train(), b.train()
+    want = grpo_step(a, torch.optim.SGD(a.parameters(), lr=cfg.lr), turn_samples(episodes, adv, group_size=1),
+                     cfg, group_size=1, masks=masks)
+    trees, call_adv = trajectory_trees(episodes, adv)
+    got = tree_grpo_step(b, torch.optim.SGD(b.parameters(), lr=cfg.lr), trees, call_adv, cfg, group_size=1,
+                         masks=masks, seed=0)
+    assert got["updates"] == want["updates"] == 2 and got["n_tokens"] == want["n_tokens"]
+    assert got["clip_fraction"] == pytest.approx(want["clip_fraction"]) and want["clip_fraction"] > 0
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(p, q, atol=1e-6, rtol=1e-4), n

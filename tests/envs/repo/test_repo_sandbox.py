@@ -116,3 +116,12 @@ def test_missing_bwrap_fails_loudly(tmp_path, monkeypatch):
 def test_bwrap_is_installed():
     """CI installs bubblewrap (.ci/run); without it the environment must not pretend."""
     assert shutil.which("bwrap"), "bubblewrap missing: apt-get install -y bubblewrap"
+
+
+def test_package_data_stays_covered_inside_a_mounted_install(tmp_path):
+    """Installed as a wheel, the pack sits inside the read-only site-packages: it is covered."""
+    src = PACK_DIR.parents[2]  # the directory holding the evoharness package
+    with Sandbox(tmp_path / "ws", ro_binds={str(src): "/opt/site"}) as sb:
+        r = sb.run("ls /opt/site; echo ---; ls -A /opt/site/evoharness | wc -l")
+    listed, count = r.output.split("---")
+    assert "evoharness" in listed.split() and count.strip() == "0"

@@ -12,7 +12,7 @@
   ground operator (name and effects) against Fast Downward's translator, the
   grammar parser against TatSu, the names against ALFWorld's demangler.
 
-``scripts/diff_engines.py`` runs the trajectory check on every game.
+``benchmarks/diff_engines.py`` runs the trajectory check on every game.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ are chosen on line from the stock engine's admissible list by a seeded mix of:
   spaces, the other wording's placing command, an empty string.
 
 A trajectory goes on a few steps after the game is won. Used by the tests
-(`tests/envs/test_fast_engine_diff.py`) and by ``scripts/diff_engines.py``.
+(`tests/envs/test_fast_engine_diff.py`) and by ``benchmarks/diff_engines.py``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ commands, invalid commands; a quarter of the games in the ``move`` wording) on
 both engines and compares every state (observation, admissible commands, won,
 done, facts). Prints the number of mismatching steps, which must be zero.
 
-    python scripts/diff_engines.py --data-path /tmp/alf --workers 2 \
+    python benchmarks/diff_engines.py --data-path /tmp/alf --workers 2 \
         --out benchmarks/results/diff_engines.jsonl | tee benchmarks/results/diff_engines.txt
 
 Per-game results go to ``--out`` (JSON lines); ``--resume`` skips games already

@@ -1,8 +1,10 @@
 """`LocalHFPolicy`: a local Hugging Face causal LM served by the project's engine.
 
 Each `act` call renders every request's messages with the model's chat
-template (``add_generation_prompt=True``), keeps the last ``max_prompt_tokens``
-tokens, and decodes the whole batch at once with `engine.Engine`. Sampling
+template (``add_generation_prompt=True``), fits it to ``max_prompt_tokens``
+as SFT fits its examples (`harness.prompt.fit_prompt_ids`: oldest history
+first, never the system prompt or OBJECTIVE), and decodes the whole batch at
+once with `engine.Engine`. Sampling
 seeds are derived from (policy seed, episode id, turn), so an episode's samples
 do not depend on which other episodes share the batch. With
 ``constrained=True`` the action is restricted to the request's admissible

@@ -154,13 +154,16 @@ class StaticKVDecoder:
         self._head = self.model.get_output_embeddings().weight.detach()
 
     def _rope_rows(self, n: int) -> torch.Tensor:
-        """[>= n, 2, D] (cos, sin) per position, from the model's own rotary module."""
+        """[>= n, 2, D] (cos, signed sin) per position, from the model's own rotary module;
+        the first half of the sin row is negated (see `_rot`)."""
         if self._rope.shape[0] < n:
             size = max(n, 2 * self._rope.shape[0], 1024)
             pos = torch.arange(size, device=self.device)[None]
             dummy = torch.empty(1, device=self.device, dtype=self.dtype)
             cos, sin = self.model.model.rotary_emb(dummy, pos)
-            self._rope = torch.stack([cos[0], sin[0]], dim=1).contiguous()
+            sin = sin[0].clone()
+            sin[:, :self.D // 2].neg_()
+            self._rope = torch.stack([cos[0], sin], dim=1).contiguous()
         return self._rope
 
     # ---- cache ---------------------------------------------------------------------------------
@@ -182,8 +185,9 @@ class StaticKVDecoder:
     # ---- forward -------------------------------------------------------------------------------
 
     def _rot(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = self.D // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+        # HF's x*cos + rotate_half(x)*sin, rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * (-1 | +1)
+        # with the sign folded into the table's sin row (`_rope_rows`)
+        return torch.addcmul(x * cos, x.roll(self.D // 2, -1), sin)
 
     def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.rms_norm(x, (self.H,), self._norm, self.eps), self._head)
@@ -272,24 +276,20 @@ class StaticKVDecoder:
         """Decode attention with a shared prefix read once (cascade attention).
 
         q [B, Hk, G, D]; caches [B, Hk, T', D] whose columns ``< S`` are equal in
-        every row; `bias_s` [B*Hk, 1, T-S] masks the per-row suffix. The prefix
-        part is one matmul per kv head over all B*G queries, the suffix part a
-        batched matmul per row; the two softmax halves are merged by their
-        log-sum-exps: ``out = w o_prefix + (1 - w) o_suffix``,
-        ``w = sigmoid(lse_prefix - lse_suffix)``. Returns [B*Hk, G, D].
+        every row; `bias_s` [B, 1, 1, T-S] masks the per-row suffix. The prefix
+        scores are one matmul per kv head over all B*G queries against row 0's
+        prefix (read once, not B times), the suffix scores a batched matmul per
+        row; one softmax over both, then the two value products are summed.
+        Returns [B*Hk, G, D].
         """
         B, Hk, G, D = q.shape
         q = q * (D ** -0.5)
-        qp = q.transpose(0, 1).reshape(Hk, B * G, D)
-        sp = torch.matmul(qp, kc[0, :, :S].transpose(1, 2))             # [Hk, B*G, S]
-        lp = torch.logsumexp(sp, -1, keepdim=True)
-        op = torch.matmul(sp.sub_(lp).exp_(), vc[0, :, :S])              # [Hk, B*G, D]
-        ks, vs = kc[:, :, S:T].flatten(0, 1), vc[:, :, S:T].flatten(0, 1)  # [B*Hk, T-S, D]
-        ss = torch.baddbmm(bias_s, q.reshape(B * Hk, G, D), ks.transpose(1, 2))  # [B*Hk, G, T-S]
-        ls = torch.logsumexp(ss, -1, keepdim=True)
-        os_ = torch.bmm(ss.sub_(ls).exp_(), vs)                           # [B*Hk, G, D]
-        w = torch.sigmoid(lp.view(Hk, B, G, 1).transpose(0, 1).reshape(B * Hk, G, 1) - ls)
-        return torch.lerp(os_, op.view(Hk, B, G, D).transpose(0, 1).reshape(B * Hk, G, D), w)
+        sp = torch.matmul(q.transpose(0, 1).reshape(Hk, B * G, D), kc[0, :, :S].transpose(1, 2))  # [Hk, B*G, S]
+        ss = torch.matmul(q, kc[:, :, S:T].transpose(2, 3))  # [B, Hk, G, T-S]
+        p = torch.softmax(torch.cat([sp.view(Hk, B, G, S).transpose(0, 1), ss.add_(bias_s)], -1), -1)
+        out = torch.matmul(p[..., S:], vc[:, :, S:T])  # [B, Hk, G, D]
+        pp = p[..., :S].transpose(0, 1).reshape(Hk, B * G, S)
+        return out.add_(torch.matmul(pp, vc[0, :, :S]).view(Hk, B, G, D).transpose(0, 1)).view(B * Hk, G, D)
 
     def decode(self, tokens: torch.Tensor, st: DecodeState) -> torch.Tensor:
         """One step: feed tokens [B] (one per row), write cache column ``st.t``; returns logits [B, V]."""
@@ -299,7 +299,6 @@ class StaticKVDecoder:
         cos, sin = cs[:, None, 0], cs[:, None, 1]
         S = st.shared
         bias = st.bias[..., :t + 1]
-        bias_s = bias[..., S:].reshape(B, 1, t + 1 - S).expand(B, Hk, t + 1 - S).reshape(B * Hk, 1, t + 1 - S)
         x = F.embedding(tokens, self._embed)
         kv = st.kv
         for li, w in enumerate(self._layers):
@@ -314,7 +313,7 @@ class StaticKVDecoder:
             vc.select(2, t).copy_(qkv[:, Hq + Hk:])
             # the G query heads sharing a kv head become G query rows of one attention call
             if S and self.cascade:
-                att = self._cascade(qk[:, :Hq].reshape(B, Hk, G, D), kc, vc, S, t + 1, bias_s)
+                att = self._cascade(qk[:, :Hq].reshape(B, Hk, G, D), kc, vc, S, t + 1, bias[..., S:])
             else:  # the G query heads sharing a kv head become G query rows of one attention call
                 att = F.scaled_dot_product_attention(qk[:, :Hq].reshape(B, Hk, G, D), kc[:, :, :t + 1],
                                                      vc[:, :, :t + 1], attn_mask=bias)

@@ -5,7 +5,7 @@ starting workspace (where a task has one) scores below 1.
 Plain pytest in temporary directories, no sandbox: this checks the *tasks*, not the
 environment. Usage::
 
-    python scripts/check_repo_tasks.py [PACK_DIR] [--task ID ...]
+    python scripts/check_repo_tasks.py [PACK_DIR] [--task ID ...] [--jobs N]
 
 Prints one row per task and exits 1 if any task fails a check.
 """
@@ -20,6 +20,7 @@ import sys
 import tempfile
 import tomllib
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,22 +33,25 @@ HIDDEN_DIR = "_hidden_tests"  # where the suite goes inside the scored copy of t
 
 @dataclass
 class RunResult:
-    collected: int  # test cases pytest reported (passed + failed + errors + skipped)
+    collected: int  # test cases in the report (passed + failed + errors + skipped)
     passed: int
-    collection_error: bool
 
 
 def run_suite(workspace: Path, tests: Path, timeout_s: float) -> RunResult:
-    """Copy ``tests`` into ``workspace/_hidden_tests`` and run pytest with the workspace as cwd.
+    """Copy ``tests`` into ``workspace/_hidden_tests`` and run pytest there, the workspace as cwd.
 
-    ``python -m pytest`` puts the cwd (the workspace root) first on sys.path, as the scorer does.
-    Counts come from the JUnit XML report, so a module that fails to import counts as one error
-    and no passes.
+    ``python -m pytest`` puts the cwd (the workspace root) first on sys.path, so the suite imports
+    the package by name. Workspace configuration is ignored (``--noconftest``, an empty ini file
+    outside the workspace, ``--import-mode=importlib``), as a scorer must: the suites need none
+    of it. Counts come from the JUnit XML report, so a module that fails to import counts as one
+    error and no passes.
     """
     shutil.copytree(tests, workspace / HIDDEN_DIR)
-    report = workspace.parent / "report.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(workspace),
-           "-o", "addopts=", "--continue-on-collection-errors", f"--junitxml={report}", HIDDEN_DIR]
+    report, ini = workspace.parent / "report.xml", workspace.parent / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-c", str(ini), "--rootdir", str(workspace), "--noconftest",
+           "--import-mode=importlib", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+           f"--junitxml={report}", HIDDEN_DIR]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=workspace, env=env, capture_output=True, text=True, timeout=timeout_s)
     if not report.exists():
@@ -56,10 +60,8 @@ def run_suite(workspace: Path, tests: Path, timeout_s: float) -> RunResult:
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     total = int(suite.get("tests", 0))
     bad = sum(int(suite.get(k, 0)) for k in ("failures", "errors", "skipped"))
-    collection_error = any(tc.get("name", "") == "" or tc.get("classname", "") == "" for tc in suite.iter("testcase")
-                           if tc.find("error") is not None) or proc.returncode == 2
     report.unlink()
-    return RunResult(collected=total, passed=total - bad, collection_error=collection_error)
+    return RunResult(collected=total, passed=total - bad)
 
 
 def score_dir(src: Path | None, tests: Path, timeout_s: float) -> RunResult:
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pack", nargs="?", type=Path, default=PACK)
     ap.add_argument("--task", action="append", default=[], help="check only these task ids")
+    ap.add_argument("--jobs", type=int, default=2, help="tasks checked in parallel")
     args = ap.parse_args(argv)
     dirs = sorted(d for d in args.pack.iterdir() if (d / "task.toml").exists())
     if args.task:
@@ -121,11 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     if not dirs:
         print(f"no tasks under {args.pack}", file=sys.stderr)
         return 1
-    print(f"| task | difficulty | ref lines | n_tests | collected | reference | empty | start | ok |")
+    print("| task | difficulty | ref lines | n_tests | collected | reference | empty | start | ok |")
     print("|---|---|---|---|---|---|---|---|---|")
     failed = 0
-    for d in dirs:
-        r = check_task(d)
+    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        rows = list(pool.map(check_task, dirs))
+    for r in rows:
         failed += not r["ok"]
         start = "-" if r.get("start") is None else f"{r['start']:.2f}"
         print(f"| {r['task']} | {r['difficulty']} | {r.get('ref_lines', '?')} | {r['n_tests']} | {r.get('collected', '?')} "

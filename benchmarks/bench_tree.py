@@ -19,7 +19,9 @@ Variants, all with the same per-token GRPO loss (kl_beta = 0: policy forward/bac
   calls as rows  : the turn trainer (`grpo.accumulate_gradients`): every call = prompt + completion,
                    micro-batches of 8 length-sorted rows (the trainer before trees).
   paths as rows  : the J_max selected root-to-leaf paths, one row each (dedup loss masks).
-  packed         : the selected paths packed into tree rows of <= --max-tokens tokens.
+  packed         : the selected paths packed into tree rows of <= --max-tokens tokens; a path joins
+                   a row only when the FLOP cost model (`packing.linear_cost`) says sharing pays.
+Rows go 8 to a forward/backward, length-sorted, as the turn trainer's micro-batches.
 Time is the median of --repeats runs after one warm-up. QwenGyre (arXiv 2609.33848) reports
 that J_max = 5 saves 25.2% of forward/backward time at equal score vs training every path
 (J_max = 1: 58.6%, at a score cost).
@@ -140,8 +142,9 @@ def bench_workload(name: str, model, trees, repeats: int, max_tokens: int) -> li
     for j_max in (None, 5, 1):
         for variant, budget in (("paths as rows", 1), ("packed", max_tokens)):
             variants.append((variant, "all" if j_max is None else j_max,
-                             lambda b=budget, j=j_max: tree_accumulate_gradients(model, trees, adv, cfg, j_max=j,
-                                                                                 seed=0, max_tokens=b)))
+                             lambda b=budget, j=j_max: tree_accumulate_gradients(
+                                 model, trees, adv, cfg, j_max=j, seed=0, max_tokens=b,
+                                 rows_per_micro=cfg.micro_batch_size)))
     times: list[list[float]] = [[] for _ in variants]
     metrics: list[dict] = [{} for _ in variants]
     for r in range(repeats + 1):  # round 0 is a warm-up

@@ -347,11 +347,15 @@ def select_paths(tree: TrajectoryTree, j_max: int | None = None, seed: int | str
     rng = random.Random(f"{seed}:{tree.execution_id}")
     paths = {leaf: tree.path(leaf) for leaf in tree.leaves()}
     roles = {leaf: ROLE_RANK[tree.leaf_role(leaf)] for leaf in paths}
+    through: dict[int, list[int]] = {}  # node -> the leaves whose path holds it
+    for leaf, p in paths.items():
+        for n in p:
+            through.setdefault(n, []).append(leaf)
+    gain = {leaf: sum(tree.nodes[n].n_trainable for n in p) for leaf, p in paths.items()}
     masked: set[int] = set()
     chosen: list[int] = []
     n_tokens = 0
     while j_max is None or len(chosen) < j_max:
-        gain = {leaf: sum(tree.nodes[n].n_trainable for n in p if n not in masked) for leaf, p in paths.items()}
         live = [leaf for leaf, g in gain.items() if g > 0]
         if not live:
             break
@@ -360,7 +364,12 @@ def select_paths(tree: TrajectoryTree, j_max: int | None = None, seed: int | str
         leaf = rng.choices(cands, weights=[gain[c] for c in cands])[0]
         chosen.append(leaf)
         n_tokens += gain[leaf]
-        masked.update(paths[leaf])
+        for n in paths[leaf]:
+            if n not in masked:
+                masked.add(n)
+                c = tree.nodes[n].n_trainable
+                for other in through[n]:
+                    gain[other] -= c
     return PathSelection(chosen, masked, n_tokens)
 
 

@@ -174,7 +174,8 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
         trees: one per execution; advantages: per tree, a float or one per call.
         j_max: paths per execution (`select_paths`); None: every path.
         seed: sampling seed (e.g. the RL step).
-        max_tokens: row budget of `pack_trees`; rows_per_micro: rows per forward/backward.
+        max_tokens: row budget of `pack_trees`; rows_per_micro: rows per forward/backward
+            (length-sorted, right-padded: small models run faster in batches of rows).
         cost_model: a path joins a row only when `packing.linear_cost` of the model says
             it is cheaper than a row of its own (small models pay more for long rows).
         masks: rebuilds the sampler's allowed-token masks (as in `grpo.microbatch_loss`).
@@ -194,6 +195,7 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
     sels = [select_paths(t, j_max, seed) if j_max is not None else all_paths(t) for t in trees]
     weights = execution_weights(sels)
     rows = pack_trees(trees, sels, max_tokens, linear_cost(model.config) if cost_model else None)
+    rows.sort(key=lambda r: r.n_tokens)  # rows of a micro-batch pad to the longest
     device = next(model.parameters()).device
     tot: dict[str, float] = defaultdict(float)
     ratio_max = 0.0

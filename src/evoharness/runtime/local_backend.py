@@ -84,8 +84,8 @@ class LocalBackend:
         ctx = mp.get_context("spawn")
         self.outbox = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in roles]
-        self.procs = [ctx.Process(target=_cell_main, args=(c, self.inboxes[c], self.outbox), daemon=True)
-                      for c in range(len(roles))]
+        self.procs = [ctx.Process(target=target, args=args, daemon=True)
+                      for target, args in (self._process(c) for c in range(len(roles)))]
         for p in self.procs:
             p.start()
         self.role = list(roles)
@@ -102,6 +102,10 @@ class LocalBackend:
         self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0}
         self.pids_seen: dict[int, set[int]] = {c: set() for c in range(len(roles))}
 
+    def _process(self, cell: int) -> tuple[Any, tuple]:
+        """The target and arguments of cell `cell`'s process."""
+        return _cell_main, (cell, self.inboxes[cell], self.outbox)
+
     # ---- workload -------------------------------------------------------------
     def _turns(self, e: int) -> tuple[Any, int, int]:
         step = e // self.N
@@ -111,9 +115,10 @@ class LocalBackend:
         i = e % self.N
         return b, int(b.offsets[i]), int(b.n_turns[i])
 
-    def _send(self, cell: int, kind: str, payload: Any, seconds: float) -> int:
+    def _send(self, cell: int, kind: str, payload: Any, seconds: float = 0.0, key: Any = None) -> int:
+        """Queue a job on `cell`; `key` (default: the payload) is what its reply is matched to."""
         self._token += 1
-        self._jobs[self._token] = (kind, cell, payload)
+        self._jobs[self._token] = (kind, cell, payload if key is None else key)
         self.inboxes[cell].put((kind, self._token, payload, seconds * self.scale))
         return self._token
 
@@ -164,34 +169,45 @@ class LocalBackend:
                     del self.x_cell[e]
                     self._events.append(ExecutionOrphaned(e, c.cell, aborted))
             self.role[c.cell] = Role.TO_TRAIN if c.role == Role.TRAIN else Role.TO_ROLLOUT
-            cl = self.cfg.cluster
-            self._send(c.cell, "switch", int(c.role),
-                       cl.switch_to_train_s if c.role == Role.TRAIN else cl.switch_to_rollout_s)
+            self._switch(c.cell, c.role)
         elif isinstance(c, RunMicroBatch):
-            tokens = [float(self._tokens(e)) for e in c.executions]
-            self._send(c.cell, "train", c.executions, self.cfg.cluster.micro_batch_s(tokens))
+            self._micro_batch(c)
             self.counts["micro_batches"] += 1
         elif isinstance(c, SyncWeights):
-            self._sync_left[c.version] = len(c.cells)
-            for cell in c.cells:
-                self._send(cell, "sync", c.version, self.cfg.cluster.weight_sync_s)
+            self._sync(c)
         else:
             raise ValueError(f"unknown command {c!r}")
+
+    def _switch(self, cell: int, role: Role) -> None:
+        cl = self.cfg.cluster
+        self._send(cell, "switch", int(role), cl.switch_to_train_s if role == Role.TRAIN else cl.switch_to_rollout_s)
+
+    def _micro_batch(self, c: RunMicroBatch) -> None:
+        tokens = [float(self._tokens(e)) for e in c.executions]
+        self._send(c.cell, "train", c.executions, self.cfg.cluster.micro_batch_s(tokens))
+
+    def _sync(self, c: SyncWeights) -> None:
+        self._sync_left[c.version] = len(c.cells)
+        for cell in c.cells:
+            self._send(cell, "sync", c.version, self.cfg.cluster.weight_sync_s)
 
     def _tokens(self, e: int) -> int:
         b, off, n = self._turns(e)
         return int(round(float((b.prompt[off:off + n] + b.completion[off:off + n]).sum())))
 
     # ---- completions ------------------------------------------------------------
-    def _on_job(self, cell: int, pid: int, kind: str, token: int, payload: Any) -> None:
+    def _on_job(self, cell: int, pid: int, kind: str, token: int, result: Any) -> None:
         self.pids_seen[cell].add(pid)
-        if self._jobs.pop(token, None) is None:
+        job = self._jobs.pop(token, None)
+        if job is None:
             return                              # cancelled after it completed
+        payload = job[2]
         if kind == "call":
             e = payload
             if self.x_call.get(e) != token:
                 return
             del self.x_call[e]
+            self._call_done(e, cell, result)
             b, off, _ = self._turns(e)
             self.x_state[e] = "tool"
             heapq.heappush(self._tools, (time.monotonic() + float(b.tool_s[off + self.x_k[e]]) * self.scale,
@@ -206,6 +222,9 @@ class LocalBackend:
             if self._sync_left[payload] == 0:
                 del self._sync_left[payload]
                 self._events.append(WeightSyncDone(payload))
+
+    def _call_done(self, e: int, cell: int, result: Any) -> None:
+        """A model call of `e` completed on `cell` (the replay has nothing to record)."""
 
     def _on_tool(self, e: int) -> None:
         _, _, n = self._turns(e)
@@ -248,3 +267,151 @@ class LocalBackend:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+
+
+class LocalModelBackend(LocalBackend):
+    """K cell processes with a real model (`runtime.cell_worker`): real decoding,
+    real gradients, the core's optimizer step, weights versions on disk.
+
+    The executions are synthetic multi-turn agents with real tokens: a seeded
+    random prompt, then per turn one model call (``max_new_tokens``) followed
+    by ``tool_tokens`` seeded random "tool output" ids; the turn count is the
+    workload's draw capped at ``max_turns``. Reward: the share of even token ids
+    among the completion tokens (a signal the policy can learn); advantages are
+    group-normalised (GRPO), token weights 1/(N·n_j) over the N executions of a
+    step, so streamed micro-batches sum to the batch loss.
+
+    Args (beyond `LocalBackend`'s): model_dir: a local HF model directory;
+    work_dir: where weights versions and gradients go; lr: the core's AdamW
+    learning rate.
+    """
+
+    def __init__(self, cfg: SimConfig, roles: list[Role], model_dir: str, work_dir: str, lr: float = 1e-3,
+                 max_new_tokens: int = 6, prompt_tokens: int = 12, tool_tokens: int = 3, max_turns: int = 3,
+                 time_scale: float = 1e-3, ready_timeout_s: float = 300.0):
+        from evoharness.models.init import load_tokenizer
+
+        self.model_dir, self.work_dir, self.lr = str(model_dir), str(work_dir), lr
+        tok = load_tokenizer(model_dir)
+        special = set(tok.all_special_ids)
+        self.ids = [i for i in range(len(tok)) if i not in special]
+        self.max_new, self.prompt_len, self.tool_len, self.max_turns = max_new_tokens, prompt_tokens, tool_tokens, \
+            max_turns
+        super().__init__(cfg, roles, time_scale)
+        self.x_ctx: dict[int, list[int]] = {}
+        self.x_rec: dict[int, list[tuple[list[int], list[int], list[float], int]]] = {}
+        self.newest = 0
+        self.mb_tokens: dict[int, list[int]] = {}       # version -> tokens of its micro-batch jobs
+        self.train_stats: list[dict[str, float]] = []
+        self.step_stats: list[dict[str, float]] = []
+        ready: set[int] = set()
+        deadline = time.monotonic() + ready_timeout_s
+        while len(ready) < len(roles):
+            dead = [c for c, p in enumerate(self.procs) if not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"cells {dead or sorted(set(range(len(roles))) - ready)} did not load the "
+                                   f"model ({'process died' if dead else f'{ready_timeout_s:.0f} s timeout'})")
+            try:
+                cell, pid, kind, _, _ = self.outbox.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if kind == "ready":
+                ready.add(cell)
+                self.pids_seen[cell].add(pid)
+
+    def _process(self, cell: int) -> tuple[Any, tuple]:
+        from evoharness.runtime.cell_worker import cell_main
+        return cell_main, (cell, self.model_dir, self.work_dir, self.lr, self.inboxes[cell], self.outbox)
+
+    # ---- executions with real tokens --------------------------------------------
+    def _rng(self, *key: int):
+        import numpy as np
+        return np.random.default_rng([self.cfg.seed, *key])
+
+    def _random_ids(self, n: int, *key: int) -> list[int]:
+        idx = self._rng(*key).integers(0, len(self.ids), n)
+        return [self.ids[i] for i in idx]
+
+    def _n_turns(self, e: int) -> int:
+        _, _, n = super()._turns(e)
+        return min(n, self.max_turns)
+
+    def _turns(self, e: int) -> tuple[Any, int, int]:
+        b, off, _ = super()._turns(e)
+        return b, off, self._n_turns(e)
+
+    def _tokens(self, e: int) -> int:
+        return len(self.x_ctx[e])
+
+    def _start_call(self, e: int) -> None:
+        if e not in self.x_ctx:
+            self.x_ctx[e] = self._random_ids(self.prompt_len, e)
+            self.x_rec[e] = []
+        seed = hash((self.cfg.seed, e, self.x_k[e])) & 0x7FFFFFFF
+        self.x_call[e] = self._send(self.x_cell[e], "call", (self.x_ctx[e], self.max_new, seed), key=e)
+        self.x_state[e] = "call"
+        self.counts["calls"] += 1
+
+    def _call_done(self, e: int, cell: int, result: Any) -> None:
+        ids, logprobs, version = result
+        self.x_rec[e].append((list(self.x_ctx[e]), list(ids), list(logprobs), version))
+        self.x_ctx[e] = self.x_ctx[e] + list(ids) + self._random_ids(self.tool_len, e, self.x_k[e], 1)
+
+    def reward(self, e: int) -> float:
+        comp = [t for rec in self.x_rec[e] for t in rec[1]]
+        return sum(t % 2 == 0 for t in comp) / len(comp) if comp else 0.0
+
+    def _advantage(self, e: int) -> float:
+        g = e // self.gs
+        members = range(g * self.gs, (g + 1) * self.gs)
+        if any(self.x_state.get(m) != "done" for m in members):
+            raise RuntimeError(f"execution {e} trained before its group finished (GRPO needs the group)")
+        r = [self.reward(m) for m in members]
+        mean = sum(r) / len(r)
+        std = (sum((x - mean) ** 2 for x in r) / len(r)) ** 0.5
+        return (self.reward(e) - mean) / (std + 1e-6)
+
+    # ---- training, weights ------------------------------------------------------------
+    def _micro_batch(self, c: RunMicroBatch) -> None:
+        samples = []
+        for e in c.executions:
+            adv = self._advantage(e)
+            n_tok = sum(len(rec[1]) for rec in self.x_rec[e])
+            for prompt, comp, lps, _ in self.x_rec[e]:
+                if comp:
+                    samples.append(dict(prompt_ids=prompt, completion_ids=comp, logprobs=lps, advantage=adv,
+                                        episode_id=str(e), weight=1.0 / (self.N * n_tok)))
+        tok = self._send(c.cell, "train", (c.version, samples), key=c.executions)
+        self.mb_tokens.setdefault(c.version, []).append(tok)
+
+    def _sync(self, c: SyncWeights) -> None:
+        v = c.version - 1
+        self._send(0, "step", (v, self.mb_tokens.pop(v, [])), key=(c.version, tuple(c.cells)))
+
+    def _switch(self, cell: int, role: Role) -> None:
+        self._send(cell, "switch", (int(role), self.newest), key=int(role))
+
+    def _on_job(self, cell: int, pid: int, kind: str, token: int, result: Any) -> None:
+        if kind == "train":
+            self.train_stats.append(result)
+        if kind == "step":
+            self.pids_seen[cell].add(pid)
+            version, cells = self._jobs.pop(token)[2]
+            self.step_stats.append(result)
+            self.newest = version
+            others = [x for x in cells if x != 0]
+            self._sync_left[version] = len(others)
+            for x in others:
+                self._send(x, "load", version, key=version)
+            if not others:
+                del self._sync_left[version]
+                self._events.append(WeightSyncDone(version))
+            return
+        if kind == "load":
+            kind = "sync"          # counted like the replay's per-cell sync acknowledgement
+        super()._on_job(cell, pid, kind, token, result)
+
+    def turn_versions(self) -> dict[int, list[int]]:
+        """Per execution, the weights version of each model call (its behaviour versions)."""
+        return {e: [rec[3] for rec in recs] for e, recs in self.x_rec.items()}

@@ -1,0 +1,72 @@
+"""The schedulers drive cell processes that hold a real (micro) Qwen3 model: decoding, gradients,
+the core's optimizer step and versioned weights on disk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evoharness.runtime.driver import Driver
+from evoharness.runtime.local_backend import LocalModelBackend
+from evoharness.runtime.sim import build_scheduler
+
+CORPUS = [f"You are in the middle of a room. You see a {o} {i}. > go to {o} {i}\nYou arrive at {o} {i}. "
+          f"> take {p} {i} from {o} {i}\nYou pick up the {p} {i}."
+          for i in range(1, 12) for o in ("fridge", "cabinet", "drawer", "sinkbasin") for p in ("apple", "mug")]
+MICRO = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from evoharness.models.init import init_model
+    from evoharness.models.tokenizer import build_tokenizer
+    d = tmp_path_factory.mktemp("micro")
+    tok = build_tokenizer(CORPUS, d, vocab_size=512)
+    init_model(dict(MICRO, initializer_range=0.3), tok, d, seed=0)
+    return d
+
+
+@pytest.mark.slow
+def test_model_cells_train_exactly_once_with_versioned_weights(make_cfg, model_dir, tmp_path):
+    """elastic-async on 3 cell processes (~30 s, most of it 3 processes importing torch at once)."""
+    policy = "elastic-async"
+    cfg = make_cfg(steps=2, cluster={"cells": 3}, workload={"groups_per_step": 2}, policy={"staleness": 1})
+    sched = build_scheduler(policy, cfg)
+    be = LocalModelBackend(cfg, sched.initial_roles(), model_dir, tmp_path, lr=1e-2, time_scale=1e-3)
+    try:
+        stats = Driver(sched, be, stall_s=120).run()
+    finally:
+        be.close()
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert sum(stats.staleness.values()) == n and stats.aborted_turns == 0
+    assert max(stats.staleness) <= 1
+    # one optimizer step per RL step, each summing exactly that step's micro-batches (one per execution)
+    assert [s["micro_batches"] for s in be.step_stats] == [n // cfg.steps] * cfg.steps
+    assert all(s["grad_norm"] > 0 for s in be.step_stats)
+    v = [tmp_path / "weights" / f"v{k}.safetensors" for k in (1, 2)]
+    assert all(p.is_file() for p in v)
+    assert len(set().union(*be.pids_seen.values())) == cfg.cluster.cells   # every cell its own process
+    assert stats.switches > 0                                         # cells moved both ways, calls re-issued
+    # behaviour log-probs recorded by the cells = a fresh forward pass with the weights of the recorded version
+    from safetensors.torch import load_model as load_weights
+
+    from evoharness.models.init import load_model, load_tokenizer
+    from evoharness.train.grpo import logprobs_of
+    model = load_model(model_dir)
+    versions = be.turn_versions()
+    assert max(max(vs) for vs in versions.values()) >= 1          # later turns ran on trained weights
+    checked = 0
+    for version in sorted({x for vs in versions.values() for x in vs}):
+        if version:
+            load_weights(model, str(tmp_path / "weights" / f"v{version}.safetensors"))
+        recs = [r for e in sorted(be.x_rec) for r in be.x_rec[e] if r[3] == version and r[1]][:4]
+        vocab = model.get_output_embeddings().weight.shape[0]
+        allowed = torch.zeros(len(recs), max(len(r[1]) for r in recs), vocab, dtype=torch.bool)
+        allowed[..., :len(load_tokenizer(model_dir))] = True               # ids >= len(tokenizer) are never sampled
+        with torch.no_grad():
+            lp = logprobs_of(model, [r[0] for r in recs], [r[1] for r in recs], allowed=allowed)
+        for i, r in enumerate(recs):
+            assert torch.allclose(lp[i, :len(r[1])], torch.tensor(r[2]), atol=1e-4)
+            checked += 1
+    assert checked >= 4

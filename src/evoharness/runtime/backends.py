@@ -252,7 +252,9 @@ class LocalBackend(Backend):
             in-process prompts match; with ``tools`` it is left-truncated.
         default_max_tokens: completion cap when the request gives none.
         max_batch: calls per ``generate`` at most.
-        batch_wait_s: after the first call arrives, wait this long for company.
+        batch_wait_s: after a call arrives, wait this long for the next one to join the batch
+            (0: take only what is already queued).
+        max_batch_wait_s: the longest a batch waits for company in total.
         num_threads: torch CPU threads while generating (None: unchanged).
         policy_version: initial version; `version_source` (a callable) overrides it, e.g.
             to follow a trainer's `LocalHFPolicy.policy_version` when the weights are shared.
@@ -263,7 +265,8 @@ class LocalBackend(Backend):
     kind = "local"
 
     def __init__(self, engine, tokenizer, name: str = "local", max_prompt_tokens: int | None = None,
-                 default_max_tokens: int = 256, max_batch: int = 64, batch_wait_s: float = 0.002,
+                 default_max_tokens: int = 256, max_batch: int = 64, batch_wait_s: float = 0.005,
+                 max_batch_wait_s: float = 0.05,
                  num_threads: int | None = None, policy_version: int = 0,
                  version_source: Callable[[], int] | None = None, max_model_len: int | None = None,
                  capacity: int | None = None):
@@ -271,6 +274,7 @@ class LocalBackend(Backend):
         self.engine, self.tokenizer = engine, tokenizer
         self.max_prompt_tokens, self.default_max_tokens = max_prompt_tokens, default_max_tokens
         self.max_batch, self.batch_wait_s, self.num_threads = max_batch, batch_wait_s, num_threads
+        self.max_batch_wait_s = max_batch_wait_s
         self._version, self._version_source = policy_version, version_source
         cfg = getattr(getattr(engine, "model", None), "config", None)
         self.max_model_len = max_model_len or getattr(cfg, "max_position_embeddings", None)
@@ -334,10 +338,20 @@ class LocalBackend(Backend):
         loop = asyncio.get_running_loop()
         while True:
             items = [await self._queue.get()]
-            if self.batch_wait_s:
-                await asyncio.sleep(self.batch_wait_s)
-            while not self._queue.empty() and len(items) < self.max_batch:
-                items.append(self._queue.get_nowait())
+            # gather a burst: keep waiting while calls arrive less than `batch_wait_s` apart
+            # (agents answered by the last batch send their next calls together), at most `max_batch_wait_s`
+            deadline = loop.time() + self.max_batch_wait_s
+            while len(items) < self.max_batch:
+                if not self._queue.empty():
+                    items.append(self._queue.get_nowait())
+                    continue
+                left = deadline - loop.time()
+                if left <= 0 or not self.batch_wait_s:
+                    break
+                try:
+                    items.append(await asyncio.wait_for(self._queue.get(), min(self.batch_wait_s, left)))
+                except asyncio.TimeoutError:
+                    break
             items = [it for it in items if not it.future.done()]  # cancelled while queued
             if not items:
                 continue

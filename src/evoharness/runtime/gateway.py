@@ -46,7 +46,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -567,4 +567,29 @@ def serve(gateway: Gateway, host: str = "127.0.0.1", port: int = 8000, log_level
     import uvicorn
 
     uvicorn.Server(uvicorn.Config(create_app(gateway), host=host, port=port, log_level=log_level,
-                                  timeout_keep_alive=30, backlog=2048)).run()
+                                  access_log=False, timeout_keep_alive=30, backlog=2048)).run()  # records are the log
+
+
+@contextmanager
+def served_policy(policy, records: RecordStore | str | Path | None = None, concurrency: int = 64):
+    """Serve a live `LocalHFPolicy` through a loopback gateway; yield an `OpenAIPolicy` that samples as it does.
+
+    The gateway's backend shares the policy's engine and weights (`LocalBackend.from_policy`):
+    a trainer updating ``policy.model`` in place and bumping ``policy.policy_version`` is seen
+    by the next call, so RL rollouts can go through the gateway (issue 12 item 6) and give the
+    same trajectories as ``policy.act`` with the same seeds. The client copies the sampling
+    settings (temperature, top_p, max tokens, seed, constraint, prompt budget) at entry.
+    """
+    from evoharness.policies.openai_policy import OpenAIPolicy
+    from evoharness.runtime.backends import LocalBackend
+
+    srv = GatewayServer(Gateway([LocalBackend.from_policy(policy)], served_model="policy", records=records)).start()
+    client = OpenAIPolicy(base_url=srv.url, model="policy", temperature=policy.temperature, top_p=policy.top_p,
+                          max_tokens=policy.max_new_tokens, seed=policy.seed, constrained=policy.constrained,
+                          max_prompt_tokens=policy.max_prompt_tokens, meta_verbs=policy.meta_verbs,
+                          concurrency=concurrency, max_retries=0, timeout_s=3600)
+    try:
+        yield client
+    finally:
+        client.close()
+        srv.stop()

@@ -46,3 +46,25 @@ def test_same_trajectories_in_process_and_through_gateway(gw_model_dir, serve, o
         recs = srv.gateway.records.read(traj.episode_id)
         assert [r.completion_token_ids for r in recs] == [t.completion_token_ids for t in traj.turns]
         assert [r.prompt_token_ids for r in recs] == [t.prompt_token_ids for t in traj.turns]
+
+
+def test_rl_rollouts_through_the_gateway_follow_live_weights(gw_model_dir, one_per_type):
+    """The RL pattern: sample through the gateway, update the weights in place, sample again."""
+    from evoharness.policies.local import LocalHFPolicy
+    from evoharness.runtime.gateway import served_policy
+
+    tasks = one_per_type[3:5]
+    policy = LocalHFPolicy(gw_model_dir, temperature=1.0, max_new_tokens=24, max_prompt_tokens=1024,
+                           constrained=True, seed=3, num_threads=1)
+    with served_policy(policy) as remote:
+        for version in (0, 1):
+            ref, got = play(policy, tasks, 3), play(remote, tasks, 3)
+            for a, b in zip(ref, got):
+                assert [t.completion_token_ids for t in a.turns] == [t.completion_token_ids for t in b.turns]
+                assert [t.policy_version for t in b.turns] == [version] * b.steps
+            if version == 0:  # a trainer's in-place update
+                sd = {k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) if v.ndim == 2
+                      else v for k, v in policy.model.state_dict().items() if k != "lm_head.weight"}
+                assert policy.update_weights(sd) == 1
+                before = [t.completion_token_ids for tr in got for t in tr.turns]
+    assert before != [t.completion_token_ids for tr in got for t in tr.turns]  # the new weights were used

@@ -3,7 +3,7 @@
 Usage:
     python benchmarks/bench_grpo_step.py [--config configs/rl_cpu.toml] [--model-path DIR] [--steps 2]
         [--prompts 4] [--group 4] [--max-steps 30] [--engine fast|textworld] [--device cpu|cuda]
-        [--threads 1] [--set key=value ...]
+        [--threads 1] [--gen-engine auto|static|hf] [--set key=value ...]
 
 Without --model-path a 'mini' Qwen3 model is initialised from scratch with a
 tokenizer trained on real BPE-harness prompts (generation then runs to the
@@ -55,8 +55,11 @@ def main() -> None:
     ap.add_argument("--engine", default="fast")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--gen-engine", default="auto", help="LocalHFPolicy's in-process engine (evoharness.engines)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    import evoharness.policies.local as local_policy
+    local_policy.DEFAULT_ENGINE = args.gen_engine
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model_path) if args.model_path else scratch_model(Path(tmp) / "model", args.preset)
         sizes = dict(model_path=str(model), out_dir=str(Path(tmp) / "rl"), steps=args.steps, engine=args.engine,
@@ -73,7 +76,7 @@ def main() -> None:
 
         n_params = count_params(load_model(model))
     print(f"model {model.name} ({n_params / 1e6:.2f}M params), device {args.device}, threads {args.threads}, "
-          f"engine {args.engine}; config {args.config or 'defaults'} {' '.join(args.overrides)}; "
+          f"env engine {args.engine}, generation engine {args.gen_engine}; config {args.config or 'defaults'} {' '.join(args.overrides)}; "
           f"{args.prompts} games x {args.group} samples, <= {args.max_steps} turns, "
           f"<= {args.max_new_tokens} new tokens/turn, {cfg.grpo.mini_batches} update(s)/step, "
           f"<= {cfg.grpo.max_train_turns or 'all'} trained turns/episode\n")

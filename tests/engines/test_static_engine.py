@@ -49,6 +49,19 @@ def test_greedy_equals_hf_generate(model, tokenizer, shared_system):
     assert len({tuple(g) for g in got}) == 5 and sum(len(set(g)) > 3 for g in got) >= 3  # not degenerate repeats
 
 
+def test_chunked_prefill_pads_each_chunk_to_its_own_length(model, tokenizer):
+    """Rows are prefilled in length-sorted chunks (here one or two rows each); results are unchanged."""
+    prompts = chat_prompts(tokenizer, 5, True)[::-1]  # longest first: the engine sorts them
+    eng = StaticEngine(model, tokenizer, stop_ids=[])
+    eng.decoder.prefill_chunk_tokens = 2 * max(map(len, prompts)) - 40
+    assert len(eng.decoder._chunks(sorted(len(p) - 40 for p in prompts))) >= 3
+    got = eng.generate([GenRequest(p) for p in prompts], 12)
+    assert [r.token_ids for r in got] == hf_greedy(model, tokenizer, prompts, 12, [])
+    whole = StaticEngine(model, tokenizer, stop_ids=[]).generate([GenRequest(p) for p in prompts], 12)
+    for a, b in zip(got, whole):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_greedy_equals_hf_generate_other_architectures(tokenizer, arch):
     """Qwen2 (q/k/v biases, no q/k-norm) and Llama shapes run the same lean forward."""

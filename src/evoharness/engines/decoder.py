@@ -100,6 +100,7 @@ class StaticKVDecoder:
         self._rope = torch.empty(0, 2, self.D, device=self.device, dtype=self.dtype)
         self._pool: torch.Tensor | None = None
         self.cascade = True  # decode reads the shared prefix once (see `_cascade`)
+        self.prefill_chunk_tokens = 16384  # rows prefilled together: bounds padding and activation memory
 
     @staticmethod
     def unsupported(model: PreTrainedModel) -> str | None:
@@ -226,9 +227,11 @@ class StaticKVDecoder:
 
         The prompts' longest common prefix (when at least `min_shared_prefix`
         tokens: a harness's system message) runs once and its cache column block
-        is copied to every row; the rest, left-padded to one length, runs as one
-        batch. Padding is hidden by the attention bias; positions count real
-        tokens only, so a row's result does not depend on the batch.
+        is copied to every row; the rest runs left-padded, in chunks of
+        consecutive rows of at most ``prefill_chunk_tokens`` tokens, each padded
+        to its own longest prompt (rows end in the same cache column). Padding is
+        hidden by the attention bias; positions count real tokens only, so a
+        row's result does not depend on the batch.
 
         Returns:
             (logits [B, V] of each prompt's last token, the `DecodeState`).
@@ -260,16 +263,34 @@ class StaticKVDecoder:
             real[i, shared:shared + L - len(r)] = False
         ids, real = ids.to(dev), real.to(dev)
         pos_all = (real.cumsum(-1) - 1).clamp(min=0)
-        # query i (cache column shared+i) sees earlier real columns and itself (so a pad query never
-        # has an empty row: its NaN-free output is discarded anyway)
         cols = torch.arange(shared + L, device=dev)
-        qcol = (shared + torch.arange(L, device=dev))[:, None]
-        see = (cols[None] <= qcol)[None] & (real[:, None, :] | (cols[None] == qcol)[None])
-        mask = torch.zeros(see.shape, device=dev, dtype=self.dtype).masked_fill_(~see, neg)[:, None]
-        hidden = self._forward_block(ids, pos_all[:, shared:], kv, shared, mask)
+        hidden = []
+        for r0, r1 in self._chunks([len(r) for r in rest]):
+            Lc = max(len(r) for r in rest[r0:r1])
+            c0 = shared + L - Lc  # this chunk's rows hold real tokens only in columns >= c0
+            kv[:, :, r0:r1, :, shared:c0] = 0  # never written, but read (masked) below: no stale NaN
+            # query i (cache column c0+i) sees earlier real columns and itself (so a pad query never
+            # has an empty row: its output is discarded anyway)
+            qcol = (c0 + torch.arange(Lc, device=dev))[:, None]
+            see = (cols[None] <= qcol)[None] & (real[r0:r1, None, :] | (cols[None] == qcol)[None])
+            mask = torch.zeros(see.shape, device=dev, dtype=self.dtype).masked_fill_(~see, neg)[:, None]
+            hidden.append(self._forward_block(ids[r0:r1, L - Lc:], pos_all[r0:r1, c0:], kv[:, :, r0:r1], c0, mask))
+        hidden = torch.cat(hidden)
         bias = torch.zeros((B, 1, 1, T), device=dev, dtype=self.dtype)
         bias[:, 0, 0, :shared + L].masked_fill_(~real, float("-inf"))
         return self._head_logits(hidden), DecodeState(kv, bias, pos_all[:, -1] + 1, shared + L, shared)
+
+    def _chunks(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """Consecutive row ranges of at most ``prefill_chunk_tokens`` padded tokens each (callers
+        sort rows by length, so a chunk's rows pad to their own longest prompt, not the batch's)."""
+        out, r0, longest = [], 0, 0
+        for r, n in enumerate(lengths):
+            longest = max(longest, n)
+            if r > r0 and (r + 1 - r0) * longest > self.prefill_chunk_tokens:
+                out.append((r0, r))
+                r0, longest = r, n
+        out.append((r0, len(lengths)))
+        return out
 
     def _cascade(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S: int, T: int,
                  bias_s: torch.Tensor) -> torch.Tensor:

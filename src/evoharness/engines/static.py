@@ -121,6 +121,13 @@ class StaticEngine:
 
     def _generate(self, requests: list[GenRequest], N: int, temperature: float, top_p: float) -> list[GenResult]:
         dev, B = self.device, len(requests)
+        order = sorted(range(B), key=lambda i: len(requests[i].prompt_ids))  # prefill chunks pad less
+        if order != list(range(B)):
+            res = self._generate([requests[i] for i in order], N, temperature, top_p)
+            out: list[GenResult] = [None] * B  # type: ignore[list-item]
+            for k, i in enumerate(order):
+                out[i] = res[k]
+            return out
         self.decoder.refresh()
         logits, st = self.decoder.prefill([r.prompt_ids for r in requests], N, self.min_shared_prefix, self.pad_id)
         sampler = Sampler(temperature, top_p, [r.seed for r in requests], self.vocab_size, dev)

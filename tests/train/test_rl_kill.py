@@ -35,7 +35,9 @@ def _metrics(out: Path) -> list[dict]:
 
 
 def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
+            # bitwise-reproducible MKL GEMMs whatever the memory alignment (runs are compared exactly)
+            "MKL_CBWR": "AUTO,STRICT"}
 
 
 def test_sigkill_mid_run_then_resume(model_dir, tmp_path):

@@ -96,3 +96,31 @@ def test_resume_refuses_other_data(tmp_path, model_dir):
     train_sft(CFG.model_copy(update={"max_steps": 2}), examples(), model_dir, tmp_path / "run")
     with pytest.raises(ValueError, match="other examples"):
         train_sft(CFG.model_copy(update={"max_steps": 2}), examples(7), model_dir, tmp_path / "run")
+
+
+def test_torn_metrics_and_unreadable_latest_checkpoint_fall_back(tmp_path, model_dir):
+    """Issue 10 fault 7 for SFT: a torn last metrics line is dropped, an unreadable latest
+    checkpoint falls back to the previous one (with a warning), and the run still ends on the
+    uninterrupted run's weights and losses."""
+    ref = train_sft(CFG, examples(), model_dir, tmp_path / "ref")
+    ref_losses = [json.loads(ln)["loss"] for ln in (tmp_path / "ref/metrics.jsonl").read_text().splitlines()]
+
+    def crash_at_7(step, _rec):
+        if step == 7:
+            raise Interrupt
+
+    run = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        train_sft(CFG, examples(), model_dir, run, on_step=crash_at_7)
+    assert latest_checkpoint(run).name == "step_0000006"
+    state = run / "checkpoints" / "step_0000006" / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:200])  # unreadable
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 8, "loss": 0.1')  # torn by a kill mid-write
+    with pytest.warns(UserWarning) as caught:
+        out = train_sft(CFG, examples(), model_dir, run)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "step_0000006" in messages and "falling back to step_0000003" in messages and "torn line" in messages
+    a, b = weights(ref), weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()] == ref_losses

@@ -2,7 +2,22 @@
 
 A checkpoint directory is written to a temporary sibling, fsynced, then
 swapped in with `os.replace`, so a crash leaves either the old or the new
-checkpoint, never a torn one. ``checkpoints/latest`` names the newest.
+checkpoint, never a torn one. ``checkpoints/latest`` names the newest; writing
+it is the commit point of a step.
+
+Step commit (metrics and checkpoint agree after any kill): a trainer appends
+the step's metrics record first, then writes the checkpoint with a copy of
+``metrics.jsonl`` inside (`snapshot_metrics`), then moves ``latest``. On resume
+`restore_metrics` puts back exactly the checkpoint's copy, so a record
+appended after the last commit (or torn by a kill) is dropped with the step it
+belongs to, and the step is redone.
+
+Loading: `load_checkpoint` tries the committed checkpoint, then older ones,
+saying why it falls back; only data this module wrote is read back (JSON,
+safetensors, and `torch.load(weights_only=True)`: no arbitrary unpickling).
+
+Crash tests: `failpoint` SIGKILLs the process at a named point of a step when
+``$EVOHARNESS_FAILPOINT`` is ``name:step`` (the idea of etcd's gofail).
 """
 
 from __future__ import annotations
@@ -11,11 +26,26 @@ import json
 import os
 import random
 import shutil
+import signal
+import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
+FAILPOINT_ENV = "EVOHARNESS_FAILPOINT"
+METRICS_COPY = "metrics.jsonl"
+
+
+def failpoint(name: str, step: int) -> None:
+    """SIGKILL this process here if ``$EVOHARNESS_FAILPOINT == f"{name}:{step}"``."""
+    if os.environ.get(FAILPOINT_ENV) == f"{name}:{step}":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _fsync(path: Path) -> None:
@@ -34,8 +64,9 @@ def _fsync_tree(path: Path) -> None:
 def atomic_dir(final: Path, write: Callable[[Path], None]) -> Path:
     """Write a directory atomically: `write(tmp)`, fsync, `os.replace` onto `final`."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # left by a killed writer
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write(tmp)
     _fsync_tree(tmp)
@@ -73,8 +104,22 @@ def set_rng_state(st: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+def checkpoint_candidates(out_dir: str | Path) -> list[Path]:
+    """Checkpoints to resume from, best first: the one ``checkpoints/latest``
+    names, then the older ``step_*`` directories, newest first. Directories
+    newer than ``latest`` were never committed and are left out; without a
+    pointer, every ``step_*`` directory counts."""
+    ckpts = Path(out_dir) / "checkpoints"
+    steps = sorted((p for p in ckpts.glob("step_*") if p.is_dir()), reverse=True)
+    ptr = ckpts / "latest"
+    name = ptr.read_text().strip() if ptr.is_file() else ""
+    if not name:
+        return steps
+    return [ckpts / name] + [p for p in steps if p.name < name]
+
+
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The directory ``checkpoints/latest`` names, or None."""
+    """The directory ``checkpoints/latest`` names, or None (no pointer, or no such directory)."""
     ptr = Path(out_dir) / "checkpoints" / "latest"
     if not ptr.is_file():
         return None
@@ -82,15 +127,114 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return path if (path / "state.json").is_file() else None
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+def load_checkpoint(out_dir: str | Path, load: Callable[[Path], T]) -> tuple[Path, T] | None:
+    """``(path, load(path))`` for the first candidate (`checkpoint_candidates`) that loads.
+
+    A candidate whose `load` raises is reported (a `UserWarning` naming the
+    checkpoint, the error and the fallback) and the previous one is tried.
+
+    Returns:
+        None when there is no checkpoint at all (a fresh run).
+
+    Raises:
+        RuntimeError: checkpoints exist but none loads (never silently restart).
+    """
+    tried = []
+    cands = checkpoint_candidates(out_dir)
+    for i, path in enumerate(cands):
+        try:
+            return path, load(path)
+        except Exception as e:  # noqa: BLE001 -- any unreadable checkpoint: fall back
+            tried.append(f"{path.name}: {type(e).__name__}: {e}")
+            nxt = f"falling back to {cands[i + 1].name}" if i + 1 < len(cands) else "no older checkpoint"
+            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:300]}); {nxt}",
+                          stacklevel=2)
+    if tried:
+        raise RuntimeError(f"no readable checkpoint in {Path(out_dir) / 'checkpoints'}: " + "; ".join(tried))
+    return None
+
+
+def load_trainer_state(path: Path) -> dict[str, Any]:
+    """A ``torch.save``d dict of tensors and plain values (optimizer, scheduler, RNG
+    states), read with ``weights_only=True``: nothing else is unpickled."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
+    """Copy an HF directory's safetensors weights (all ``model*.safetensors`` shards)
+    into `model`'s parameters, converting to their dtype. A tied weight (the LM head
+    sharing the embedding) may be absent.
+
+    Raises:
+        FileNotFoundError: no weights file. KeyError: weights that do not fit the model.
+    """
+    from safetensors.torch import load_file
+
+    files = sorted(ckpt.glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{ckpt}: no model*.safetensors")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    own = model.state_dict()
+    res = model.load_state_dict(weights, strict=False)
+    given = {own[k].data_ptr() for k in weights if k in own}
+    missing = [k for k in res.missing_keys if own[k].data_ptr() not in given]
+    if missing or res.unexpected_keys:
+        raise KeyError(f"{ckpt}: weights do not fit the model: missing {missing[:5]}, unexpected {res.unexpected_keys[:5]}")
+
+
+def append_jsonl(path: Path, record: dict[str, Any], step: int | None = None) -> None:
+    """Append one JSON line and fsync it. With `step` given, the ``torn_metrics``
+    failpoint writes half the line and dies (a kill mid-write)."""
+    line = json.dumps(record) + "\n"
     with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        if step is not None and os.environ.get(FAILPOINT_ENV) == f"torn_metrics:{step}":
+            f.write(line[: len(line) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+            failpoint("torn_metrics", step)
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file; a line that does not parse (torn by a kill
+    mid-write) is skipped with a warning."""
+    if not path.is_file():
+        return []
+    out = []
+    for n, ln in enumerate(path.read_text().splitlines(), 1):
+        if not ln.strip():
+            continue
+        try:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError:
+            warnings.warn(f"{path}:{n}: dropped a torn line ({ln[:60]!r}...)", stacklevel=2)
+    return out
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """On resume, drop metric records logged after the checkpoint's step."""
+    """On resume, drop metric records logged after the checkpoint's step (and torn lines)."""
     if path.is_file():
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+        keep = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def snapshot_metrics(metrics: Path, ckpt_tmp: Path) -> None:
+    """Copy the metrics file, as of this step's commit, into a checkpoint being written."""
+    if metrics.is_file():
+        shutil.copyfile(metrics, ckpt_tmp / METRICS_COPY)
+
+
+def restore_metrics(metrics: Path, ckpt: Path, step: int) -> None:
+    """Make ``metrics.jsonl`` exactly what it was when `ckpt` was committed
+    (its copy; older checkpoints without one: `truncate_metrics` to `step`)."""
+    copy = ckpt / METRICS_COPY
+    if copy.is_file():
+        atomic_write_text(metrics, copy.read_text())
+    else:
+        truncate_metrics(metrics, step)
 
 

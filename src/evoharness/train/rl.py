@@ -11,11 +11,15 @@ The loop, one RL step per epoch u of the reward's cosine schedule::
         consolidate the experience store (notes, pickup priors)
         evaluate every `eval_every` steps; checkpoint atomically
 
-A checkpoint (``checkpoints/step_N``) holds the weights, optimizer, experience
-store, RNG states, step and the game order; `train_rl` with the same
-``out_dir`` resumes from the last one. Metrics records after the checkpoint's
-step are dropped on resume so ``metrics.jsonl`` continues without gaps or
-duplicates. A finished run also writes ``report.md`` + ``rl_curves.png``.
+A checkpoint (``checkpoints/step_N``) holds the weights (fp32 safetensors),
+optimizer and RNG states (``torch.load(weights_only=True)``), experience
+store, step, game order and a copy of ``metrics.jsonl`` as of step N. A step
+commits in this order: append its metrics record, write the checkpoint,
+move ``checkpoints/latest``; `train_rl` with the same ``out_dir`` resumes from
+the committed checkpoint (an unreadable one falls back to the previous, with
+a warning) and restores its metrics copy, so after a kill at any point
+``metrics.jsonl`` continues without gaps, duplicates or torn lines. A finished
+run also writes ``report.md`` + ``rl_curves.png``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.advantages import std_floor_active, turn_advantages
 from evoharness.train.checkpoint import (
-    append_jsonl, atomic_dir, atomic_write_text, get_rng_state, latest_checkpoint, set_rng_state, truncate_metrics,
+    append_jsonl, atomic_dir, atomic_write_text, failpoint, get_rng_state, load_checkpoint, load_model_weights,
+    load_trainer_state, restore_metrics, set_rng_state, snapshot_metrics,
 )
 from evoharness.train.grpo import GRPOConfig, TokenMasks, grpo_step, make_optimizer, turn_samples
 from evoharness.train.precision import autocast, compute_dtype
@@ -121,20 +126,37 @@ class TimedEnv:
 
 
 def _save(out: Path, step: int, policy, optimizer, store, order: list[int], keep: int) -> None:
+    """Commit step `step`: checkpoint (with the metrics so far) written atomically, then ``latest``."""
     def write(tmp: Path) -> None:
         policy.model.save_pretrained(str(tmp), safe_serialization=True)
         policy.tokenizer.save_pretrained(str(tmp))
+        failpoint("mid_checkpoint", step)
         torch.save({"optimizer": optimizer.state_dict(), "rng": get_rng_state()}, tmp / "trainer_state.pt")
         store.save(tmp / "experience.json")
+        snapshot_metrics(out / "metrics.jsonl", tmp)
         (tmp / "state.json").write_text(json.dumps({"step": step, "order": order, "policy_version": policy.policy_version}))
 
     ckpts = out / "checkpoints"
     path = atomic_dir(ckpts / f"step_{step:07d}", write)
+    failpoint("after_checkpoint", step)
     atomic_write_text(ckpts / "latest", path.name)
     import shutil
 
     for old in sorted(ckpts.glob("step_*"))[:-max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _restore(ckpt: Path, policy, optimizer) -> tuple[dict, object]:
+    """Load checkpoint `ckpt` into the policy and optimizer; returns (state.json, experience store).
+    Reads only JSON, safetensors and weights-only tensors; raises on anything unreadable."""
+    state = json.loads((ckpt / "state.json").read_text())
+    trainer = load_trainer_state(ckpt / "trainer_state.pt")
+    store = load_experience_fresh(ckpt / "experience.json")
+    load_model_weights(policy.model, ckpt)
+    optimizer.load_state_dict(trainer["optimizer"])
+    set_rng_state(trainer["rng"])
+    policy.policy_version = state["policy_version"]
+    return state, store
 
 
 def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
@@ -157,15 +179,13 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
     tasks = select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
     g = cfg.grpo
 
-    ckpt = latest_checkpoint(out)
-    start_path = str(ckpt) if ckpt else cfg.model_path
     # fp32 master weights; low precision only as autocast compute (issue 10 fault 1)
     dtype = compute_dtype(cfg.dtype, cfg.device)
 
     def amp():
         return autocast(cfg.device, dtype)
 
-    policy = LocalHFPolicy(start_path, device=cfg.device, dtype=torch.float32, temperature=g.temperature,
+    policy = LocalHFPolicy(cfg.model_path, device=cfg.device, dtype=torch.float32, temperature=g.temperature,
                            max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
                            constrained=cfg.constrained, seed=cfg.seed, num_threads=cfg.decode_threads)
     policy.model.train()
@@ -176,15 +196,11 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
     optimizer = make_optimizer(policy.model, g)
     # The trainer scores the distribution the engine sampled from (constraint masks included).
     masks = TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
-    if ckpt:
-        state = json.loads((ckpt / "state.json").read_text())
-        trainer = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        optimizer.load_state_dict(trainer["optimizer"])
-        set_rng_state(trainer["rng"])
-        store = load_experience_fresh(ckpt / "experience.json")
+    found = load_checkpoint(out, lambda path: _restore(path, policy, optimizer))
+    if found:
+        ckpt, (state, store) = found
         start, order = state["step"], state["order"]
-        policy.policy_version = state["policy_version"]
-        truncate_metrics(metrics_path, start)
+        restore_metrics(metrics_path, ckpt, start)
     else:
         store = load_experience_fresh(cfg.harness.experience_path)
         start = 0
@@ -260,9 +276,12 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
             with amp():
                 rec.update(_quick_eval(cfg, policy, store))
         done_all = step + 1 == cfg.steps
+        # step commit: metrics record, then the checkpoint that includes it (module docstring)
+        failpoint("before_metrics", step + 1)
+        append_jsonl(metrics_path, rec, step=step + 1)
+        failpoint("after_metrics", step + 1)
         if (step + 1) % cfg.ckpt_every == 0 or done_all:
             _save(out, step + 1, policy, optimizer, store, order, cfg.keep_checkpoints)
-        append_jsonl(metrics_path, rec)
         bar.update(1)
         bar.set_postfix(success=f"{rec['success']:.2f}", reward=f"{rec['reward']:.2f}")
         if cfg.max_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_minutes:

@@ -50,8 +50,8 @@ from tqdm.auto import tqdm
 
 from evoharness.config import Strict
 from evoharness.models.init import load_model, load_tokenizer
-from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, get_rng_state, latest_checkpoint,
-                                         set_rng_state, truncate_metrics)
+from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, get_rng_state, load_checkpoint,
+                                         load_model_weights, load_trainer_state, set_rng_state, truncate_metrics)
 from evoharness.train.precision import autocast as precision_autocast
 from evoharness.train.precision import check_master_weights
 
@@ -309,9 +309,9 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
     def autocast():
         return precision_autocast(dev, amp_dtype)
 
-    ckpt = latest_checkpoint(out)
     tokenizer = load_tokenizer(model_dir)
-    model = load_model(ckpt or model_dir, dev, torch.float32)  # fp32 master weights whatever the checkpoint's dtype
+    # fp32 master weights whatever the checkpoint's dtype; a checkpoint's weights are loaded below
+    model = load_model(model_dir, dev, torch.float32)
     check_master_weights(model)
     model.train()
 
@@ -339,13 +339,19 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
 
     step, epoch_batches = 0, {}
     torch.manual_seed(cfg.seed)
-    if ckpt is not None:
-        state = json.loads((ckpt / "state.json").read_text())
-        if state["fingerprint"] != fingerprint:
-            raise ValueError(f"{ckpt} was made on other examples or tokenisation; use a new out_dir")
-        ts = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+
+    def restore(path: Path) -> tuple[dict, dict]:  # only JSON, safetensors and weights-only tensors are read
+        state, ts = json.loads((path / "state.json").read_text()), load_trainer_state(path / "trainer_state.pt")
+        load_model_weights(model, path)
         opt.load_state_dict(ts["optimizer"])
         sched.load_state_dict(ts["scheduler"])
+        return state, ts
+
+    found = load_checkpoint(out, restore)  # an unreadable latest checkpoint falls back to the previous one
+    if found is not None:
+        ckpt, (state, ts) = found
+        if state["fingerprint"] != fingerprint:
+            raise ValueError(f"{ckpt} was made on other examples or tokenisation; use a new out_dir")
         set_rng_state(ts["rng"])
         step = state["step"]
         total = state.get("total_steps", total)  # a horizon fitted to the budget stays fixed

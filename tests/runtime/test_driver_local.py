@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 from evoharness.runtime.driver import Driver
+from evoharness.runtime.events import Bind, RunMicroBatch
 from evoharness.runtime.local_backend import LocalBackend
 from evoharness.runtime.sim import build_scheduler, simulate
 
@@ -43,7 +45,75 @@ def test_every_schedule_runs_on_processes_exactly_once(make_cfg, policy):
     assert stats.wall_s > 0.5 * predicted
 
 
-def test_switching_without_reissue_aborts_turns_and_is_counted(make_cfg):
-    cfg = make_cfg(steps=1, cluster={"cells": 3}, policy={"elastic_reissue": False})
-    _, backend, stats = drive(cfg, "elastic")
-    assert stats.aborted_turns > 0 and stats.aborted_turns == backend.counts["aborted_turns"]
+def test_a_blunt_switch_aborts_the_calls_in_flight_and_counts_them(make_cfg):
+    """Without `Migrate` a cell leaving rollout orphans its executions and the
+    calls in flight are aborted (what elastic's re-issue avoids): bind a group
+    to cell 1 and switch it at once, while every call still runs there."""
+    from evoharness.runtime.cells import Role
+    from evoharness.runtime.events import Dispatch, ExecutionOrphaned, SwitchRole
+    cfg = make_cfg(cluster={"cells": 2})
+    be = LocalBackend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
+    try:
+        be.apply(Dispatch(0, 0))
+        members = [ev.execution for ev in be.poll(1.0)]
+        for e in members:
+            be.apply(Bind(e, 1))
+        be.apply(SwitchRole(1, Role.TRAIN))
+        orphans = [ev for ev in be.poll(1.0) if isinstance(ev, ExecutionOrphaned)]
+    finally:
+        be.close()
+    assert sorted(o.execution for o in orphans) == members and all(o.aborted for o in orphans)
+    assert be.counts["aborted_turns"] == len(members) == cfg.workload.group_size
+
+
+class Killer(LocalBackend):
+    """SIGKILLs a satellite cell's process right after a chosen command reaches it."""
+
+    def __init__(self, *a, kill_on, **kw):
+        super().__init__(*a, **kw)
+        self.kill_on, self.killed = kill_on, []
+
+    def apply(self, c):
+        super().apply(c)
+        if not self.killed and self.kill_on(c):
+            cell = c.cell
+            os.kill(self.procs[cell].pid, signal.SIGKILL)
+            self.procs[cell].join()
+            self.killed.append(cell)
+
+
+@pytest.mark.parametrize("what", ["rollout", "train"])
+def test_a_killed_cell_is_replaced_and_nothing_is_lost_or_repeated(make_cfg, what):
+    """elastic-async on 3 processes; SIGKILL a satellite while it serves calls
+    (its executions are re-issued elsewhere) or while it trains a micro-batch
+    (the micro-batch is claimed again). The run completes, every execution
+    finishes and trains exactly once, no agent turn is aborted, and the loss is
+    counted."""
+    cfg = make_cfg(steps=3, cluster={"cells": 3}, policy={"staleness": 1})
+    sched = build_scheduler("elastic-async", cfg)
+    if what == "rollout":
+        binds = iter(range(100))
+        kill_on = lambda c: isinstance(c, Bind) and c.cell == 2 and next(binds) == 2   # noqa: E731
+    else:
+        kill_on = lambda c: isinstance(c, RunMicroBatch) and c.cell != 0               # noqa: E731
+    backend = Killer(cfg, sched.initial_roles(), time_scale=SCALE, kill_on=kill_on)
+    try:
+        stats = Driver(sched, backend, stall_s=30).run()
+    finally:
+        backend.close()
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert backend.killed and stats.cells_lost == 1 == backend.counts["cells_lost"] == sched.cells_lost
+    assert sum(stats.staleness.values()) == n and max(stats.staleness) <= 1
+    assert stats.aborted_turns == 0 and len(stats.step_end_s) == cfg.steps
+    if what == "rollout":
+        assert backend.counts["reissued_calls"] > 0
+    else:
+        assert stats.micro_batches_reclaimed == 1
+
+
+def test_other_schedules_refuse_a_lost_cell_clearly(make_cfg):
+    from evoharness.runtime.events import CellLost
+    sched = build_scheduler("colocate", make_cfg())
+    sched.start()
+    with pytest.raises(RuntimeError, match="does not handle a lost cell"):
+        sched.handle(CellLost(1))

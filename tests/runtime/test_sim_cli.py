@@ -48,4 +48,5 @@ def test_simulate_elastic_async_by_name():
                                    "--policies", "async,elastic-async", "--set", "policy.staleness=1"])
     assert res.exit_code == 0, res.output
     row = next(line for line in res.output.splitlines() if line.startswith("| elastic-async |"))
-    assert row.split("|")[11].strip().endswith("/1") and row.split("|")[12].strip() == "0"   # staleness max 1, 0 aborted
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[11].endswith("/1") and cells[12] == "0"      # staleness max 1, no aborted turn

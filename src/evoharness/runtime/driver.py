@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Command, Dispatch, Event, ExecutionFinished, ExecutionOrphaned,
-                                       RoleSwitchDone, RunMicroBatch, SwitchRole, WeightSyncDone)
+from evoharness.runtime.events import (CellLost, Command, Dispatch, Event, ExecutionFinished, ExecutionOrphaned,
+                                       MicroBatchDone, RoleSwitchDone, RunMicroBatch, SwitchRole, WeightSyncDone)
 from evoharness.runtime.schedulers import Scheduler
 
 
@@ -53,6 +53,8 @@ class RunStats:
     switches: int = 0
     switch_latency_s: dict[str, list[float]] = field(default_factory=lambda: {"to_train": [], "to_rollout": []})
     aborted_turns: int = 0
+    cells_lost: int = 0
+    micro_batches_reclaimed: int = 0
     staleness: Counter = field(default_factory=Counter)
     events: int = 0
     commands: int = 0
@@ -69,6 +71,8 @@ class RunStats:
             "runtime/switch_to_rollout_s": (sum(lat["to_rollout"]) / len(lat["to_rollout"])
                                             if lat["to_rollout"] else 0.0),
             "runtime/staleness_max": float(max(self.staleness, default=0)),
+            "runtime/cells_lost": float(self.cells_lost),
+            "runtime/micro_batches_reclaimed": float(self.micro_batches_reclaimed),
         }
 
 
@@ -92,6 +96,7 @@ class Driver:
         self._trained: set[int] = set()
         self._role = list(scheduler.initial_roles())
         self._switch_t0: dict[int, float] = {}
+        self._running: dict[int, tuple[tuple[int, ...], int]] = {}   # train cell -> (executions, version)
         self._t0 = 0.0
 
     def _apply(self, cmds: list[Command]) -> None:
@@ -111,6 +116,7 @@ class Driver:
                         raise DriverError(f"execution {e} trained before it finished, or twice")
                     self._trained.add(e)
                     self.stats.staleness[c.version - self._behaviour[e]] += 1
+                self._running[c.cell] = (c.executions, c.version)
             elif isinstance(c, SwitchRole):
                 self._role[c.cell] = Role.TO_TRAIN if c.role == Role.TRAIN else Role.TO_ROLLOUT
                 self._switch_t0[c.cell] = now
@@ -125,6 +131,22 @@ class Driver:
             self._finished.add(ev.execution)
         elif isinstance(ev, ExecutionOrphaned):
             self.stats.aborted_turns += int(ev.aborted)
+        elif isinstance(ev, MicroBatchDone):
+            self._running.pop(ev.cell, None)
+        elif isinstance(ev, CellLost):
+            # its micro-batch never counted: the scheduler claims it again
+            self.stats.cells_lost += 1
+            self._role[ev.cell] = Role.TO_ROLLOUT
+            self._switch_t0[ev.cell] = now
+            lost, version = self._running.pop(ev.cell, ((), 0))
+            if lost:
+                self.stats.micro_batches_reclaimed += 1
+            for e in lost:
+                self._trained.discard(e)
+                k = version - self._behaviour[e]
+                self.stats.staleness[k] -= 1
+                if not self.stats.staleness[k]:
+                    del self.stats.staleness[k]
         elif isinstance(ev, RoleSwitchDone):
             self._role[ev.cell] = ev.role
             key = "to_train" if ev.role == Role.TRAIN else "to_rollout"

@@ -95,8 +95,19 @@ class WeightSyncDone:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class CellLost:
+    """`cell` failed (its process died). Its bound executions follow as
+    `ExecutionOrphaned` (not aborted: their calls are re-issued once they are
+    bound again), a micro-batch it was training is lost and must be claimed
+    again, and a replacement joins later with ``RoleSwitchDone(cell, ROLLOUT)``
+    (it loads the newest weights)."""
+
+    cell: int
+
+
 Event = (ExecutionDispatched | ExecutionStarted | ExecutionFinished | ExecutionOrphaned
-         | ModelCallStarted | ModelCallFinished | MicroBatchDone | RoleSwitchDone | WeightSyncDone)
+         | ModelCallStarted | ModelCallFinished | MicroBatchDone | RoleSwitchDone | WeightSyncDone | CellLost)
 
 # ---- commands (scheduler -> world) -----------------------------------------
 

@@ -30,9 +30,9 @@ import time
 from typing import Any
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Bind, Command, Dispatch, Event, ExecutionDispatched, ExecutionFinished,
-                                       ExecutionOrphaned, ExecutionStarted, MicroBatchDone, Migrate,
-                                       RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights, WeightSyncDone)
+from evoharness.runtime.events import (Bind, CellLost, Command, Dispatch, Event, ExecutionDispatched,
+                                       ExecutionFinished, ExecutionOrphaned, ExecutionStarted, MicroBatchDone,
+                                       Migrate, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights, WeightSyncDone)
 from evoharness.runtime.workload import SimConfig, Workload
 
 
@@ -99,7 +99,8 @@ class LocalBackend:
         self._tools: list[tuple[float, int, int]] = []   # (due, execution, turn) in this process
         self._events: list[Event] = []
         self._sync_left: dict[int, int] = {}
-        self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0}
+        self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0, "cells_lost": 0}
+        self._ctx = ctx
         self.pids_seen: dict[int, set[int]] = {c: set() for c in range(len(roles))}
 
     def _process(self, cell: int) -> tuple[Any, tuple]:
@@ -249,7 +250,9 @@ class LocalBackend:
                 break
             for c, p in enumerate(self.procs):
                 if not p.is_alive():
-                    raise RuntimeError(f"cell {c} process {p.pid} died (exit code {p.exitcode})")
+                    self._lose(c)
+            if self._events:
+                break
             wait = min(deadline, self._tools[0][0] if self._tools else deadline) - now
             if wait <= 0 and now >= deadline:
                 break
@@ -259,6 +262,38 @@ class LocalBackend:
                 pass
         out, self._events = self._events, []
         return out
+
+    def _lose(self, c: int) -> None:
+        """Cell c's process died: report it, orphan its executions (their calls
+        are re-issued when they are bound again), drop its jobs (a weight sync
+        counts as acknowledged: the replacement loads the newest weights) and
+        start a replacement that joins rollout."""
+        self.counts["cells_lost"] += 1
+        self._events.append(CellLost(c))
+        for e in sorted(x for x, cell in self.x_cell.items() if cell == c):
+            if self.x_state[e] == "call":
+                self._jobs.pop(self.x_call.pop(e), None)
+                self.x_state[e] = "wait"
+                self.counts["reissued_calls"] += 1
+            del self.x_cell[e]
+            self._events.append(ExecutionOrphaned(e, c, False))
+        for token, job in [(t, j) for t, j in self._jobs.items() if j[1] == c]:
+            del self._jobs[token]
+            self._job_lost(token, job)
+        self.inboxes[c] = self._ctx.Queue()
+        target, args = self._process(c)
+        self.procs[c] = self._ctx.Process(target=target, args=args, daemon=True)
+        self.procs[c].start()
+        self.role[c] = Role.TO_ROLLOUT
+        self._switch(c, Role.ROLLOUT)
+
+    def _job_lost(self, token: int, job: tuple) -> None:
+        kind, _, key = job
+        if kind in ("sync", "load"):
+            self._sync_left[key] -= 1
+            if self._sync_left[key] == 0:
+                del self._sync_left[key]
+                self._events.append(WeightSyncDone(key))
 
     def close(self) -> None:
         for q in self.inboxes:
@@ -411,6 +446,15 @@ class LocalModelBackend(LocalBackend):
         if kind == "load":
             kind = "sync"          # counted like the replay's per-cell sync acknowledgement
         super()._on_job(cell, pid, kind, token, result)
+
+    def _job_lost(self, token: int, job: tuple) -> None:
+        if job[0] == "train":
+            for tokens in self.mb_tokens.values():
+                if token in tokens:
+                    tokens.remove(token)    # the core must not sum a gradient that was never written
+        if job[0] == "step":
+            raise RuntimeError("the core cell failed during its optimizer step: resume from the last checkpoint")
+        super()._job_lost(token, job)
 
     def turn_versions(self) -> dict[int, list[int]]:
         """Per execution, the weights version of each model call (its behaviour versions)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 from evoharness.runtime.cells import CellPool, Counters, Role
-from evoharness.runtime.events import (Bind, Command, Dispatch, Event, ExecutionDispatched,
+from evoharness.runtime.events import (Bind, CellLost, Command, Dispatch, Event, ExecutionDispatched,
                                        ExecutionFinished, ExecutionOrphaned, ExecutionStarted,
                                        MicroBatchDone, ModelCallFinished, ModelCallStarted,
                                        RoleSwitchDone, RunMicroBatch, WeightSyncDone)
@@ -72,12 +72,14 @@ class Scheduler:
         self.mb_queue: deque[int] = deque()       # executions ready to train this step
         self.idle_train: deque[int] = deque()     # train cells waiting for a micro-batch
         self.mb_pending = 0                       # micro-batches of this step not yet done
+        self.running_mb: dict[int, tuple[int, ...]] = {}   # train cell -> executions it is training
+        self.cells_lost = 0
         self._handlers = {
             ExecutionDispatched: self.on_dispatched, ExecutionStarted: self.on_started,
             ExecutionFinished: self.on_finished, ExecutionOrphaned: self.on_orphaned,
             ModelCallStarted: self.on_model_call, ModelCallFinished: self.on_model_call,
             MicroBatchDone: self.on_micro_batch_done, RoleSwitchDone: self.on_role_switch_done,
-            WeightSyncDone: self.on_weight_sync_done,
+            WeightSyncDone: self.on_weight_sync_done, CellLost: self.on_cell_lost,
         }
 
     # ---- interface ---------------------------------------------------------
@@ -121,7 +123,9 @@ class Scheduler:
             self.mb_queue = q = deque(sorted(q, key=lambda e: -self.tokens[e]))
         while self.idle_train and q:
             execs = tuple(q.popleft() for _ in range(min(self.mb_size, len(q))))
-            out.append(RunMicroBatch(self.idle_train.popleft(), execs, self.version))
+            cell = self.idle_train.popleft()
+            self.running_mb[cell] = execs
+            out.append(RunMicroBatch(cell, execs, self.version))
 
     # ---- default event handlers -------------------------------------------
     def on_dispatched(self, ev: ExecutionDispatched, out: list[Command]) -> None:
@@ -159,6 +163,7 @@ class Scheduler:
         """Finished executions whose micro-batches may now be trained."""
 
     def on_micro_batch_done(self, ev: MicroBatchDone, out: list[Command]) -> None:
+        self.running_mb.pop(ev.cell, None)
         self.mb_pending -= len(ev.executions)
         self.idle_train.append(ev.cell)
         if self.mb_pending == 0:
@@ -174,3 +179,22 @@ class Scheduler:
 
     def on_weight_sync_done(self, ev: WeightSyncDone, out: list[Command]) -> None:
         pass
+
+    def on_cell_lost(self, ev: CellLost, out: list[Command]) -> None:
+        raise RuntimeError(f"{self.name} does not handle a lost cell (cell {ev.cell}); run elastic-async, "
+                           "or resume the job from its last checkpoint")
+
+    def lose_cell(self, cell: int) -> Role:
+        """Shared part of losing `cell`: its running micro-batch goes back to
+        the front of the queue, it leaves the idle trainers and is marked in
+        transfer to rollout until its replacement reports. Returns the role it
+        had. (Its executions come back through `ExecutionOrphaned`.)"""
+        self.cells_lost += 1
+        lost = self.running_mb.pop(cell, ())
+        self.mb_queue.extendleft(reversed(lost))
+        if cell in self.idle_train:
+            self.idle_train.remove(cell)
+        c = self.pool.cells[cell]
+        role = c.role
+        self.pool.set_role(c, Role.TO_ROLLOUT)
+        return role

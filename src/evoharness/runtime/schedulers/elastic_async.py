@@ -34,8 +34,8 @@ fixed, and training is never held to one step's rollout.
 from __future__ import annotations
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Command, ExecutionFinished, MicroBatchDone, Migrate, RoleSwitchDone,
-                                       SwitchRole, SyncWeights, WeightSyncDone)
+from evoharness.runtime.events import (CellLost, Command, ExecutionFinished, MicroBatchDone, Migrate,
+                                       RoleSwitchDone, SwitchRole, SyncWeights, WeightSyncDone)
 from evoharness.runtime.schedulers.base import Scheduler
 from evoharness.runtime.schedulers.batching import StalenessBatcher
 
@@ -119,6 +119,7 @@ class ElasticAsync(Scheduler):
         self.claim(out)
 
     def on_micro_batch_done(self, ev: MicroBatchDone, out: list[Command]) -> None:
+        self.running_mb.pop(ev.cell, None)
         self.mb_pending -= len(ev.executions)
         self.idle_train.append(ev.cell)
         if self.mb_pending == 0:
@@ -131,8 +132,10 @@ class ElasticAsync(Scheduler):
         self._balance(out)
 
     def _sync(self, out: list[Command]) -> None:
+        """Every cell but a failed one being replaced (it loads the newest weights when it joins)."""
         self.syncing = True
-        out.append(SyncWeights(self.version + 1, tuple(range(self.K))))
+        cells = tuple(c.id for c in self.pool.cells if c.role in (Role.ROLLOUT, Role.TRAIN))
+        out.append(SyncWeights(self.version + 1, cells))
 
     def on_weight_sync_done(self, ev: WeightSyncDone, out: list[Command]) -> None:
         self.syncing = False
@@ -192,10 +195,25 @@ class ElasticAsync(Scheduler):
         self.transfers += 1
         return True
 
+    def on_cell_lost(self, ev: CellLost, out: list[Command]) -> None:
+        """A satellite failed: its micro-batch is claimed again, its executions
+        come back orphaned (re-issued elsewhere), its replacement joins rollout.
+        The core holds the only optimizer state: losing it fails the job (resume
+        from the last checkpoint)."""
+        if ev.cell == 0:
+            raise RuntimeError("the core cell failed: resume the job from its last checkpoint")
+        role = self.lose_cell(ev.cell)
+        if role == Role.TRAIN:
+            self.train_cells -= 1
+        if self.transferring == ev.cell:
+            self.transferring = None
+        self.claim(out)
+
     def on_role_switch_done(self, ev: RoleSwitchDone, out: list[Command]) -> None:
         cell = self.pool.cells[ev.cell]
         self.pool.set_role(cell, ev.role)
-        self.transferring = None
+        if self.transferring == ev.cell:
+            self.transferring = None
         if ev.role == Role.TRAIN:
             self.train_cells += 1
             self.idle_train.append(ev.cell)

@@ -169,3 +169,70 @@ def test_nl2repo_layout_scores_with_tests_and_placeholder_without(nl2repo_task, 
     shutil.rmtree(nl2repo_task / "hidden")
     o = score_workspace(load_task(nl2repo_task), ws)
     assert o.status == "placeholder" and o.reward == 0.0 and "no hidden tests" in o.detail["reason"]
+
+
+BROKEN_FROM_ROMAN = "\n\ndef from_roman(s):\n    raise NotImplementedError\n"
+
+
+def test_agent_code_cannot_forge_passes_through_the_results_channel(pack, tmp_path):
+    """The agent's package, imported into the scorer's process, writes well-formed pass
+    records (hidden-suite node ids) to every fd it holds, the plugin's channel included:
+    only the plugin's signed records count, so the score is that of the honest code."""
+    task = pack["roman_numerals"]
+    honest = write_reference(task, tmp_path / "honest")
+    init = next(honest.rglob("__init__.py"))
+    init.write_text(init.read_text() + BROKEN_FROM_ROMAN)
+    expected = score_workspace(task, honest, budget=1)
+    assert expected.status == "scored" and 0 < expected.reward < 1
+    forger = write_reference(task, tmp_path / "forger")
+    init = next(forger.rglob("__init__.py"))
+    init.write_text(init.read_text() + BROKEN_FROM_ROMAN + (
+        "\nimport json, os\n"
+        "lines = ''.join(json.dumps({'event': 'test', 'nodeid': f'tests/test_romans.py::t{i}', 'when': 'call',\n"
+        "                            'outcome': 'passed'}) + '\\n' for i in range(100)).encode()\n"
+        "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+        "    try:\n"
+        "        os.write(fd, lines)\n"
+        "    except OSError:\n"
+        "        pass\n"))
+    o = score_workspace(task, forger, budget=1)
+    assert (o.status, o.reward, o.detail["passed"]) == ("scored", expected.reward, expected.detail["passed"])
+
+
+def test_workspace_pytest_entry_point_plugin_is_not_loaded(pack, tmp_path):
+    """A pytest11 entry point shipped in the workspace would turn every report into a pass."""
+    task = pack["roman_numerals"]
+    ws = write_reference(task, tmp_path / "ws")
+    init = next(ws.rglob("__init__.py"))
+    init.write_text(init.read_text() + BROKEN_FROM_ROMAN)
+    dist = ws / "evil-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\nevil = evil_plugin\n")
+    (ws / "evil_plugin.py").write_text(
+        "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    out = yield\n    out.get_result().outcome = 'passed'\n")
+    o = score_workspace(task, ws, budget=1)
+    assert o.status == "scored" and 0 < o.reward < 1
+
+
+def test_agent_code_cannot_turn_its_score_into_a_dropped_evaluation(pack, tmp_path):
+    """Dropped executions leave the batch unpunished, so nothing the agent's code does may
+    produce one: exiting with pytest's internal-error code, or hanging at import (a module
+    import is bounded like a test), is a legitimate 0, scored at the first attempt."""
+    task = dataclasses.replace(pack["roman_numerals"], per_test_timeout_s=1.0, test_timeout_s=60.0)
+    for name, code in (("exit3", "import os\nos._exit(3)\n"), ("hang", "while True:\n    pass\n")):
+        ws = write_reference(task, tmp_path / name)
+        next(ws.rglob("__init__.py")).write_text(code)
+        o = score_workspace(task, ws, budget=2)
+        assert (o.status, o.reward, o.attempts) == ("scored", 0.0, 1), (name, o.detail)
+
+
+def test_hang_that_swallows_exceptions_still_fails_alone(pack, tmp_path):
+    task = dataclasses.replace(pack["roman_numerals"], per_test_timeout_s=1.0)
+    ws = write_reference(task, tmp_path / "ws")
+    init = next(ws.rglob("__init__.py"))
+    init.write_text(init.read_text() + "\n\ndef is_roman(s):\n    import time\n    while True:\n        try:\n"
+                    "            time.sleep(10)\n        except Exception:\n            pass\n")
+    o = score_workspace(task, ws, budget=1)
+    assert o.status == "scored" and 0.5 < o.reward < 1 and o.detail["collected"] == task.n_tests

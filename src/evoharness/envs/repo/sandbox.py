@@ -314,7 +314,8 @@ class Sandbox:
     # ---- running ------------------------------------------------------------------
 
     def run(self, command: str | list[str], limits: Limits | None = None, extra_ro: dict[str, str] | None = None,
-            extra_rw: dict[str, str] | None = None, env: dict[str, str] | None = None, **overrides) -> RunResult:
+            extra_rw: dict[str, str] | None = None, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+            **overrides) -> RunResult:
         """Run `command` confined (a string goes to ``bash -c``; cwd ``/workspace``).
 
         Args:
@@ -324,6 +325,8 @@ class Sandbox:
             extra_ro / extra_rw: extra read-only / writable mounts (host -> sandbox
                 path) for this command only; writable ones should belong to `uid`.
             env: extra environment variables (override the defaults).
+            pass_fds: host file descriptors the command inherits, same numbers
+                (e.g. the write end of a pipe the host reads results from).
 
         Raises:
             SandboxError: bwrap could not set the sandbox up.
@@ -336,7 +339,7 @@ class Sandbox:
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+                                    start_new_session=True, pass_fds=pass_fds)
         except OSError as e:
             raise SandboxError(f"cannot start bwrap: {e}") from e
         head, tail, total = bytearray(), deque(), [0]

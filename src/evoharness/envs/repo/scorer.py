@@ -9,32 +9,42 @@ copy at its upstream paths (NL2Repo layout). The workspace root is cwd and on
 ``sys.path`` (after pytest and the plugin are imported, in isolated mode, so
 the agent's ``sitecustomize.py`` or a ``pytest.py`` of its own change nothing).
 
-A small pytest plugin (``evo_score_plugin``) appends one JSON line per test
-report to a results file as the run goes, so a run that the agent's code kills
-half-way still counts the tests that passed before, and bounds each test's
-call phase (``per_test_timeout_s``: a hanging test fails, the run goes on).
+A small pytest plugin (``evo_score_plugin``) writes one JSON line per test
+report to a pipe the host reads as the run goes, so a run that the agent's code
+kills half-way still counts the tests that passed before. The agent's code runs
+in the same process and may write to that pipe too, so each line is signed with
+a per-run key the plugin reads from a second inherited pipe before any of the
+agent's code is imported; unsigned lines, and node ids outside the hidden suite,
+are ignored. Each phase that runs the agent's code (a module's import, a test's
+setup, call and teardown) is bounded by ``per_test_timeout_s``: a hang fails
+that item and the run goes on.
 
 Outcomes go through `rollout.scoring.score_with_retry`:
 
 - ``NothingToEvaluate`` (placeholder 0): the workspace has no files, or the
   task ships no hidden tests (NL2Repo-Bench's are not public).
-- ``EvaluationError`` (retried, then dropped): the sandbox failed to start,
-  the whole run hit ``test_timeout_s`` (scorer timeout), pytest reported an
-  internal or usage error (exit 3/4), or the plugin never started.
+- ``EvaluationError`` (retried, then dropped), only for faults the agent's code
+  cannot cause: the sandbox failed to start, the whole run hit
+  ``test_timeout_s`` (scorer timeout), the plugin never started, pytest
+  reported an internal error, or a usage error before the session began.
 - anything else is scored, a legitimate 0 included (the agent's package fails
-  to import: collection errors, no passes).
+  to import, hangs at import, or ends the process: no passes).
 
-The plugin runs inside the same process as the agent's code; a policy that
-tampers with pytest itself is outside what this scorer defends against.
+Limits: the agent's code shares the process with pytest, so code written to
+find the plugin in memory and patch it (or pytest) is not defended against;
+in the NL2Repo layout the agent's root ``conftest.py`` is loaded, as upstream.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import stat
 import tempfile
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +53,38 @@ from evoharness.envs.repo.task import RepoTask
 from evoharness.rollout.scoring import EvaluationError, NothingToEvaluate, ScoreOutcome, score_with_retry
 
 PLUGIN = '''\
-"""evoharness scoring plugin: one JSON line per report, flushed as the run goes."""
-import json, os, signal, threading
+"""evoharness scoring plugin: one signed JSON line per report, written to an inherited pipe."""
+import json, os, signal, sys, threading
 import pytest
 
-_OUT = open(os.environ["EVO_SCORE_RESULTS"], "a", buffering=1)
-_PER_TEST = float(os.environ.get("EVO_PER_TEST_TIMEOUT", "0"))
+# The channel and its key arrive as inherited pipes (fd numbers in the environment, popped at
+# once): the agent's code, imported later into this process, can write to the channel but
+# has no key to sign with, so it can neither forge a pass nor hide the start of the run.
+_OUT = os.fdopen(int(os.environ.pop("EVO_SCORE_FD")), "w", buffering=1)
+with os.fdopen(int(os.environ.pop("EVO_SCORE_KEY_FD"))) as _f:
+    _KEY = _f.read().strip()
+_PER_TEST = float(os.environ.pop("EVO_PER_TEST_TIMEOUT", "0"))
 
 
 def _emit(rec):
-    _OUT.write(json.dumps(rec) + "\\n")
-    _OUT.flush()
+    try:
+        _OUT.write(_KEY + " " + json.dumps(rec) + "\\n")
+        _OUT.flush()
+    except (OSError, ValueError):
+        pass  # the agent's code closed the channel: only its own later results are lost
+
+
+_emit({"event": "start"})  # before any code of the agent's exists in this process
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    # only now: pytest has loaded its entry-point plugins, so none comes from the workspace
+    sys.path.insert(0, "/workspace")
 
 
 def pytest_sessionstart(session):
-    _emit({"event": "start"})
+    _emit({"event": "session"})
 
 
 def pytest_collectreport(report):
@@ -77,17 +104,16 @@ def pytest_sessionfinish(session, exitstatus):
     _emit({"event": "finish", "exitstatus": int(exitstatus)})
 
 
-class TestTimeout(Exception):
+class TestTimeout(BaseException):  # not an Exception: the agent's `except Exception` cannot swallow it
     pass
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
+def _bounded():
     if _PER_TEST <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
     def on_alarm(signum, frame):
-        raise TestTimeout(f"test exceeded {_PER_TEST:g} s")
+        raise TestTimeout(f"exceeded {_PER_TEST:g} s")
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, _PER_TEST)
     try:
@@ -95,20 +121,93 @@ def pytest_runtest_call(item):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+# Each phase that runs the agent's code is bounded: importing a module (collection), a test's
+# setup, call and teardown. A hang there is the agent's: that item fails, the run goes on.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    if isinstance(collector, pytest.Module):
+        yield from _bounded()
+    else:
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _bounded()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _bounded()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield from _bounded()
 '''
 
 # Runs as ``python -I -B /score/evo_run.py``: isolated mode keeps the workspace off sys.path
-# while the interpreter starts (no sitecustomize/usercustomize of the agent's) and while
-# pytest and the plugin are imported (no shadowing ``pytest.py``); then the workspace goes
-# first on sys.path, where the tests import the agent's code from.
+# while the interpreter starts (no sitecustomize/usercustomize of the agent's), while pytest
+# and the plugin are imported (no shadowing ``pytest.py``) and while pytest loads entry-point
+# plugins; the plugin's ``pytest_configure`` then puts the workspace first on sys.path, where
+# the tests import the agent's code from.
 RUNNER = '''\
 import sys
 import pytest
 sys.path.insert(0, "/score")
 import evo_score_plugin
-sys.path.insert(0, "/workspace")
 sys.exit(pytest.main(sys.argv[1:], plugins=[evo_score_plugin]))
 '''
+
+_MAX_RECORD = 1 << 16     # bytes of one signed line; longer ones are not the plugin's
+_MAX_RECORDS = 200_000    # signed lines kept (a hidden suite reports 3 per test)
+
+
+class _Channel:
+    """Host end of the results pipe: reads it to EOF on a thread and keeps only the
+    lines signed with this run's key (the agent's code may write to the pipe too)."""
+
+    def __init__(self) -> None:
+        self.key = secrets.token_hex(16)
+        self.read_fd, self.write_fd = os.pipe()
+        self.key_read_fd, key_write_fd = os.pipe()
+        os.write(key_write_fd, self.key.encode())
+        os.close(key_write_fd)
+        self.records: list[str] = []
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    @property
+    def fds(self) -> tuple[int, int]:
+        return self.write_fd, self.key_read_fd
+
+    def _pump(self) -> None:
+        prefix, buf = (self.key + " ").encode(), b""
+        with os.fdopen(self.read_fd, "rb", buffering=0) as f:
+            while chunk := f.read(1 << 16):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for ln in lines:
+                    if ln.startswith(prefix) and len(self.records) < _MAX_RECORDS:
+                        self.records.append(ln[len(prefix):].decode("utf-8", "replace"))
+                if len(buf) > _MAX_RECORD:
+                    buf = b"\xff"  # an endless line: drop it up to its newline (never a valid prefix)
+
+    def close_child_ends(self) -> None:
+        """Close the host's copies of the ends the sandbox inherited (after it started)."""
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def collect(self, timeout: float = 10.0) -> list[str]:
+        """The signed records, once every writer is gone (the sandbox has ended)."""
+        self._thread.join(timeout)
+        return list(self.records)
+
 
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".git"}
 
@@ -145,33 +244,46 @@ def copy_workspace(src: Path, dst: Path) -> None:
         pass  # unreadable entries are the agent's loss, not a scorer failure
 
 
-def tally(results: Path, n_tests: int) -> dict[str, Any]:
-    """Count passed tests from the plugin's JSONL (a test passes when its call
-    phase passed and no phase failed)."""
+def tally(records: Iterable[str], n_tests: int, suite: Iterable[str] = ()) -> dict[str, Any]:
+    """Count passed tests from the plugin's signed records (JSON texts, key stripped).
+
+    A test passes when its call phase passed and no phase failed. With `suite`
+    (paths relative to pytest's rootdir), only node ids under those paths count.
+    """
     started = finished = False
     collected = None
     exitstatus = None
     phases: dict[str, dict[str, str]] = {}
     collect_errors: list[str] = []
-    if results.is_file():
-        for line in results.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line from a killed run
-            ev = rec.get("event")
-            if ev == "start":
-                started = True
-            elif ev == "collected":
-                collected = rec.get("n")
-            elif ev == "collect_error":
-                collect_errors.append(str(rec.get("nodeid")))
-            elif ev == "test":
-                phases.setdefault(str(rec.get("nodeid")), {})[str(rec.get("when"))] = str(rec.get("outcome"))
-            elif ev == "finish":
-                finished, exitstatus = True, rec.get("exitstatus")
+    session = False
+    prefixes = [p.rstrip("/") for p in suite]
+    for line in records:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        ev = rec.get("event")
+        if ev == "start":
+            started = True
+        elif ev == "session":
+            session = True
+        elif ev == "collected":
+            collected = rec.get("n")
+        elif ev == "collect_error":
+            collect_errors.append(str(rec.get("nodeid")))
+        elif ev == "test":
+            nodeid = str(rec.get("nodeid"))
+            path = nodeid.split("::")[0]
+            if prefixes and not any(path == p or path.startswith(p + "/") for p in prefixes):
+                continue
+            phases.setdefault(nodeid, {})[str(rec.get("when"))] = str(rec.get("outcome"))
+        elif ev == "finish":
+            finished, exitstatus = True, rec.get("exitstatus")
     passed = sum(1 for p in phases.values() if p.get("call") == "passed" and "failed" not in p.values())
-    return {"started": started, "finished": finished, "exitstatus": exitstatus, "collected": collected,
+    return {"started": started, "session": session, "finished": finished, "exitstatus": exitstatus,
+            "collected": collected,
             "passed": passed, "failed": len(phases) - passed, "collect_errors": collect_errors[:20],
             "n_tests": n_tests}
 
@@ -193,10 +305,9 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
         raise NothingToEvaluate("the workspace holds no files")
     tmp = Path(tempfile.mkdtemp(prefix=f"evo-score-{task.task_id}-"))
     try:
-        ws, score, out = tmp / "workspace", tmp / "score", tmp / "out"
+        ws, score = tmp / "workspace", tmp / "score"
         copy_workspace(Path(workspace), ws)
         score.mkdir()
-        out.mkdir()
         (score / "evo_score_plugin.py").write_text(PLUGIN)
         (score / "evo_run.py").write_text(RUNNER)
         (score / "pytest.ini").write_text("[pytest]\n")
@@ -205,6 +316,7 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
         if task.layout == "pack":
             shutil.copytree(task.tests_dir, score / "tests", ignore=shutil.ignore_patterns("__pycache__"))
             args += ["-c", "/score/pytest.ini", "--rootdir", "/score", "/score/tests"]
+            suite: tuple[str, ...] = ("tests",)
         else:
             for p in task.test_paths:
                 dst = ws / p
@@ -216,22 +328,31 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
                 src = task.tests_dir / p
                 (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
             args += ["--rootdir", "/workspace", *task.test_paths]
+            suite = task.test_paths
         lim = limits or Limits(wall_s=task.test_timeout_s, cpu_s=int(task.test_timeout_s) + 5, output_bytes=8000)
         sandbox = Sandbox(ws, limits=lim, hidden=[str(task.root)])
+        channel = _Channel()
         try:
-            sandbox.own_tree(out)
             try:
-                r = sandbox.run(args, extra_ro={str(score): "/score"}, extra_rw={str(out): "/out"},
-                                env={"EVO_SCORE_RESULTS": "/out/results.jsonl",
+                r = sandbox.run(args, extra_ro={str(score): "/score"}, pass_fds=channel.fds,
+                                env={"EVO_SCORE_FD": str(channel.write_fd), "EVO_SCORE_KEY_FD": str(channel.key_read_fd),
                                      "EVO_PER_TEST_TIMEOUT": str(task.per_test_timeout_s)})
             except SandboxError as e:
                 raise EvaluationError(f"sandbox failed: {e}") from e
+            finally:
+                channel.close_child_ends()
         finally:
             sandbox.close()
+        records = channel.collect()
         if r.timed_out:
             raise EvaluationError(f"scorer timeout: hidden suite ran past {lim.wall_s:g} s")
-        t = tally(out / "results.jsonl", task.n_tests)
-        if r.exit_code in (3, 4) or not t["started"]:
+        t = tally(records, task.n_tests, suite)
+        # Only faults the agent's code cannot cause are evaluation errors: the plugin never
+        # started (it starts before any of the agent's code is imported), pytest reported an
+        # internal error, or a usage error before the session (the harness's arguments).
+        # Anything the agent's code does - even os._exit(3) - is scored on what passed.
+        if (not t["started"] or (t["finished"] and t["exitstatus"] == 3)
+                or (r.exit_code == 4 and not t["session"])):
             raise EvaluationError(f"pytest failed to run (exit {r.exit_code}): {r.output[-1500:]}")
         t.update(reward=min(t["passed"], task.n_tests) / task.n_tests, exit_code=r.exit_code, killed=r.killed,
                  wall_s=r.wall_s)

@@ -125,3 +125,12 @@ def test_package_data_stays_covered_inside_a_mounted_install(tmp_path):
         r = sb.run("ls /opt/site; echo ---; ls -A /opt/site/evoharness | wc -l")
     listed, count = r.output.split("---")
     assert "evoharness" in listed.split() and count.strip() == "0"
+
+
+def test_many_empty_files_are_bounded_and_can_be_cleaned_up(sandbox):
+    """Empty files take no blocks, so only a count of entries stops inode exhaustion."""
+    r = sandbox.run("python -c \"[open(f'f{i}', 'w').close() for i in range(10**6)]\"", wall_s=30, max_files=2000)
+    n = sum(1 for _ in sandbox.workspace.iterdir())
+    assert r.killed == "files" and 2000 < n < 20_000, (r.killed, n)
+    r = sandbox.run("rm -f f*; ls | wc -l", max_files=2000)  # over the bound at the start: shrinking is allowed
+    assert r.killed is None and r.output.strip() == "0"

@@ -74,3 +74,18 @@ def test_long_outputs_carry_a_visible_marker(toolbox):
 def test_shell_timeout_is_reported(toolbox):
     r = toolbox.call("run_shell", {"command": "sleep 30", "timeout_s": 1})
     assert "[killed: wall-time limit of 1 s]" in r.content and r.seconds < 10
+
+
+def test_writing_to_a_fifo_the_agent_made_does_not_block_the_host(toolbox):
+    import threading
+
+    assert toolbox.call("run_shell", {"command": "mkfifo pipe"}).exit_code == 0
+    out = {}
+    for name, args in (("write_file", {"path": "pipe", "content": "x"}),
+                       ("edit_file", {"path": "pipe", "old_str": "x", "new_str": "y"}),
+                       ("read_file", {"path": "pipe"})):
+        t = threading.Thread(target=lambda n=name, a=args: out.update({n: toolbox.call(n, a)}), daemon=True)
+        t.start()
+        t.join(10)
+        assert name in out, f"{name} on a FIFO blocked"
+        assert out[name].is_error and "not a regular file" in out[name].content

@@ -69,6 +69,9 @@ class Limits:
         file_size_mb: largest file a process may write (RLIMIT_FSIZE), MiB.
         open_files: RLIMIT_NOFILE.
         disk_mb: largest workspace size (watchdog, checked every 0.5 s), MiB.
+        max_files: most entries (files, directories, links) in the workspace
+            (watchdog): empty files take no blocks, so `disk_mb` alone would let
+            a command exhaust the host file system's inodes.
         tmp_mb: size of the ``/tmp`` tmpfs, MiB.
         output_bytes: captured output kept (head + tail).
     """
@@ -80,6 +83,7 @@ class Limits:
     file_size_mb: int = 64
     open_files: int = 256
     disk_mb: int = 512
+    max_files: int = 20_000
     tmp_mb: int = 128
     output_bytes: int = 32_000
 
@@ -94,7 +98,8 @@ class RunResult:
         output: stdout and stderr interleaved, at most ``Limits.output_bytes``
             (decoded UTF-8 with replacement), truncated with a visible marker.
         output_total: bytes the command wrote in all.
-        killed: why the watchdog killed it (``wall_time``, ``memory``, ``disk``), else None.
+        killed: why the watchdog killed it (``wall_time``, ``memory``, ``disk``,
+            ``files``), else None.
         wall_s: seconds from start to exit.
     """
 
@@ -155,14 +160,16 @@ def _proc_uid_stats(uid: int) -> tuple[list[int], int]:
     return pids, rss
 
 
-def dir_size(path: Path, stop_at: int | None = None) -> int:
-    """Bytes allocated under `path` (symlinks not followed); stops counting past `stop_at`."""
-    total, stack = 0, [str(path)]
+def dir_usage(path: Path, stop_bytes: int | None = None, stop_entries: int | None = None) -> tuple[int, int]:
+    """(bytes allocated, entries) under `path`, symlinks not followed; stops
+    counting once either passes its `stop_*` bound."""
+    total, n, stack = 0, 0, [str(path)]
     while stack:
         try:
             entries = list(os.scandir(stack.pop()))
         except OSError:
             continue
+        n += len(entries)
         for e in entries:
             try:
                 st = e.stat(follow_symlinks=False)
@@ -171,9 +178,14 @@ def dir_size(path: Path, stop_at: int | None = None) -> int:
             total += st.st_blocks * 512
             if e.is_dir(follow_symlinks=False):
                 stack.append(e.path)
-        if stop_at is not None and total > stop_at:
+        if (stop_bytes is not None and total > stop_bytes) or (stop_entries is not None and n > stop_entries):
             break
-    return total
+    return total, n
+
+
+def dir_size(path: Path, stop_at: int | None = None) -> int:
+    """Bytes allocated under `path` (symlinks not followed); stops counting past `stop_at`."""
+    return dir_usage(path, stop_bytes=stop_at)[0]
 
 
 @dataclass
@@ -389,8 +401,14 @@ class Sandbox:
                          wall_s=round(wall, 3))
 
     def _watch(self, proc: subprocess.Popen, lim: Limits, t0: float) -> str | None:
-        """Poll until `proc` exits; kill the sandbox at a limit and say which."""
+        """Poll until `proc` exits; kill the sandbox at a limit and say which.
+
+        The workspace bounds stop growth: a workspace already past one at the
+        start (an earlier command was killed there) is not killed for shrinking,
+        so the agent can still clean up."""
         next_check = t0
+        disk, files = lim.disk_mb * _MB, lim.max_files
+        floor: tuple[int, int] | None = None  # (bytes, entries) the command may reach
         while proc.poll() is None:
             now = time.monotonic()
             reason = None
@@ -400,8 +418,15 @@ class Sandbox:
                 next_check = now + 0.5
                 if self.privileged and _proc_uid_stats(self.uid)[1] > lim.memory_mb * _MB:
                     reason = "memory"
-                elif dir_size(self.workspace, stop_at=lim.disk_mb * _MB) > lim.disk_mb * _MB:
-                    reason = "disk"
+                else:
+                    if floor is None:  # what the command found, counted in full (bounded by earlier kills)
+                        used0, n0 = dir_usage(self.workspace)
+                        floor = (max(disk, used0), max(files, n0))
+                    used, n = dir_usage(self.workspace, stop_bytes=floor[0], stop_entries=floor[1])
+                    if used > floor[0]:
+                        reason = "disk"
+                    elif n > floor[1]:
+                        reason = "files"
             if reason:
                 self._kill(proc)
                 return reason

@@ -196,7 +196,8 @@ class ToolBox:
         wall = min(float(a.timeout_s or self.max_shell_s), self.max_shell_s)
         r = self.sandbox.run(a.command, wall_s=wall)
         note = {"wall_time": f"[killed: wall-time limit of {wall:g} s]",
-                "memory": "[killed: memory limit]", "disk": "[killed: workspace disk limit]"}.get(r.killed or "", "")
+                "memory": "[killed: memory limit]", "disk": "[killed: workspace disk limit]",
+                "files": "[killed: too many files in the workspace]"}.get(r.killed or "", "")
         text = f"exit code: {r.exit_code}\n{note + chr(10) if note else ''}{r.output}"
         return ToolResult("run_shell", text, is_error=False, exit_code=r.exit_code)
 
@@ -223,6 +224,8 @@ class ToolBox:
         p = self.resolve(a.path)
         if p == self.root or p.is_dir():
             raise ToolError(f"{a.path}: is a directory")
+        if p.exists() and not p.is_file():  # a FIFO the agent made would block the host's open() forever
+            raise ToolError(f"{a.path}: not a regular file")
         self._mkdirs(p.parent)
         p.write_bytes(data)
         self.sandbox.own_tree(p)
@@ -231,7 +234,7 @@ class ToolBox:
     def _edit_file(self, a: EditFile) -> ToolResult:
         p = self.resolve(a.path)
         if not p.is_file():
-            raise ToolError(f"{a.path}: no such file")
+            raise ToolError(f"{a.path}: {'not a regular file' if p.exists() else 'no such file'}")
         text = p.read_text(errors="replace")
         n = text.count(a.old_str)
         if n != 1:

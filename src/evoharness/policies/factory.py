@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from evoharness.config import Strict
+from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 
 PolicyKind = Literal["expert", "noisy_expert", "random", "teacher", "openai", "hf"]
 
@@ -36,7 +37,7 @@ class PolicyConfig(Strict):
     model_path: str | None = None
     device: str = "cpu"
     dtype: str = "auto"
-    max_prompt_tokens: int = 4096
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with sft and rl (harness.prompt)
     constrained: bool = False
     num_threads: int | None = None  # torch CPU threads while decoding (1 suits tiny models)
 

@@ -38,6 +38,7 @@ from evoharness.config import Strict
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.advantages import std_floor_active, turn_advantages
 from evoharness.train.checkpoint import (
@@ -85,7 +86,7 @@ class RLConfig(Strict):
     # reward's invalid-action term does the work of the grammar.
     constrained: bool = True
     max_new_tokens: int = 96
-    max_prompt_tokens: int = 2048
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with sft and eval (harness.prompt)
     decode_threads: int | None = None  # torch CPU threads while sampling (1 suits tiny models)
     threads: int | None = None  # torch CPU threads for the whole run (None: torch's default)
     seed: int = 0

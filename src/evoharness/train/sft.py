@@ -3,13 +3,15 @@
 An example is ``{"messages": [{"role", "content"}, ...], "completion": str}``
 (one JSONL line). It becomes one token row::
 
-    input_ids = template(messages, add_generation_prompt=True)[-max_prompt_tokens:]
+    input_ids = fit(template(messages, add_generation_prompt=True), max_prompt_tokens)
                 + tokens(completion + eos)[:max_completion_tokens]
     labels    = -100 on every prompt token, the token ids on the completion
 
 so the loss (mean cross-entropy per completion token over the whole step) is
-computed on assistant tokens only. Prompts are truncated from the left (the
-end of the prompt, nearest the answer, is kept).
+computed on assistant tokens only. A prompt over `max_prompt_tokens` is fitted
+exactly as the policies fit theirs at rollout and evaluation time
+(`harness.prompt.fit_prompt_ids`: oldest history first, never the system prompt
+or OBJECTIVE).
 
 Batches are length-bucketed: each epoch the examples are sorted by length
 (random tie-break), cut into batches of at most `batch_tokens` padded tokens,
@@ -49,6 +51,7 @@ import torch
 from tqdm.auto import tqdm
 
 from evoharness.config import Strict
+from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, get_rng_state, load_checkpoint,
                                          load_model_weights, load_trainer_state, set_rng_state, truncate_metrics)
@@ -70,7 +73,7 @@ class SFTConfig(Strict):
     batch_tokens: int = 8192           # padded tokens per optimizer step
     micro_batch_tokens: int | None = None  # split a step into micro-batches of this many padded tokens
     warmup_steps: int = 10
-    max_prompt_tokens: int = 1536
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with rl and eval (harness.prompt)
     max_completion_tokens: int = 256
     grad_clip: float = 1.0             # <= 0: no clipping
     seed: int = 0

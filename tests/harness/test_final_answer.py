@@ -57,6 +57,20 @@ SHAPES = [
     ("{go}", "{go}"),
     ("<think>x</think>\n{go}", "{go}"),
     ("", None),
+    # shapes real Qwen3 / DeepSeek-style models and servers produce (review)
+    ("<THINK>x <ACTION>look</ACTION></THINK>\n<Action>{go}</Action>", "{go}"),  # upper/mixed-case tags
+    ("<think>x</think><action >{go}</ action>", "{go}"),  # spaces inside the brackets
+    ("< think >I could <action>look</action></think ><action>{go}</action>", "{go}"),
+    ("<think>\n\n</think>\n\n<action>\n  {go}  \n</action>\n", "{go}"),  # Qwen3 non-thinking: empty block
+    ("<think>x</think>\n```\n<action>{go}</action>\n```", "{go}"),  # answer in a code fence
+    ("<think>x</think><action>\n```text\n{go}\n```\n</action>", "{go}"),  # a fenced action
+    ("<think>x</think><action>**{go}**</action>", "{go}"),  # markdown emphasis
+    ("Thought: the desk\n**Action:** {go}", "{go}"),
+    ("```\n{go}\n```", "{go}"),  # bare answer in a code fence: the fence is not the last line
+    # unclosed final block followed by a hallucinated observation: the block's first line is the answer
+    ("<think>go</think><action>{go}\nObservation: You arrive at loc 3.\nlook", "{go}"),
+    # tool-call JSON is not an accepted shape (the harness offers no tools): invalid, never guessed
+    ('<think>x</think>\n<tool_call>\n{"name": "act", "arguments": {"command": "{go}"}}\n</tool_call>', None),
 ]
 
 

@@ -30,10 +30,14 @@ META_VERBS = ("track", "commit", "recall", "note")
 MAX_PARSE_CHARS = 8192
 MAX_ACTION_CHARS = 300
 
-_THINK_BLOCK_RE = re.compile(r"<think>(.*?)</think>", re.S | re.I)
-_ACTION_OPEN_RE = re.compile(r"<action>", re.I)
-_ACTION_RE = re.compile(r"<action>(.*?)(?:</action>|$)", re.S | re.I)
-_BARE_PREFIX_RE = re.compile(r"^(?:action|act)\s*:\s*|^>\s*", re.I)
+# tags in any case, with stray spaces inside the brackets (``<Action >``, ``< /think>``)
+_THINK_OPEN, _THINK_CLOSE = r"<\s*think\s*>", r"<\s*/\s*think\s*>"
+_THINK_BLOCK_RE = re.compile(rf"{_THINK_OPEN}(.*?){_THINK_CLOSE}", re.S | re.I)
+_ACTION_OPEN_RE = re.compile(r"<\s*action\s*>", re.I)
+_ACTION_RE = re.compile(r"<\s*action\s*>(.*?)(<\s*/\s*action\s*>|$)", re.S | re.I)
+# ``Action: x``, markdown ``**Action:** x``, or ``> x``
+_BARE_PREFIX_RE = re.compile(r"^[*_]*\s*(?:action|act)\s*[*_]*\s*:\s*[*_]*\s*|^>\s*", re.I)
+_FENCE_RE = re.compile(r"^\s*```[\w+-]*\s*$")
 MULTIPLE_ACTIONS = "More than one action in the answer. Reply with exactly one <action>COMMAND</action>."
 
 
@@ -64,7 +68,8 @@ class ParsedAction:
 
 def normalize_command(text: str) -> str:
     """Lower-case, strip quotes/punctuation at the ends, collapse whitespace."""
-    text = text.strip().strip("`'\"").strip()
+    lines = [ln for ln in text.strip().splitlines() if not _FENCE_RE.match(ln)]  # a markdown code block
+    text = "\n".join(lines).strip().strip("`'\"*_").strip()
     text = re.sub(r"\s+", " ", text)
     return text.rstrip(".!").strip().lower()
 
@@ -80,8 +85,8 @@ def split_reasoning(completion: str) -> tuple[str, str]:
     """
     head = completion[:MAX_PARSE_CHARS]
     thinks: list[str] = []
-    close = re.search(r"</think>", head, re.I)
-    opening = re.search(r"<think>", head, re.I)
+    close = re.search(_THINK_CLOSE, head, re.I)
+    opening = re.search(_THINK_OPEN, head, re.I)
     if close and (opening is None or close.start() < opening.start()):
         thinks.append(head[: close.start()])
         head = head[close.end():]
@@ -91,7 +96,7 @@ def split_reasoning(completion: str) -> tuple[str, str]:
         thinks.append(m.group(1))
         pos = m.end()
     rest = head[pos:]
-    if (m := re.search(r"<think>", rest, re.I)) is not None:
+    if (m := re.search(_THINK_OPEN, rest, re.I)) is not None:
         thinks.append(rest[m.end():])
         rest = rest[: m.start()]
     parts.append(rest)
@@ -110,13 +115,17 @@ def split_completion(completion: str) -> tuple[str, str]:
     2. Outside the reasoning, the answer is the one ``<action>…</action>``
        block. Text before or after it is ignored (a hallucinated
        ``Observation: …`` after the answer included). An unclosed final block
-       counts (servers strip a ``</action>`` stop string).
+       counts (servers strip a ``</action>`` stop string) up to its first
+       line break: what follows is a continuation, not the action. Tags
+       match in any case and with spaces inside the brackets; a markdown
+       code fence or emphasis around the action is not part of it.
     3. Two or more ``<action>`` blocks outside the reasoning: no action
        (invalid, `MULTIPLE_ACTIONS`): the model gave more than one answer.
     4. No ``<action>`` tag at all (models prompted without the tag format): an
-       ``Action: …`` or ``> …`` line is the answer (two or more such lines:
-       invalid as in 3; later lines are a hallucinated continuation), else the
-       last non-empty line.
+       ``Action: …`` (also ``**Action:** …``) or ``> …`` line is the answer
+       (two or more such lines: invalid as in 3; later lines are a
+       hallucinated continuation), else the last non-empty line that is not
+       a code fence.
 
     Returns:
         ``(think, action)``; ``action`` is ``""`` when there is none (rule 3 included).
@@ -130,8 +139,12 @@ def _final_answer(completion: str) -> tuple[str, str, int]:
     think, answer = split_reasoning(completion)
     opens = len(_ACTION_OPEN_RE.findall(answer))
     if opens:
-        return think, _ACTION_RE.search(answer).group(1).strip(), opens
-    lines = [ln.strip() for ln in answer.strip().splitlines() if ln.strip()]
+        m = _ACTION_RE.search(answer)
+        action = m.group(1).strip()
+        if not m.group(2):  # unclosed: the action is one line; the rest is a continuation
+            action = next((ln for ln in action.splitlines() if ln.strip() and not _FENCE_RE.match(ln)), "")
+        return think, action.strip(), opens
+    lines = [ln.strip() for ln in answer.strip().splitlines() if ln.strip() and not _FENCE_RE.match(ln)]
     marked = [ln for ln in lines if _BARE_PREFIX_RE.match(ln)]
     if marked:
         return think, _BARE_PREFIX_RE.sub("", marked[0], count=1), len(marked)

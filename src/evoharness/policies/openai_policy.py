@@ -151,6 +151,8 @@ class OpenAIPolicy:
         extra: dict[str, Any] = {"seed": seed} if seed is not None else {}
         if constraint is not None:
             extra["constraint"] = constraint
+        if fit := _extra(resp, "prompt_fit"):  # the gateway shortened the prompt to max_prompt_tokens
+            extra["prompt_fit"] = fit
         return Completion(
             text=choice.message.content or "",
             prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None,

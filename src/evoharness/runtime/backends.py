@@ -99,6 +99,7 @@ class GenOutput:
     finish_reason: str
     policy_version: int | None
     tokens: list[str] | None = None
+    prompt_fit: dict[str, int] | None = None  # how an over-budget prompt was shortened (`harness.prompt.PromptFit`)
 
 
 class Backend:
@@ -369,20 +370,25 @@ class LocalBackend(Backend):
 
     # -- engine thread ----------------------------------------------------------------
 
-    def _prompt_ids(self, p: GenParams) -> list[int]:
+    def _prompt_ids(self, p: GenParams) -> tuple[list[int], dict[str, int] | None]:
+        """The prompt ids within the budget, and how they were shortened (None: not at all)."""
         msgs = [_template_message(m) for m in p.messages]
         kw = {"tools": p.tools} if p.tools else {}
         text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         cap = p.truncate_prompt_tokens or self.max_prompt_tokens
-        if not cap or len(ids) <= cap or kw:
-            return ids[-cap:] if cap else ids
+        if not cap or len(ids) <= cap:
+            return ids, None
+        cut = {"history_dropped": 0, "tokens_cut": len(ids) - cap}
+        if kw:
+            return ids[-cap:], cut
         try:  # the project's prompt recipe (as `LocalHFPolicy` and SFT): oldest history dropped first
             from evoharness.harness.prompt import PromptTooLong, fit_prompt_ids
         except ImportError:
-            return ids[-cap:]
+            return ids[-cap:], cut
         try:
-            return fit_prompt_ids(self.tokenizer, msgs, cap)[0]
+            fitted, fit = fit_prompt_ids(self.tokenizer, msgs, cap)
+            return fitted, (fit.as_dict() if fit.fitted else None)
         except PromptTooLong as e:
             raise BackendRejected(400, f"prompt does not fit truncate_prompt_tokens={cap}: {e}",
                                   "context_length_exceeded") from e
@@ -394,10 +400,12 @@ class LocalBackend(Backend):
 
         self.batches += 1
         out: list[GenOutput | BaseException | None] = [None] * len(batch)
+        fits: dict[int, dict[str, int] | None] = {}
         groups: dict[tuple[float, float, int], list[tuple[int, GenRequest]]] = {}
         for i, p in enumerate(batch):
             try:
-                ids = self._prompt_ids(p)
+                ids, fit = self._prompt_ids(p)
+                fits[i] = fit
                 if not ids:
                     raise BackendRejected(400, "the prompt renders to no tokens")
                 max_new = p.max_tokens or self.default_max_tokens
@@ -426,13 +434,13 @@ class LocalBackend(Backend):
                         out[i] = BackendError(f"engine failed: {type(e).__name__}: {e}")
                     continue
                 for (i, g), r in zip(members, results):
-                    out[i] = self._output(batch[i], g.prompt_ids, r, version)
+                    out[i] = self._output(batch[i], g.prompt_ids, r, version, fits.get(i))
         finally:
             if self.num_threads:
                 torch.set_num_threads(old_threads)
         return out  # type: ignore[return-value]
 
-    def _output(self, p: GenParams, prompt_ids: list[int], r, version: int) -> GenOutput:
+    def _output(self, p: GenParams, prompt_ids: list[int], r, version: int, fit: dict[str, int] | None) -> GenOutput:
         ids, lps, finish = list(r.token_ids), list(r.logprobs), r.finish_reason
         text_ids = ids[:-1] if ids and ids[-1] in self._hidden else ids
         text = self.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -441,7 +449,7 @@ class LocalBackend(Backend):
             finish = "stop" if hit else finish
         content, calls = parse_tool_calls(text) if p.tools else (text, [])
         tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if p.want_token_text else None
-        return GenOutput(prompt_ids, ids, lps, content, calls, "tool_calls" if calls else finish, version, tokens)
+        return GenOutput(prompt_ids, ids, lps, content, calls, "tool_calls" if calls else finish, version, tokens, fit)
 
     def _apply_stops(self, ids, lps, text, stops):
         """vLLM semantics: cut the text before the first stop string; keep the tokens that produced it."""
@@ -585,6 +593,7 @@ class HTTPBackend(Backend):
                 finish_reason=choice.get("finish_reason") or "stop",
                 policy_version=int(version) if version is not None else self._version,
                 tokens=[x.get("token", "") for x in lp] if lp else None,
+                prompt_fit=data.get("prompt_fit"),
             )
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(f"malformed response from {self.name}: {type(e).__name__}: {e}") from e

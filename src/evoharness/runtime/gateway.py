@@ -235,7 +235,7 @@ class Gateway:
             self.records.append(rec)
         self._cache_tool_calls(execution_id, out.tool_calls)
         return completion_body(call_id, req.model, out.content, out.tool_calls, out.finish_reason, out.prompt_ids,
-                               out.completion_ids, out.logprobs, out.policy_version, req, out.tokens)
+                               out.completion_ids, out.logprobs, out.policy_version, req, out.tokens, out.prompt_fit)
 
     def health(self) -> dict[str, Any]:
         live = sum(b.routable for b in self.backends.values())

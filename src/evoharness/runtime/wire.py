@@ -18,7 +18,8 @@ and forwarded to HTTP backends, as vLLM does. Extensions beyond the OpenAI API
   which accepts the same strings but not the same token paths (the engine's
   grammar also forces canonical tokenisation and reserves the action's budget);
 - response field ``policy_version`` (this project): the weights' version that
-  answered.
+  answered; ``prompt_fit`` (this project, only when the prompt was over budget):
+  ``{"history_dropped", "tokens_cut"}``.
 
 Errors follow OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -158,7 +159,8 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 
 def completion_body(call_id: str, model: str, content: str | None, tool_calls: list[dict[str, Any]],
                     finish_reason: str, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
-                    policy_version: int | None, req: ChatRequest, tokens: list[str] | None = None) -> dict[str, Any]:
+                    policy_version: int | None, req: ChatRequest, tokens: list[str] | None = None,
+                    prompt_fit: dict[str, int] | None = None) -> dict[str, Any]:
     """A ``chat.completion`` response body, with the token-in/token-out extensions the request asked for."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
@@ -173,6 +175,8 @@ def completion_body(call_id: str, model: str, content: str | None, tool_calls: l
                   "total_tokens": len(prompt_ids) + len(completion_ids)},
         "policy_version": policy_version,
     }
+    if prompt_fit:
+        body["prompt_fit"] = prompt_fit
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
         choice["token_ids"] = completion_ids

@@ -24,6 +24,7 @@ run also writes ``report.md`` + ``rl_curves.png``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -97,6 +98,9 @@ class RLConfig(Strict):
     eval_limit: int | None = 42
     max_minutes: float | None = None
     llm_consolidator: LLMConsolidatorConfig | None = None
+    # sample through a loopback OpenAI-compatible gateway on the live weights (`runtime.gateway.served_policy`):
+    # the same trajectories as in-process, plus the gateway's call records in out_dir/gateway
+    rollout_via_gateway: bool = False
 
 
 class TimedEnv:
@@ -213,6 +217,11 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         from evoharness.harness.bpe.llm_consolidator import LLMConsolidator
 
         consolidator = LLMConsolidator(**cfg.llm_consolidator.model_dump())
+    rollout_policy, served = policy, contextlib.ExitStack()
+    if cfg.rollout_via_gateway:
+        from evoharness.runtime.gateway import served_policy
+
+        rollout_policy = served.enter_context(served_policy(policy, records=out / "gateway"))
     t_start = time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=start, desc="rl", unit="step", disable=not progress, dynamic_ncols=True)
     for step in range(start, cfg.steps):
@@ -225,7 +234,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         with amp():
             trajs = run_episodes(
                 specs, make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine), env_clock),
-                make_harness=lambda: make_harness(cfg.harness, experience=store), policy=policy,
+                make_harness=lambda: make_harness(cfg.harness, experience=store), policy=rollout_policy,
                 max_steps=cfg.max_steps,
             )
         t_rollout = time.perf_counter() - t0
@@ -290,6 +299,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
                 _save(out, step + 1, policy, optimizer, store, order, cfg.keep_checkpoints)
             break
     bar.close()
+    served.close()
     from evoharness.eval.run_report import write_rl_report
 
     write_rl_report(out, metrics_path)

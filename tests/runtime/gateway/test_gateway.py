@@ -10,7 +10,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import openai
-import pytest
 import torch
 
 from evoharness.engine import Engine, GenRequest

@@ -68,3 +68,36 @@ def test_rl_rollouts_through_the_gateway_follow_live_weights(gw_model_dir, one_p
                 assert policy.update_weights(sd) == 1
                 before = [t.completion_token_ids for tr in got for t in tr.turns]
     assert before != [t.completion_token_ids for tr in got for t in tr.turns]  # the new weights were used
+
+
+def test_rl_steps_through_the_gateway_equal_in_process(gw_model_dir, tmp_path):
+    """`evoharness rl` with rollout_via_gateway: the same metrics and weights as in-process, and the
+    gateway's records carry each step's policy version."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from evoharness.train.rl import RLConfig, train_rl
+
+    def run(out, via):
+        cfg = RLConfig(model_path=str(gw_model_dir), out_dir=str(out), steps=2, max_steps=3, max_new_tokens=12,
+                       max_prompt_tokens=512, decode_threads=1, seed=3, rollout_via_gateway=via)
+        cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 2, 1e-3
+        cfg.grpo.temperature, cfg.grpo.micro_batch_size = 1.0, 8
+        final = train_rl(cfg, progress=False)
+        metrics = [{k: v for k, v in json.loads(ln).items() if not k.startswith("timing_s")}
+                   for ln in (out / "metrics.jsonl").read_text().splitlines()]
+        return metrics, load_file(str(final / "model.safetensors"))
+
+    ref_m, ref_w = run(tmp_path / "local", False)
+    got_m, got_w = run(tmp_path / "served", True)
+    assert len(ref_m) == len(got_m) == 2
+    for a, b in zip(ref_m, got_m):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
+    for k in ref_w:
+        assert torch.allclose(ref_w[k], got_w[k], atol=1e-5), k
+    recs = [json.loads(ln) for f in (tmp_path / "served" / "gateway").glob("*.jsonl") for ln in f.read_text().splitlines()]
+    assert {r["policy_version"] for r in recs} == {0, 1}
+    assert len(recs) == sum(m["steps_per_episode"] * 4 for m in got_m)  # one record per turn

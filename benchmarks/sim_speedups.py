@@ -183,8 +183,8 @@ def sweep_granularity() -> None:
                 cols.append(f"{r.metrics['wall_h']:15.2f} {100 * (r.wall_s / ref[p] - 1):+6.1f}%")
             layout = f"{cfg.cluster.cells} x {cfg.cluster.accelerators_per_cell // 8}"
             print(f"  {layout:>12} {'balanced' if balance else 'in order':>9} " + " ".join(cols))
-    print(f"  (paper: 4 cells x 8 nodes costs +{100 * PAPER_GRANULARITY:.1f}% vs 8 x 4; decode inside a bigger cell is")
-    print("   still pooled across its replicas, which favours big cells: see docs/simulator.md)")
+    print(f"  (paper: 4 cells x 8 nodes costs +{100 * PAPER_GRANULARITY:.1f}% vs 8 x 4; each session is pinned to one")
+    print("   inference replica of its cell; 'balanced' claims longest first at every cell size)")
 
 
 def sweep_gate() -> None:

@@ -25,10 +25,12 @@ def workload_totals(cfg):
     return service, tokens, turns
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
 @pytest.mark.parametrize("unit", ["group", "execution"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_every_execution_once_and_work_conserved(make_cfg, policy, unit):
-    cfg = make_cfg(policy={"train_unit": unit})
+def test_every_execution_once_and_work_conserved(make_cfg, policy, unit, replicas):
+    """Also with cells of 2 inference replicas (each session pinned to one)."""
+    cfg = make_cfg(policy={"train_unit": unit}, cluster={"decode_replicas": replicas})
     r = simulate(cfg, policy)
     ch = r.checks
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size

@@ -352,8 +352,10 @@ def test_micro_batch_time_and_replicas_of_a_regrouped_cell(make_cfg):
     assert (small.cells, small.train_tps, small.train_replicas) == (8, 1000.0, 1)
     back = small.regrouped(2)                    # two of the small replicas, not the original cell
     assert (back.cells, back.capacity, back.train_tps, back.train_replicas) == (4, cl.capacity, 2000.0, 2)
-    full = cl.capacity * cl.per_seq_tps(cl.capacity)           # decode throughput of a full cell is kept
-    assert back.capacity * back.per_seq_tps(back.capacity) == pytest.approx(full)
+    assert back.decode_replicas == 2 and back.full_decode_tps == pytest.approx(2 * small.full_decode_tps)
+    big = cl.regrouped(2)
+    assert big.decode_replicas == 2 and big.full_decode_tps == pytest.approx(2 * cl.full_decode_tps)
+    assert big.per_seq_tps(1) == cl.per_seq_tps(1)       # a lone sequence decodes no faster on a bigger cell
     with pytest.raises(ValueError):
         cl.regrouped(3)
 
@@ -374,3 +376,30 @@ def test_bigger_cells_are_slower_on_the_nl2repo_workload():
         r8, r4 = simulate(cfg, p), simulate(big, p)
         assert r4.wall_s > r8.wall_s, p
         assert r4.checks["trained_once"] and r4.metrics["trained_executions"] == r8.metrics["trained_executions"]
+
+
+class _OneCell(Elastic):
+    """Elastic, but every execution is bound to cell 1 (to compare replica layouts of one cell)."""
+
+    def route(self, out):
+        while self.queue:
+            e = self.queue.popleft()
+            self.pool.bind(e, self.pool.cells[1])
+            out.append(Bind(e, 1))
+
+
+def test_a_session_is_pinned_to_one_replica(make_cfg):
+    """Two sequences on a cell of 2 inference replicas decode as if each had a
+    replica to itself; on one pooled replica of the same capacity they share
+    its (sublinear) throughput and finish later."""
+    base = make_cfg(steps=1, workload={"groups_per_step": 1, "group_size": 2, "turns": 3.0, "timeout_s": None},
+                    cluster={"cells": 2, "capacity": 4})
+    pinned = base.model_copy(deep=True)
+    pinned.cluster.decode_replicas = 2
+    r = {}
+    for name, cfg in (("pooled", base), ("pinned", pinned)):
+        r[name] = Simulator(cfg, _OneCell(cells=2, capacity=4, groups_per_step=1, group_size=2, steps=1)).run()
+        assert r[name].checks["trained_once"] and r[name].checks["max_bound"] == 2
+        assert r[name].checks["throughput_integral"] == pytest.approx(r[name].checks["consumed"], rel=1e-6)
+    assert base.cluster.per_seq_tps(1) > base.cluster.per_seq_tps(2)
+    assert r["pinned"].wall_s < r["pooled"].wall_s

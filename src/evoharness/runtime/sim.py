@@ -120,9 +120,12 @@ class Simulator:
         self._heap: list[tuple[float, int, int, int, Any]] = []
         self._seq = 0
         self._events: deque = deque()
-        self._ps = [cl.per_seq_tps(n) for n in range(C + 1)]          # per-sequence tokens/s
-        full = C * self._ps[C]
-        self._util = [n * self._ps[n] / full for n in range(C + 1)]    # tps(n) / tps(C)
+        # decode: each cell is R replicas (servers) of C / R slots; an execution is pinned to one
+        R = self.R = cl.decode_replicas
+        Cr = C // R
+        self._ps = [cl.per_seq_tps(n) for n in range(Cr + 1)]         # per-sequence tokens/s on a replica
+        self._tp = [n * p for n, p in enumerate(self._ps)]              # a replica's tokens/s with n calls
+        self._full = R * self._tp[Cr]                                   # a full cell's tokens/s
         self._pf = cl.prefill_speedup
         # executions (global id = group * group_size + k), filled step by step
         self.x_off: list[int] = []
@@ -130,6 +133,7 @@ class Simulator:
         self.x_tokens: list[int] = []
         self.x_k: list[int] = []
         self.x_cell: list[int] = []
+        self.x_srv: list[int] = []        # the replica (server) its calls run on
         self.x_state: list[int] = []
         self.x_tok: list[int] = []        # call token, bumps invalidate a call
         self.x_reprefill: list[bool] = []
@@ -153,13 +157,16 @@ class Simulator:
         self.c_busy = [False] * K
         self.c_bound: list[set[int]] = [set() for _ in range(K)]
         self.c_bound_max = [0] * K
-        self.c_V = [0.0] * K
-        self.c_t = [0.0] * K
-        self.c_n = [0] * K
-        self.c_rate = [0.0] * K
-        self.c_heap: list[list[tuple[float, int, int, int]]] = [[] for _ in range(K)]
-        self.c_ver = [0] * K
-        self.c_next = [INF] * K           # time of the cell's pending completion event
+        S = K * R                         # servers: replica r of cell c is c * R + r
+        self.s_V = [0.0] * S
+        self.s_t = [0.0] * S
+        self.s_n = [0] * S
+        self.s_rate = [0.0] * S
+        self.s_heap: list[list[tuple[float, int, int, int]]] = [[] for _ in range(S)]
+        self.s_ver = [0] * S
+        self.s_next = [INF] * S           # time of the server's pending completion event
+        self.s_bound = [0] * S            # executions pinned to it
+        self.c_tp = [0.0] * K             # sum of its replicas' tokens/s
         self.c_state = [S_ROLLOUT if r == Role.ROLLOUT else S_TRAIN for r in roles]
         self.c_u = [0.0] * K
         self.c_since = [0.0] * K
@@ -198,6 +205,7 @@ class Simulator:
             n = self.N
             self.x_k.extend([0] * n)
             self.x_cell.extend([-1] * n)
+            self.x_srv.extend([-1] * n)
             self.x_state.extend([X_NEW] * n)
             self.x_tok.extend([0] * n)
             self.x_reprefill.extend([False] * n)
@@ -239,47 +247,52 @@ class Simulator:
                 tl.state[c].append(state)
                 tl.util[c].append(util)
 
-    def _advance(self, c: int) -> None:
-        dt = self.now - self.c_t[c]
+    def _advance(self, s: int) -> None:
+        dt = self.now - self.s_t[s]
         if dt > 0:
-            self.c_V[c] += dt * self.c_rate[c]
-        self.c_t[c] = self.now
+            self.s_V[s] += dt * self.s_rate[s]
+        self.s_t[s] = self.now
 
-    def _set_n(self, c: int, n: int) -> None:
-        """Change cell c's number of in-flight calls (after `_advance`)."""
-        self.c_n[c] = n
+    def _servers(self, c: int) -> range:
+        return range(c * self.R, (c + 1) * self.R)
+
+    def _set_n(self, s: int, n: int) -> None:
+        """Change server s's number of in-flight calls (after `_advance`)."""
+        c = s // self.R
+        self.c_tp[c] += self._tp[n] - self._tp[self.s_n[s]]
+        self.s_n[s] = n
         if self.c_sync[c]:
-            self.c_rate[c] = 0.0
+            self.s_rate[s] = 0.0
             return
-        self.c_rate[c] = self._ps[n]
+        self.s_rate[s] = self._ps[n]
         if self.c_role[c] == Role.ROLLOUT:
-            self._acct(c, S_ROLLOUT, self._util[n])
+            self._acct(c, S_ROLLOUT, self.c_tp[c] / self._full)
 
-    def _reschedule(self, c: int) -> None:
-        """Make sure an event fires no later than cell c's next call
+    def _reschedule(self, s: int) -> None:
+        """Make sure an event fires no later than server s's next call
         completion. An earlier pending event is kept (it re-checks when it
         fires), so a new call, which only slows the others, pushes nothing."""
-        rate, h = self.c_rate[c], self.c_heap[c]
+        rate, h = self.s_rate[s], self.s_heap[s]
         if rate > 0.0:
             tok = self.x_tok
             while h and h[0][3] != tok[h[0][2]]:
                 heapq.heappop(h)
         if rate <= 0.0 or not h:
-            if self.c_next[c] != INF:
-                self.c_ver[c] += 1
-                self.c_next[c] = INF
+            if self.s_next[s] != INF:
+                self.s_ver[s] += 1
+                self.s_next[s] = INF
             return
-        dv = h[0][0] - self.c_V[c]
+        dv = h[0][0] - self.s_V[s]
         t = self.now + dv / rate if dv > 0 else self.now
-        if t < self.c_next[c]:
-            self.c_ver[c] += 1
-            self.c_next[c] = t
+        if t < self.s_next[s]:
+            self.s_ver[s] += 1
+            self.s_next[s] = t
             self._seq += 1
-            heapq.heappush(self._heap, (t, self._seq, E_CELL, c, self.c_ver[c]))
+            heapq.heappush(self._heap, (t, self._seq, E_CELL, s, self.s_ver[s]))
 
     # ---- model calls --------------------------------------------------------------
     def _start_call(self, e: int) -> None:
-        c = self.x_cell[e]
+        c = self.x_srv[e]
         idx = self.x_off[e] + self.x_k[e]
         work = self.t_svc[idx]
         extra = 0.0
@@ -289,40 +302,41 @@ class Simulator:
             self.x_reprefill[e] = False
         self.x_extra[e] = extra
         now = self.now
-        V = self.c_V[c] + (now - self.c_t[c]) * self.c_rate[c]
-        self.c_V[c], self.c_t[c] = V, now
+        V = self.s_V[c] + (now - self.s_t[c]) * self.s_rate[c]
+        self.s_V[c], self.s_t[c] = V, now
         tok = self.x_tok[e] + 1
         self.x_tok[e] = tok
         self.x_state[e] = X_CALL
         self.x_callv0[e] = V
         self.x_calls[e] = work
         self._seq += 1
-        heapq.heappush(self.c_heap[c], (V + work, self._seq, e, tok))
-        self._set_n(c, self.c_n[c] + 1)
+        heapq.heappush(self.s_heap[c], (V + work, self._seq, e, tok))
+        self._set_n(c, self.s_n[c] + 1)
         self._reschedule(c)
         if self._calls:
-            self._events.append(ModelCallStarted(e, c))
+            self._events.append(ModelCallStarted(e, self.x_cell[e]))
 
     def _cancel_call(self, e: int) -> None:
-        c = self.x_cell[e]
+        c = self.x_srv[e]
         self._advance(c)
-        self.n["wasted_tokens"] += min(self.x_calls[e], self.c_V[c] - self.x_callv0[e])
+        self.n["wasted_tokens"] += min(self.x_calls[e], self.s_V[c] - self.x_callv0[e])
         self.x_extra[e] = 0.0
         self.x_tok[e] += 1
-        self._set_n(c, self.c_n[c] - 1)
+        self._set_n(c, self.s_n[c] - 1)
         self._reschedule(c)
 
     def _on_cell(self, c: int, ver: int) -> None:
-        if ver != self.c_ver[c]:
+        """Server c's earliest call may be complete (c is a server id)."""
+        if ver != self.s_ver[c]:
             return
-        self.c_next[c] = INF
-        now, rate = self.now, self.c_rate[c]
-        V = self.c_V[c] + (now - self.c_t[c]) * rate
-        self.c_V[c], self.c_t[c] = V, now
-        h, tok, off, k = self.c_heap[c], self.x_tok, self.x_off, self.x_k
+        self.s_next[c] = INF
+        now, rate = self.now, self.s_rate[c]
+        V = self.s_V[c] + (now - self.s_t[c]) * rate
+        self.s_V[c], self.s_t[c] = V, now
+        h, tok, off, k = self.s_heap[c], self.x_tok, self.x_off, self.x_k
         heap, pop, push = self._heap, heapq.heappop, heapq.heappush
         tol = 1e-9 * (1.0 + V)
-        n0 = n = self.c_n[c]
+        n0 = n = self.s_n[c]
         while h:
             vf, _, e, t = h[0]
             if t != tok[e]:
@@ -342,7 +356,7 @@ class Simulator:
             self._seq += 1
             push(heap, (now + self.t_tool[idx], self._seq, E_TOOL, e, 0))
             if self._calls:
-                self._events.append(ModelCallFinished(e, c))
+                self._events.append(ModelCallFinished(e, self.x_cell[e]))
         if n != n0:
             self.n["model_calls"] += n0 - n
             self._set_n(c, n)
@@ -357,6 +371,7 @@ class Simulator:
             self.x_done_count[e] += 1
             if c >= 0:
                 self.c_bound[c].discard(e)
+                self._unpin(e)
             self.x_cell[e] = -1
             self._events.append(ExecutionFinished(e, c, self.x_tokens[e]))
         elif self.x_cell[e] < 0:
@@ -390,10 +405,20 @@ class Simulator:
         if len(self.c_bound[c]) >= self.C:
             raise SchedulingError(f"{what}: cell {c} is full ({self.C} executions)")
 
+    def _unpin(self, e: int) -> None:
+        self.s_bound[self.x_srv[e]] -= 1
+        self.x_srv[e] = -1
+
     def _hold(self, e: int, c: int) -> None:
+        """Bind e to cell c, pinned to its replica with the fewest executions
+        (a router keeps a session on one replica: its KV cache lives there)."""
         b = self.c_bound[c]
         b.add(e)
         self.x_cell[e] = c
+        sb = self.s_bound
+        s = min(self._servers(c), key=lambda i: sb[i]) if self.R > 1 else c
+        sb[s] += 1
+        self.x_srv[e] = s
         if len(b) > self.c_bound_max[c]:
             self.c_bound_max[c] = len(b)
 
@@ -430,6 +455,7 @@ class Simulator:
         if in_call:
             self._cancel_call(e)
             self.n["reissued_calls"] += 1
+        self._unpin(e)
         self.n["migrations"] += 1
         self.x_reprefill[e] = True
         self._hold(e, c)
@@ -450,12 +476,14 @@ class Simulator:
                     self.x_state[e] = X_WAIT
                     self.n["aborted_turns"] += 1
                 self.x_reprefill[e] = True
+                self._unpin(e)
                 self.x_cell[e] = -1
                 self._events.append(ExecutionOrphaned(e, c, aborted))
             self.c_bound[c].clear()
-            self._advance(c)
-            self.c_rate[c] = 0.0
-            self._reschedule(c)
+            for s in self._servers(c):
+                self._advance(s)
+                self.s_rate[s] = 0.0
+                self._reschedule(s)
         self.c_role[c] = Role.TO_TRAIN if role == Role.TRAIN else Role.TO_ROLLOUT
         self._acct(c, S_SWITCH, 0.0)
         cl = self.cfg.cluster
@@ -466,9 +494,10 @@ class Simulator:
     def _on_switch(self, c: int, role: Role) -> None:
         self.c_role[c] = role
         if role == Role.ROLLOUT:
-            self._advance(c)
-            self._set_n(c, self.c_n[c])
-            self._acct(c, S_ROLLOUT, self._util[self.c_n[c]])
+            for s in self._servers(c):
+                self._advance(s)
+                self._set_n(s, self.s_n[s])
+            self._acct(c, S_ROLLOUT, self.c_tp[c] / self._full)
         else:
             self._acct(c, S_TRAIN, 0.0)
         self._events.append(RoleSwitchDone(c, role))
@@ -509,12 +538,14 @@ class Simulator:
         self._sync_inflight = True
         flush = self.cfg.cluster.sync_flushes_kv
         for c in cells:
-            self._advance(c)
+            for s in self._servers(c):
+                self._advance(s)
             if flush and self.c_role[c] == Role.ROLLOUT:
                 self._flush_kv(c)
             self.c_sync[c] = True
-            self.c_rate[c] = 0.0
-            self._reschedule(c)
+            for s in self._servers(c):
+                self.s_rate[s] = 0.0
+                self._reschedule(s)
             self._acct(c, S_SYNC, 0.0)
         self._push(self.now + self.cfg.cluster.weight_sync_s, E_SYNC, version, cells)
 
@@ -522,7 +553,6 @@ class Simulator:
         """New weights on cell c (after `_advance`): its executions' cached
         contexts are stale. A call in flight grows by the re-prefill of the
         context before its turn; the others re-prefill at their next call."""
-        h = self.c_heap[c]
         for e in self.c_bound[c]:
             st = self.x_state[e]
             if st == X_CALL:
@@ -534,7 +564,7 @@ class Simulator:
                 tok = self.x_tok[e] + 1
                 self.x_tok[e] = tok
                 self._seq += 1
-                heapq.heappush(h, (self.x_callv0[e] + self.x_calls[e], self._seq, e, tok))
+                heapq.heappush(self.s_heap[self.x_srv[e]], (self.x_callv0[e] + self.x_calls[e], self._seq, e, tok))
                 self.n["kv_flushes"] += 1
             elif st == X_TOOL and self.x_k[e] + 1 < self.x_turns[e]:
                 self.x_reprefill[e] = True
@@ -544,10 +574,12 @@ class Simulator:
         self._sync_inflight = False
         for c in cells:
             self.c_sync[c] = False
-            self._advance(c)
+            for s in self._servers(c):
+                self._advance(s)
             if self.c_role[c] == Role.ROLLOUT:
-                self._set_n(c, self.c_n[c])
-                self._reschedule(c)
+                for s in self._servers(c):
+                    self._set_n(s, self.s_n[s])
+                    self._reschedule(s)
             else:
                 self._acct(c, S_TRAIN, 0.0)
         self.step_end.append(self.now)
@@ -633,7 +665,7 @@ class Simulator:
             "workload_turns": sum(self.x_turns[:wanted]),
             "served_service": self.served, "model_calls": self.n["model_calls"],
             # tokens the cells' throughput integral delivered vs. what calls consumed
-            "throughput_integral": U[S_ROLLOUT] * self.C * self._ps[self.C],
+            "throughput_integral": U[S_ROLLOUT] * self._full,
             "consumed": self.served + self.n["reprefill_tokens"] + self.n["wasted_tokens"],
             "trained_tokens": float(self.n["trained_tokens"]),
             "workload_train_tokens": float(sum(self.x_tokens[:wanted])),

@@ -106,6 +106,7 @@ class ClusterConfig(Strict):
     cells: int = Field(8, ge=1)
     accelerators_per_cell: int = Field(8, ge=1)
     capacity: int = Field(16, ge=1)
+    decode_replicas: int = Field(1, ge=1)
     gen_tps_single: float = Field(40.0, gt=0)
     gen_concurrency_exponent: float = Field(0.85, gt=0, le=1)
     gen_per_seq_max: float | None = Field(None, gt=0)
@@ -117,13 +118,27 @@ class ClusterConfig(Strict):
     switch_to_rollout_s: float = Field(3.46, ge=0)
     sync_flushes_kv: bool = True   # a weight update makes cached contexts re-prefill
 
+    @model_validator(mode="after")
+    def _replicas_divide_capacity(self) -> "ClusterConfig":
+        if self.capacity % self.decode_replicas:
+            raise ValueError(f"capacity {self.capacity} is not a multiple of decode_replicas {self.decode_replicas}")
+        return self
+
     def per_seq_tps(self, n: int) -> float:
-        """Decode tokens/s each of n concurrent sequences gets on one cell:
-        tps(n) / n, capped at ``gen_per_seq_max`` when set."""
+        """Decode tokens/s each of n concurrent sequences gets on one inference
+        replica (the whole cell unless ``decode_replicas`` > 1, each replica
+        then hosting capacity / decode_replicas sequences): tps(n) / n, capped
+        at ``gen_per_seq_max`` when set."""
         if n <= 0:
             return 0.0
         r = self.gen_tps_single * n ** (self.gen_concurrency_exponent - 1.0)
         return min(r, self.gen_per_seq_max) if self.gen_per_seq_max is not None else r
+
+    @property
+    def full_decode_tps(self) -> float:
+        """Decode tokens/s of a cell hosting `capacity` sequences, spread evenly over its replicas."""
+        per = self.capacity // self.decode_replicas
+        return self.decode_replicas * per * self.per_seq_tps(per)
 
     @property
     def seq_train_tps(self) -> float:
@@ -148,12 +163,13 @@ class ClusterConfig(Strict):
     def regrouped(self, factor: float) -> ClusterConfig:
         """The same accelerators in cells `factor` times larger (factor 2: half
         as many cells, each with twice the capacity and throughput; factor 1/2:
-        twice as many, half as large). A larger cell is modelled as `factor`
-        replicas of the original one behind one router (inference) and one
-        shared micro-batch queue (training): one sequence never decodes, and
-        one trajectory never trains, faster than on the original cell. A
-        smaller cell is a smaller replica (its per-sequence speeds drop with
-        its throughput where they exceed it)."""
+        twice as many, half as large). A larger cell is `factor` replicas of
+        the original one: inference replicas behind one router, each session
+        pinned to one replica (``decode_replicas``), and training replicas in
+        lockstep on one shared micro-batch queue (``train_seq_tps``): one
+        sequence never decodes, and one trajectory never trains, faster than
+        on the original cell. A smaller cell is a smaller replica (its
+        per-sequence speeds drop with its throughput where they exceed it)."""
         cells = self.cells / factor
         if factor <= 0 or cells != int(cells) or cells < 1:
             raise ValueError(f"cannot regroup {self.cells} cells by {factor}")
@@ -161,12 +177,16 @@ class ClusterConfig(Strict):
         if acc != round(acc) or cap != round(cap) or acc < 1 or cap < 1:
             raise ValueError(f"cannot regroup cells of {self.accelerators_per_cell} accelerators and capacity "
                              f"{self.capacity} by {factor}")
-        g = self.gen_tps_single * factor ** (1 - self.gen_concurrency_exponent)
         tps = self.train_tps * factor
+        reps = self.decode_replicas * factor
+        if reps >= 1 and reps == int(reps):   # the same replicas, more (or fewer) of them per cell
+            dec = dict(decode_replicas=int(reps))
+        else:                                 # a smaller replica: throughput scales, one sequence no faster
+            g = self.gen_tps_single * factor ** (1 - self.gen_concurrency_exponent)
+            dec = dict(decode_replicas=1, gen_tps_single=g, gen_per_seq_max=min(self.per_seq_tps(1), g))
         return self.model_copy(update=dict(
             cells=int(cells), accelerators_per_cell=round(acc), capacity=round(cap), train_tps=tps,
-            train_seq_tps=min(self.seq_train_tps, tps), gen_tps_single=g,
-            gen_per_seq_max=min(self.per_seq_tps(1), g)))
+            train_seq_tps=min(self.seq_train_tps, tps), **dec))
 
 
 class PolicyConfig(Strict):

@@ -38,10 +38,10 @@ class Scheduler:
         mb_size: executions one train cell takes per micro-batch (its
             data-parallel replicas; 1 by default). A cell claims fewer when
             fewer are waiting rather than wait for more.
-        balance_micro_batches: with mb_size > 1, claim the longest waiting
-            executions together (LPT) instead of in queue order: a cell's
-            replicas run in lockstep (FSDP), so mixing a long and a short
-            trajectory idles the short one's replica.
+        balance_micro_batches: claim the longest waiting executions first
+            (LPT) instead of in queue order; with mb_size > 1 they are also
+            batched with similar lengths: a cell's replicas run in lockstep
+            (FSDP), so mixing a long and a short trajectory idles a replica.
     """
 
     name = "base"
@@ -118,7 +118,7 @@ class Scheduler:
         queue order (QwenGyre's shared queue) or, with
         ``balance_micro_batches``, the longest waiting executions first."""
         q = self.mb_queue
-        if self.balance_micro_batches and self.mb_size > 1 and self.idle_train and len(q) > 1:
+        if self.balance_micro_batches and self.idle_train and len(q) > 1:
             # a cell's replicas run in lockstep: batch similar lengths together, longest first (LPT)
             self.mb_queue = q = deque(sorted(q, key=lambda e: -self.tokens[e]))
         while self.idle_train and q:

@@ -134,3 +134,22 @@ def test_many_empty_files_are_bounded_and_can_be_cleaned_up(sandbox):
     assert r.killed == "files" and 2000 < n < 20_000, (r.killed, n)
     r = sandbox.run("rm -f f*; ls | wc -l", max_files=2000)  # over the bound at the start: shrinking is allowed
     assert r.killed is None and r.output.strip() == "0"
+
+
+def test_memory_no_process_maps_is_bounded_by_the_sandbox_cgroup(sandbox):
+    """SysV shared memory after shmdt and memfd files show in no process's RSS and escape
+    RLIMIT_AS: only the sandbox's memory cgroup bounds them (600 MB asked, 256 MB allowed)."""
+    if not sandbox.privileged or sandbox_mod.MemoryCgroup.parent() is None:
+        pytest.skip("no memory cgroup can be made here: only the RSS watchdog bounds memory")
+    shm = ("import ctypes\nlibc = ctypes.CDLL(None)\nlibc.shmat.restype = ctypes.c_void_p\n"
+           "for i in range(6):\n    sid = libc.shmget(0, 100 << 20, 0o1600)\n    a = libc.shmat(sid, None, 0)\n"
+           "    ctypes.memset(a, 1, 100 << 20)\n    libc.shmdt(ctypes.c_void_p(a))\n    print('segment', i, flush=True)\n")
+    memfd = ("import os\nfds = []\nfor i in range(10):\n    fd = os.memfd_create('x')\n"
+             "    [os.write(fd, b'1' * (1 << 20)) for _ in range(60)]\n    fds.append(fd)\n"
+             "    print('memfd', i, flush=True)\n")
+    for code in (shm, memfd):
+        r = sandbox.run(["python", "-c", code], memory_mb=256, wall_s=20)
+        assert r.killed == "memory" and r.output.count("\n") < 5, (r.killed, r.output)
+    assert sandbox.run("echo alive").output.strip() == "alive"
+    leftover = [p for p in sandbox_mod.MemoryCgroup.parent()[0].iterdir() if p.name.startswith(f"evo-sbx-{sandbox.uid}-")]
+    assert leftover == []

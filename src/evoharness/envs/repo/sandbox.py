@@ -19,7 +19,12 @@ What a confined command sees and may do:
 - a host-side watchdog ends the whole sandbox (SIGKILL to bwrap; the kernel
   then kills every process of its pid namespace) at the wall-time limit, when
   the summed RSS of its processes exceeds the memory limit, or when the
-  workspace grows past the disk limit.
+  workspace grows past the disk limit or its entry count.
+- as root, where a memory cgroup can be made (`MemoryCgroup`: v1, or v2 with
+  the memory controller delegated), the whole sandbox runs in its own group
+  with the memory limit: the kernel then also bounds what no process's RSS
+  shows (SysV shared memory, memfd files), and an OOM kill there ends the
+  sandbox. Without one, only the RSS watchdog bounds memory.
 
 Output is captured through a pipe: at most ``output_bytes`` are kept (head and
 tail, with a visible marker in between); the rest is read and discarded, so a
@@ -188,6 +193,92 @@ def dir_size(path: Path, stop_at: int | None = None) -> int:
     return dir_usage(path, stop_bytes=stop_at)[0]
 
 
+class MemoryCgroup:
+    """A memory cgroup of one sandboxed command: the kernel's bound on all of its memory.
+
+    Per-process RLIMIT_AS and an RSS watchdog miss memory no process maps (SysV
+    shared memory after ``shmdt``, memfd files): a group charges it all. Made as a
+    child of this process's own memory cgroup (v1 ``memory.limit_in_bytes``, or v2
+    ``memory.max`` where the parent delegates the controller).
+    """
+
+    def __init__(self, path: Path, version: int) -> None:
+        self.path, self.version = path, version
+
+    @staticmethod
+    def parent() -> tuple[Path, int] | None:
+        """This process's memory cgroup directory and version, if a child can be made there."""
+        try:
+            lines = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        for ln in lines:
+            _, ctrls, rel = ln.split(":", 2)
+            if "memory" in ctrls.split(","):
+                d = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
+                if (d / "memory.limit_in_bytes").is_file() and os.access(d, os.W_OK):
+                    return d, 1
+        for ln in lines:
+            if ln.startswith("0::"):
+                for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                    d = root / ln[3:].lstrip("/")
+                    try:
+                        delegated = "memory" in (d / "cgroup.subtree_control").read_text().split()
+                    except OSError:
+                        continue
+                    if delegated and os.access(d, os.W_OK):
+                        return d, 2
+        return None
+
+    @classmethod
+    def create(cls, name: str, limit_bytes: int) -> MemoryCgroup | None:
+        """A new group capped at `limit_bytes`, or None where none can be made."""
+        found = cls.parent()
+        if found is None:
+            return None
+        parent, version = found
+        path = parent / name
+        try:
+            path.mkdir()
+            (path / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(str(limit_bytes))
+            if version == 2:
+                (path / "memory.swap.max").write_text("0") if (path / "memory.swap.max").exists() else None
+        except OSError:
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+            return None
+        return cls(path, version)
+
+    @property
+    def procs(self) -> str:
+        return str(self.path / "cgroup.procs")
+
+    def oom_kills(self) -> int:
+        """OOM kills inside the group so far."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        try:
+            for ln in (self.path / name).read_text().splitlines():
+                k, _, v = ln.partition(" ")
+                if k == "oom_kill":
+                    return int(v)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def remove(self) -> None:
+        """Remove the group (its processes are gone by now; retried briefly while they exit)."""
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.02)
+
+
 @dataclass
 class Sandbox:
     """Confined command execution over one host workspace directory.
@@ -348,11 +439,17 @@ class Sandbox:
         # stderr of the command joins stdout inside; the outer stderr carries only the set-up's errors
         argv = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
         full = self._argv(lim, extra_ro or {}, extra_rw or {}, env or {}) + argv
+        cg = (MemoryCgroup.create(f"evo-sbx-{self.uid}-{secrets.token_hex(4)}", lim.memory_mb * _MB)
+              if self.privileged else None)
+        if cg is not None:  # the shell joins the group, then becomes bwrap: nothing forks outside it
+            full = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs, *full]
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, pass_fds=pass_fds)
         except OSError as e:
+            if cg is not None:
+                cg.remove()
             raise SandboxError(f"cannot start bwrap: {e}") from e
         head, tail, total = bytearray(), deque(), [0]
         keep_head, keep_tail = lim.output_bytes * 2 // 3, lim.output_bytes - lim.output_bytes * 2 // 3
@@ -380,11 +477,15 @@ class Sandbox:
         readers = [threading.Thread(target=pump_out, daemon=True), threading.Thread(target=pump_err, daemon=True)]
         for t in readers:
             t.start()
-        killed = self._watch(proc, lim, t0)
+        killed = self._watch(proc, lim, t0, cg)
         rc = proc.wait()
         for t in readers:
             t.join(timeout=5)
         self._reap()
+        if cg is not None:
+            if killed is None and cg.oom_kills():
+                killed = "memory"
+            cg.remove()
         wall = time.monotonic() - t0
         if killed is None and rc != 0 and (err.startswith(b"bwrap:") or err.startswith(b"setpriv:")):
             raise SandboxError(err.decode("utf-8", "replace").strip()[:2000])
@@ -400,7 +501,7 @@ class Sandbox:
         return RunResult(exit_code=-9 if killed else rc, output=out, output_total=total[0], killed=killed,
                          wall_s=round(wall, 3))
 
-    def _watch(self, proc: subprocess.Popen, lim: Limits, t0: float) -> str | None:
+    def _watch(self, proc: subprocess.Popen, lim: Limits, t0: float, cg: MemoryCgroup | None = None) -> str | None:
         """Poll until `proc` exits; kill the sandbox at a limit and say which.
 
         The workspace bounds stop growth: a workspace already past one at the
@@ -416,7 +517,8 @@ class Sandbox:
                 reason = "wall_time"
             elif now >= next_check:
                 next_check = now + 0.5
-                if self.privileged and _proc_uid_stats(self.uid)[1] > lim.memory_mb * _MB:
+                if self.privileged and (_proc_uid_stats(self.uid)[1] > lim.memory_mb * _MB
+                                        or (cg is not None and cg.oom_kills())):
                     reason = "memory"
                 else:
                     if floor is None:  # what the command found, counted in full (bounded by earlier kills)

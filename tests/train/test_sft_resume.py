@@ -124,3 +124,29 @@ def test_torn_metrics_and_unreadable_latest_checkpoint_fall_back(tmp_path, model
     a, b = weights(ref), weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()] == ref_losses
+
+
+@pytest.mark.parametrize("pointer", [b"step_000", b"\xff\xfe\x00\x13", b"", b"../../ref/checkpoints/step_0000009"],
+                         ids=["torn-prefix", "garbage-bytes", "empty", "a-path"])
+def test_torn_latest_pointer_resumes_from_the_newest_checkpoint(tmp_path, model_dir, pointer):
+    """A `checkpoints/latest` that names no checkpoint directory (torn by a crash of the file
+    system, garbage, a path out of the run) is reported and ignored: the run resumes from the
+    newest complete step directory and ends on the uninterrupted run's weights and losses."""
+    ref = train_sft(CFG, examples(), model_dir, tmp_path / "ref")
+    ref_losses = [json.loads(ln)["loss"] for ln in (tmp_path / "ref/metrics.jsonl").read_text().splitlines()]
+
+    def crash_at_8(step, _rec):
+        if step == 8:
+            raise Interrupt
+
+    run = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        train_sft(CFG, examples(), model_dir, run, on_step=crash_at_8)
+    (run / "checkpoints" / "latest").write_bytes(pointer)
+    assert latest_checkpoint(run) is None
+    with pytest.warns(UserWarning, match="does not name a checkpoint"):
+        out = train_sft(CFG, examples(), model_dir, run)
+    recs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, 10)) and [r["loss"] for r in recs] == ref_losses
+    a, b = weights(ref), weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)

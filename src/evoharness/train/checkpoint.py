@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -104,26 +105,47 @@ def set_rng_state(st: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+_STEP_DIR_RE = re.compile(r"step_\d+")
+
+
+def _read_pointer(ptr: Path, warn: bool) -> str | None:
+    """The ``step_*`` name in pointer file `ptr`; None when there is no pointer or it does
+    not name an existing checkpoint directory (torn, garbage, a path, or a deleted
+    directory), with a warning when `warn`."""
+    if not ptr.is_file():
+        return None
+    raw = ptr.read_bytes()
+    name = raw.decode("utf-8", "replace").strip()
+    if _STEP_DIR_RE.fullmatch(name) and (ptr.parent / name).is_dir():
+        return name
+    if warn:
+        warnings.warn(f"{ptr} does not name a checkpoint ({raw[:60]!r}); resuming from the newest "
+                      f"step_* directory instead", stacklevel=3)
+    return None
+
+
 def checkpoint_candidates(out_dir: str | Path) -> list[Path]:
     """Checkpoints to resume from, best first: the one ``checkpoints/latest``
     names, then the older ``step_*`` directories, newest first. Directories
-    newer than ``latest`` were never committed and are left out; without a
-    pointer, every ``step_*`` directory counts."""
+    newer than ``latest`` were never committed and are left out. Without a
+    usable pointer (none, or one that names no checkpoint directory: a warning
+    says so), every ``step_*`` directory counts: each was swapped in whole by
+    `atomic_dir` and holds its own metrics copy, so it is a consistent point."""
     ckpts = Path(out_dir) / "checkpoints"
     steps = sorted((p for p in ckpts.glob("step_*") if p.is_dir()), reverse=True)
-    ptr = ckpts / "latest"
-    name = ptr.read_text().strip() if ptr.is_file() else ""
-    if not name:
+    name = _read_pointer(ckpts / "latest", warn=True)
+    if name is None:
         return steps
     return [ckpts / name] + [p for p in steps if p.name < name]
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The directory ``checkpoints/latest`` names, or None (no pointer, or no such directory)."""
+    """The directory ``checkpoints/latest`` names, or None (no usable pointer, or no ``state.json`` there)."""
     ptr = Path(out_dir) / "checkpoints" / "latest"
-    if not ptr.is_file():
+    name = _read_pointer(ptr, warn=False)
+    if name is None:
         return None
-    path = ptr.parent / ptr.read_text().strip()
+    path = ptr.parent / name
     return path if (path / "state.json").is_file() else None
 
 

@@ -185,3 +185,24 @@ def test_cli_eval_repo_writes_report_plot_trace_and_resumes(pack, tmp_path):
     assert r.exit_code == 2 and "only for --env alfworld" in r.output
     r = CliRunner().invoke(app, ["eval", "--env", "repo", "--tasks", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "task path not found" in r.output
+
+
+def test_undecodable_names_and_lone_surrogates_do_not_end_the_episode(pack, tool_server, tmp_path):
+    """A file name that is not UTF-8 (made in the shell) reaches the model through list_dir
+    and the post-compaction file list; a lone surrogate in the model's JSON arguments reaches
+    the tools. Either used to raise (the episode ended as model_error, or the eval crashed)."""
+    task = pack["roman_numerals"]
+    script = [[("run_shell", json.dumps({"command": "touch $'bad\\xff.py'"}))],
+              [("list_dir", json.dumps({})), ("write_file", '{"path": "a.py", "content": "x = \\"\\ud800\\""}'),
+               ("run_shell", '{"command": "echo \\udcff"}')],
+              [("finish", json.dumps({"summary": "done"}))]]
+
+    def reply(body, headers):
+        i = sum(m["role"] == "assistant" for m in body["messages"])
+        return {"content": None, "tool_calls": script[min(i, 2)]}
+
+    url, calls = tool_server(reply)
+    ep = run_repo_episode(task, OpenAIChatPolicy(url, "m", max_retries=0), tmp_path / "run", AgentConfig())
+    assert (ep.stop_reason, ep.error, ep.model_calls) == ("finish", None, 3)
+    results = [m["content"] for m in calls[-1][1]["messages"] if m["role"] == "tool"]
+    assert "bad\ufffd.py" in results[1] and "not valid Unicode" in results[2] and "not valid Unicode" in results[3]

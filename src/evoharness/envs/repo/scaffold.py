@@ -36,7 +36,7 @@ from evoharness.envs.repo.policies import ChatPolicy, ChatReply, messages_tokens
 from evoharness.envs.repo.sandbox import Limits, Sandbox, SandboxError
 from evoharness.envs.repo.scorer import score_workspace
 from evoharness.envs.repo.task import RepoTask
-from evoharness.envs.repo.tools import ToolBox, tool_schemas
+from evoharness.envs.repo.tools import ToolBox, shown_name, tool_schemas
 from evoharness.envs.repo.trace import TraceWriter
 
 SYSTEM_PROMPT = """\
@@ -116,8 +116,8 @@ def _first_user(task: RepoTask, workspace_files: list[str]) -> str:
 
 
 def _files(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not p.is_symlink()
-                  and "__pycache__" not in p.parts)[:200]
+    return sorted(shown_name(p.relative_to(root).as_posix()) for p in root.rglob("*")
+                  if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts)[:200]
 
 
 class _Episode:

@@ -28,6 +28,12 @@ from evoharness.envs.repo.sandbox import WORKSPACE, Sandbox, SandboxError, trunc
 MAX_WRITE_BYTES = 1 << 20
 
 
+def shown_name(name: str) -> str:
+    """A file name as text for the model: bytes that are not UTF-8 (kept by the OS as
+    lone surrogates) become U+FFFD, which every JSON encoder and HTTP body can carry."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -169,10 +175,18 @@ class ToolBox:
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments of {name} must be a JSON object")
         try:
-            return TOOLS[name].model_validate(arguments)
+            args = TOOLS[name].model_validate(arguments)
         except ValidationError as e:
             msgs = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(root)'}: {err['msg']}" for err in e.errors())
             raise ToolError(f"bad arguments for {name}: {msgs}") from None
+        for key, value in args:  # JSON may carry lone surrogates ("\ud800"): no file, path or argv can hold them
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ToolError(f"bad arguments for {name}: {key}: not valid Unicode ({e.reason} at "
+                                    f"character {e.start})") from None
+        return args
 
     def resolve(self, path: str) -> Path:
         """Host path of a workspace path; symlinks resolved, must stay inside.
@@ -262,14 +276,15 @@ class ToolBox:
             for e in entries:
                 if len(lines) >= 500:
                     return
+                name = shown_name(e.name)
                 if e.is_symlink():
-                    lines.append(f"{indent}{e.name} -> {os.readlink(e.path)}")
+                    lines.append(f"{indent}{name} -> {shown_name(os.readlink(e.path))}")
                 elif e.is_dir():
-                    lines.append(f"{indent}{e.name}/")
+                    lines.append(f"{indent}{name}/")
                     if depth > 1 and e.name != "__pycache__":
                         walk(Path(e.path), depth - 1, indent + "  ")
                 else:
-                    lines.append(f"{indent}{e.name}  ({e.stat(follow_symlinks=False).st_size} B)")
+                    lines.append(f"{indent}{name}  ({e.stat(follow_symlinks=False).st_size} B)")
 
         walk(p, a.depth, "")
         if len(lines) >= 500:

@@ -206,3 +206,10 @@ def test_undecodable_names_and_lone_surrogates_do_not_end_the_episode(pack, tool
     assert (ep.stop_reason, ep.error, ep.model_calls) == ("finish", None, 3)
     results = [m["content"] for m in calls[-1][1]["messages"] if m["role"] == "tool"]
     assert "bad\ufffd.py" in results[1] and "not valid Unicode" in results[2] and "not valid Unicode" in results[3]
+
+
+def test_a_shell_command_does_not_outlast_the_episode_wall_budget(pack, tmp_path):
+    task = pack["roman_numerals"]
+    policy = ScriptPolicy([[("run_shell", {"command": "sleep 60"})]])
+    ep = run_repo_episode(task, policy, tmp_path, AgentConfig(wall_time_s=3, shell_timeout_s=120))
+    assert ep.stop_reason == "wall_time" and ep.tool_calls == 1 and ep.wall_s < 10, (ep.stop_reason, ep.wall_s)

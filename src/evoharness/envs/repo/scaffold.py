@@ -246,6 +246,8 @@ class _Episode:
                     self.messages.append({"role": "tool", "tool_call_id": call.id,
                                           "content": f"error: not run ({stop.replace('_', ' ')} reached)"})
                     continue
+                # a command may not outlast the episode's wall budget
+                self.tools.max_shell_s = max(1.0, min(self.cfg.shell_timeout_s, self.wall_budget - self._elapsed()))
                 try:
                     res = self.tools.call(call.name, call.arguments)
                 except SandboxError as e:

@@ -76,6 +76,8 @@ class RepoTask:
 
     @property
     def has_tests(self) -> bool:
+        """The hidden suite is present (pack: a ``test*.py`` under ``tests/``; nl2repo:
+        every path of ``test_files.json`` under ``hidden/``); without it only a placeholder scores."""
         if self.tests_dir is None or not self.tests_dir.is_dir():
             return False
         if self.layout == "nl2repo":
@@ -146,6 +148,7 @@ def _load_nl2repo_task(d: Path, max_tool_calls: int = 300, wall_time_s: float = 
 
 
 def is_task_dir(d: Path) -> bool:
+    """`d` holds a task of either layout (``task.toml``, or ``start.md`` + ``test_case_count.txt``)."""
     return (d / "task.toml").is_file() or ((d / "start.md").is_file() and (d / "test_case_count.txt").is_file())
 
 

@@ -32,6 +32,15 @@ class TraceWriter:
 
     def model_call(self, execution: str, group: str, start: float, end: float, prompt_tokens: int,
                    completion_tokens: int, role: str, tools: list[tuple[str, float]]) -> dict[str, Any]:
+        """Append one model call and return its record.
+
+        Args:
+            execution / group: execution id and its group (the task id).
+            start / end: seconds since the execution began.
+            prompt_tokens / completion_tokens: the call's usage, tokens.
+            role: ``main`` or ``summary`` (a compaction call).
+            tools: ``(tool name, seconds)`` of the calls this reply requested, in order.
+        """
         rec = {"execution": execution, "group": group, "start": round(start, 4), "end": round(end, 4),
                "prompt_tokens": int(prompt_tokens), "completion_tokens": int(completion_tokens), "role": role,
                "tools": [[n, round(s, 4)] for n, s in tools], "tool_s": round(sum(s for _, s in tools), 4)}

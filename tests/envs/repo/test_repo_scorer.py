@@ -236,3 +236,15 @@ def test_hang_that_swallows_exceptions_still_fails_alone(pack, tmp_path):
                     "            time.sleep(10)\n        except Exception:\n            pass\n")
     o = score_workspace(task, ws, budget=1)
     assert o.status == "scored" and 0.5 < o.reward < 1 and o.detail["collected"] == task.n_tests
+
+
+def test_understated_n_tests_cannot_inflate_the_score(pack, tmp_path):
+    """A task.toml whose n_tests is below what the suite collects would let 5 passes of 53
+    score 1.0; the collected count grows the denominator."""
+    task = dataclasses.replace(pack["roman_numerals"], n_tests=5)
+    ws = write_reference(task, tmp_path / "ws")
+    init = next(ws.rglob("__init__.py"))
+    init.write_text(init.read_text() + BROKEN_FROM_ROMAN)
+    o = score_workspace(task, ws, budget=1)
+    n = pack["roman_numerals"].n_tests
+    assert o.detail["collected"] == n and o.reward == pytest.approx(o.detail["passed"] / n) and o.reward < 1

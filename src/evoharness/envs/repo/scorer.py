@@ -293,7 +293,8 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
 
     Returns:
         The tally (``passed``, ``collected``, ``collect_errors``, ...) plus
-        ``reward`` = min(passed, n_tests) / n_tests.
+        ``reward`` = passed / ``denominator``: n_tests (pack: max(n_tests,
+        collected), never fewer than the task declares nor than ran).
 
     Raises:
         NothingToEvaluate: no hidden tests, or an empty workspace.
@@ -354,8 +355,13 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
         if (not t["started"] or (t["finished"] and t["exitstatus"] == 3)
                 or (r.exit_code == 4 and not t["session"])):
             raise EvaluationError(f"pytest failed to run (exit {r.exit_code}): {r.output[-1500:]}")
-        t.update(reward=min(t["passed"], task.n_tests) / task.n_tests, exit_code=r.exit_code, killed=r.killed,
-                 wall_s=r.wall_s)
+        # n_tests is the denominator (a collection error must not shrink it). In the pack, a suite
+        # that collects more than task.toml declares grows it, so a stale n_tests cannot give 1.0
+        # early; NL2Repo keeps upstream's pass rate over test_case_count.txt.
+        collected = t["collected"] if isinstance(t["collected"], int) and task.layout == "pack" else 0
+        denominator = max(task.n_tests, collected)
+        t.update(reward=min(t["passed"], denominator) / denominator, denominator=denominator, exit_code=r.exit_code,
+                 killed=r.killed, wall_s=r.wall_s)
         return t
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -213,3 +213,31 @@ def test_a_shell_command_does_not_outlast_the_episode_wall_budget(pack, tmp_path
     policy = ScriptPolicy([[("run_shell", {"command": "sleep 60"})]])
     ep = run_repo_episode(task, policy, tmp_path, AgentConfig(wall_time_s=3, shell_timeout_s=120))
     assert ep.stop_reason == "wall_time" and ep.tool_calls == 1 and ep.wall_s < 10, (ep.stop_reason, ep.wall_s)
+
+
+def test_one_execution_raising_loses_none_of_the_others(pack, tmp_path, monkeypatch):
+    """A harness fault in one execution used to abort the loop at once while the pool ran the
+    rest to completion and threw their results away; now they are saved, the error names the
+    failed task, and a rerun retries only it."""
+    import pytest
+
+    from evoharness.envs.repo import evaluate as ev
+
+    real = ev.run_repo_episode
+
+    def flaky(task, *a, **kw):
+        if task.task_id == "crockford_base32":
+            raise OSError("disk full")
+        return real(task, *a, **kw)
+
+    monkeypatch.setattr(ev, "run_repo_episode", flaky)
+    cfg = ev.RepoEvalConfig(tasks="pack", task_ids=["argument_parser", "crockford_base32", "csv_dialect"],
+                            workers=1, out_dir=str(tmp_path / "out"))
+    with pytest.raises(ev.RepoEvalError, match="1 of 3 executions failed.*crockford_base32: OSError: disk full"):
+        ev.evaluate_repo(cfg, progress=False)
+    saved = [json.loads(ln)["task_id"] for ln in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]
+    assert saved == ["argument_parser", "csv_dialect"]
+    monkeypatch.setattr(ev, "run_repo_episode", real)
+    summary = ev.evaluate_repo(cfg, progress=False)
+    assert [t["task_id"] for t in summary["tasks"]] == ["argument_parser", "crockford_base32", "csv_dialect"]
+    assert summary["overall"]["mean_score"] == 1.0

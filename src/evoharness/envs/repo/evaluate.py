@@ -28,6 +28,10 @@ from evoharness.envs.repo.task import load_tasks
 from evoharness.envs.repo.trace import TraceWriter
 
 
+class RepoEvalError(RuntimeError):
+    """Some executions raised (a harness fault); every other one is saved and reported."""
+
+
 class RepoPolicyConfig(Strict):
     """Who plays: ``reference`` (scripted replay of the solution), ``empty``, or
     ``openai`` (any OpenAI-compatible endpoint, the gateway included)."""
@@ -74,6 +78,8 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
         TaskFormatError: bad task path or task.
         ValueError: unknown task id, bad policy config.
         SandboxUnavailable: bwrap missing.
+        RepoEvalError: an execution raised; raised after the others finished and the
+            report was written (a rerun with ``resume`` retries only the failed ones).
     """
     from evoharness.eval.repo_report import summarize_repo, write_repo_report
 
@@ -100,14 +106,20 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
     todo = [t for t in tasks if t.task_id not in have]
     trace = TraceWriter(out / "trace.jsonl")
     t0 = time.perf_counter()
+    failures: list[str] = []
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="eval repo", unit="task",
                disable=not progress, dynamic_ncols=True)
     try:
         with open(jsonl, "a") as f, ThreadPoolExecutor(cfg.workers) as pool:
-            futs = [pool.submit(run_repo_episode, t, policy, out / "workspaces" / t.task_id, cfg.agent, trace,
-                                f"{t.task_id}#0") for t in todo]
+            futs = {pool.submit(run_repo_episode, t, policy, out / "workspaces" / t.task_id, cfg.agent, trace,
+                                f"{t.task_id}#0"): t.task_id for t in todo}
             for fut in as_completed(futs):
-                d = fut.result().to_dict()
+                try:
+                    d = fut.result().to_dict()
+                except Exception as e:  # a harness fault in one execution: the others still land
+                    failures.append(f"{futs[fut]}: {type(e).__name__}: {e}"[:500])
+                    bar.update(1)
+                    continue
                 f.write(json.dumps(d) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -126,6 +138,9 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
     summary.update(policy=cfg.policy.kind if cfg.policy.kind != "openai" else f"openai:{cfg.policy.model}",
                    task_source=cfg.tasks, wall_s=round(time.perf_counter() - t0, 2))
     write_repo_report(summary, out)
+    if failures:
+        raise RepoEvalError(f"{len(failures)} of {len(todo)} executions failed (the rest are saved in {jsonl}; "
+                            f"rerun to retry them): " + "; ".join(failures))
     return summary
 
 

@@ -73,9 +73,15 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
 
     pending: deque = deque()
     cancelled: set[int] = set()
+    parent = os.getppid()
     while True:
-        if not pending:
-            pending.append(inbox.get())
+        while not pending:
+            if os.getppid() != parent:
+                return              # the driver died: do not linger
+            try:
+                pending.append(inbox.get(timeout=1.0))
+            except queue.Empty:
+                pass
         while True:   # read what else waits, so cancels catch jobs not yet started
             try:
                 pending.append(inbox.get_nowait())

@@ -15,10 +15,13 @@ staleness), under verl-style metric names.
 
 from __future__ import annotations
 
+import os
+import pickle
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 from evoharness.runtime.cells import Role
 from evoharness.runtime.events import (CellLost, Command, Dispatch, Event, ExecutionFinished, ExecutionOrphaned,
@@ -38,6 +41,10 @@ class Backend(Protocol):
     def poll(self, timeout: float) -> list[Event]: ...
 
     def close(self) -> None: ...
+
+    def state(self) -> dict[str, Any]:
+        """What a replacement backend needs to carry on (for a job checkpoint)."""
+        ...
 
 
 class DriverError(RuntimeError):
@@ -84,10 +91,20 @@ class Driver:
         backend: the world.
         stall_s: raise `DriverError` when no event arrives for this long while
             the scheduler still waits (a dead backend must not hang the job).
+        checkpoint: if set, a job checkpoint is written there (atomically) at
+            every weight sync, before the scheduler sees it: the scheduler,
+            the driver's books, the backend's state and the events not yet
+            handled. At that moment no micro-batch and no role switch is in
+            flight in any schedule, only rollout, which the backend can
+            re-issue. `Driver.resume` carries on from it.
     """
 
-    def __init__(self, scheduler: Scheduler, backend: Backend, stall_s: float = 120.0):
+    def __init__(self, scheduler: Scheduler, backend: Backend, stall_s: float = 120.0,
+                 checkpoint: str | Path | None = None):
         self.sched, self.backend, self.stall_s = scheduler, backend, stall_s
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self._pending: list[Event] | None = None
+        self._elapsed = 0.0
         self.stats = RunStats()
         gs = scheduler.group_size
         self._gs = gs
@@ -160,21 +177,31 @@ class Driver:
         Raises:
             DriverError: an impossible report or a stall (see `stall_s`).
         """
-        self._t0 = time.monotonic()
-        self._apply(self.sched.start())
+        self._t0 = time.monotonic() - self._elapsed
+        if self._pending is None:
+            self._apply(self.sched.start())
+            events: list[Event] = []
+        else:
+            events, self._pending = self._pending, None
         last = time.monotonic()
         while not self.sched.done:
-            events = self.backend.poll(timeout=1.0)
+            if not events:
+                events = self.backend.poll(timeout=1.0)
             if not events:
                 if time.monotonic() - last > self.stall_s:
                     raise DriverError(f"no event for {self.stall_s:.0f} s; {self.sched.name} waits "
                                       f"(steps done {self.sched.steps_done})")
                 continue
             last = time.monotonic()
-            for ev in events:
+            for i, ev in enumerate(events):
+                if self.checkpoint is not None and isinstance(ev, WeightSyncDone):
+                    self._save(events[i:])
                 self.stats.events += 1
                 self._observe(ev)
                 self._apply(self.sched.handle(ev))
+                if self.sched.done:
+                    break
+            events = []
         self.stats.wall_s = time.monotonic() - self._t0
         n = self.sched.steps * self.sched.N
         missing = [e for e in range(n) if e not in self._trained]
@@ -182,3 +209,33 @@ class Driver:
             raise DriverError(f"{len(missing)} executions of the {self.sched.steps} steps never trained "
                               f"(first: {missing[:5]})")
         return self.stats
+
+    _BOOKS = ("_behaviour", "_finished", "_trained", "_role", "_running", "stats")
+
+    def _save(self, pending: list[Event]) -> None:
+        state = {"scheduler": self.sched, "backend": self.backend.state(), "pending": list(pending),
+                 "elapsed": time.monotonic() - self._t0, **{k: getattr(self, k) for k in self._BOOKS}}
+        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.checkpoint)
+
+    @classmethod
+    def resume(cls, checkpoint: str | Path, make_backend: Callable[[Scheduler, dict[str, Any]], Backend],
+               stall_s: float = 120.0) -> "Driver":
+        """A driver that carries on from `checkpoint` (and keeps writing it).
+
+        Args:
+            make_backend: builds the replacement world from the restored
+                scheduler (its cells' roles) and the saved backend state.
+        """
+        with open(checkpoint, "rb") as f:
+            state = pickle.load(f)
+        d = cls(state["scheduler"], make_backend(state["scheduler"], state["backend"]), stall_s, checkpoint)
+        for k in cls._BOOKS:
+            setattr(d, k, state[k])
+        d._pending, d._elapsed = state["pending"], state["elapsed"]
+        d._switch_t0 = {}
+        return d

@@ -42,8 +42,11 @@ def _cell_main(cell: int, inbox: Any, outbox: Any) -> None:
     timers: list[tuple[float, int, tuple]] = []
     cancelled: set[int] = set()
     seq = 0
+    parent = os.getppid()
     while True:
-        timeout = max(0.0, timers[0][0] - time.monotonic()) if timers else None
+        if os.getppid() != parent:
+            return                  # the driver died (e.g. SIGKILL of the job): do not linger
+        timeout = min(1.0, max(0.0, timers[0][0] - time.monotonic())) if timers else 1.0
         try:
             msg = inbox.get(timeout=timeout)
         except queue.Empty:
@@ -74,7 +77,8 @@ class LocalBackend:
         time_scale: real seconds per simulated second (e.g. 1e-3).
     """
 
-    def __init__(self, cfg: SimConfig, roles: list[Role], time_scale: float = 1e-3):
+    def __init__(self, cfg: SimConfig, roles: list[Role], time_scale: float = 1e-3,
+                 state: dict[str, Any] | None = None):
         if len(roles) != cfg.cluster.cells:
             raise ValueError(f"{len(roles)} roles for {cfg.cluster.cells} cells")
         self.cfg, self.scale = cfg, time_scale
@@ -99,9 +103,35 @@ class LocalBackend:
         self._tools: list[tuple[float, int, int]] = []   # (due, execution, turn) in this process
         self._events: list[Event] = []
         self._sync_left: dict[int, int] = {}
-        self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0, "cells_lost": 0}
+        self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0, "cells_lost": 0,
+                       "migrations": 0}
         self._ctx = ctx
         self.pids_seen: dict[int, set[int]] = {c: set() for c in range(len(roles))}
+        if state is not None:
+            self._restore(state)
+
+    def state(self) -> dict[str, Any]:
+        """The executions' progress (a job checkpoint; see `Driver`): no micro-batch,
+        switch or sync is in flight when it is taken, so only rollout is kept."""
+        now = time.monotonic()
+        return {"x_cell": dict(self.x_cell), "x_k": dict(self.x_k), "x_state": dict(self.x_state),
+                "tools": [(max(0.0, t - now), e, k) for t, e, k in self._tools], "counts": dict(self.counts),
+                **self._extra_state()}
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _restore(self, st: dict[str, Any]) -> None:
+        """Carry on from `state()`: a call that was in flight is issued again on its cell."""
+        self.x_cell, self.x_k, self.x_state = dict(st["x_cell"]), dict(st["x_k"]), dict(st["x_state"])
+        self.counts.update(st["counts"])
+        now = time.monotonic()
+        self._tools = [(now + r, e, k) for r, e, k in st["tools"]]
+        heapq.heapify(self._tools)
+        for e, x in sorted(self.x_state.items()):
+            if x == "call":
+                self._start_call(e)
+                self.counts["reissued_calls"] += 1
 
     def _process(self, cell: int) -> tuple[Any, tuple]:
         """The target and arguments of cell `cell`'s process."""
@@ -152,6 +182,7 @@ class LocalBackend:
                 self._start_call(c.execution)
         elif isinstance(c, Migrate):
             e = c.execution
+            self.counts["migrations"] += 1
             if self.x_state[e] == "call":
                 self._cancel_call(e)
                 self.x_cell[e] = c.cell

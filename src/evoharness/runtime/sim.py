@@ -11,10 +11,13 @@ Models (units: seconds, tokens):
   sharing. With n calls each gets ``per_seq_tps(n)`` tokens/s
   (``tps(n) = gen_tps_single * n**gen_concurrency_exponent``, sublinear). A
   call's work is its completion tokens plus its new prompt tokens divided by
-  ``prefill_speedup``. Each cell keeps a virtual clock V (tokens served to
-  each sequence so far), so a call finishes when V passes its start V plus its
-  work: one heap per cell, at most one live event per cell, O(log n) per
-  change.
+  ``prefill_speedup``. A cell of ``decode_replicas`` > 1 is that many such
+  servers (capacity / replicas slots each); an execution is pinned to the
+  replica of its cell with the fewest executions (a router keeps a session
+  where its KV cache is). Each server keeps a virtual clock V (tokens served
+  to each sequence so far), so a call finishes when V passes its start V plus
+  its work: one heap per server, at most one live event per server, O(log n)
+  per change.
 - *Tools*: after each call the execution waits its tool latency (no cell
   capacity is used, but the execution keeps its slot and KV cache).
 - *Training*: a micro-batch of executions takes ``max(sum(tokens) /

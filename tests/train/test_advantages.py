@@ -142,3 +142,39 @@ def test_std_floor_keeps_shaping_noise_small_on_real_rollouts():
     assert torch.allclose(floored[1], paper[1])
     assert std_floor_active(r, AdvantageConfig()).tolist() == [True, False]
     assert std_floor_active(r, AdvantageConfig(std_floor=0.0)).tolist() == [False, False]
+
+
+def test_gigpo_step_floor_is_scaled_like_the_discounted_returns():
+    """Issue 10 fault 9 with GiGPO (review): step returns are γ^k R(τ), so a success late in a
+    long episode has a small absolute return at the shared first state. The floor is in reward
+    units and scales by γ^k: that step group keeps the paper's normalisation (an unscaled floor
+    of 1.0 shrank it), while an all-failure group is still floored to small advantages."""
+    from evoharness.envs.alfworld.games import discover_games
+    from evoharness.policies.scripted import NoisyExpertPolicy, RandomPolicy
+    from evoharness.train.rewards import RewardConfig, trajectory_reward
+
+    task = discover_games("valid_seen")[0]
+    late_win = _play(task, NoisyExpertPolicy(epsilon=0.8, seed=2), 1, max_steps=50)
+    fails = _play(task, RandomPolicy(seed=1), 6, max_steps=50)
+    assert late_win[0].won and late_win[0].steps >= 25 and not any(t.won for t in fails)
+    rc = RewardConfig(t_max=50)
+    mixed, all_fail = late_win + fails[:5], fails  # groups of 6
+    r = torch.tensor([[trajectory_reward(t, 0, rc).total for t in grp] for grp in (mixed, all_fail)])
+
+    paper_cfg = AdvantageConfig(estimator="gigpo", std_floor=0.0)
+    cfg = AdvantageConfig(estimator="gigpo")  # default floor 1.0
+    stats: dict[str, int] = {}
+    paper = turn_advantages([mixed, all_fail], r, paper_cfg)
+    floored = turn_advantages([mixed, all_fail], r, cfg, stats=stats)
+    # the first state is one anchor for all 6 trajectories; its step group holds the success
+    assert len({anchor_key(t, 0) for t in mixed}) == 1
+    ret0 = torch.tensor([[0.95 ** (t.steps - 1) * float(r[0, i]) for i, t in enumerate(mixed)]])
+    assert float(ret0.std()) < cfg.std_floor  # an unscaled floor would act here
+    for i in range(len(mixed)):
+        assert floored[0][i][0] == pytest.approx(paper[0][i][0], rel=1e-5)
+    assert paper[0][0][0] - paper[0][1][0] > 2.0  # the late success still stands out from the first state
+    # all-failure group: the paper's rule blows shaping noise up, the floor keeps it small
+    big = max(abs(a) for tr in paper[1] for a in tr)
+    small = max(abs(a) for tr in floored[1] for a in tr)
+    assert big > 1.0 and small < 0.2  # raw shaping differences: episode part + step part, each < 0.1
+    assert 0 < stats["step_floor_groups"] < stats["step_groups"]

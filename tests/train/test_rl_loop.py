@@ -95,6 +95,17 @@ def test_unconstrained_rl_trains_and_reports_the_invalid_term(model_dir, tmp_pat
     assert "decoding unconstrained" in report and "invalid/ep" in report
 
 
+def test_gigpo_run_logs_and_reports_the_step_level_std_floor(model_dir, tmp_path):
+    """GiGPO in the real loop: the step-level floor counts reach metrics.jsonl and report.md."""
+    cfg = _cfg(model_dir, tmp_path / "g", 1)
+    cfg.grpo.advantage.estimator = "gigpo"
+    train_rl(cfg, progress=False)
+    rec = json.loads((tmp_path / "g" / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["adv/step_groups"] >= 1 and 0 <= rec["adv/step_floor_groups"] <= rec["adv/step_groups"]
+    report = (tmp_path / "g" / "report.md").read_text()
+    assert f"acted in {rec['adv/step_floor_groups']} of {rec['adv/step_groups']} anchor-state groups" in report
+
+
 def test_periodic_evaluation_changes_no_training_state(model_dir, tmp_path):
     """Issue 10 fault 3: the same run with an evaluation after every step trains exactly like the
     run without: same metrics, weights, and experience store (the evaluation's own notes,

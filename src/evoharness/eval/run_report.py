@@ -149,6 +149,11 @@ def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: st
         md += [f"Advantage std floor: acted in {floored} of {spread} groups with a reward spread "
                f"({100 * floored / max(1, spread):.0f}%); there the shaping-only differences keep their raw "
                "size instead of being scaled up to success-vs-failure size.", ""]
+    if any("adv/step_groups" in r for r in rl):
+        steps = sum(r.get("adv/step_groups", 0) for r in rl)
+        sfloored = sum(r.get("adv/step_floor_groups", 0) for r in rl)
+        md += [f"GiGPO step level: the std floor (scaled by the return's discount) acted in {sfloored} of {steps} "
+               f"anchor-state groups with a return spread ({100 * sfloored / max(1, steps):.0f}%).", ""]
     md += [f"Invalid actions per episode {inv[0]:.2f} -> {inv[-1]:.2f} (reward term "
            f"{rl[0].get('reward/invalid', 0.0):+.3f} -> {rl[-1].get('reward/invalid', 0.0):+.3f}); decoding {decoding}.", ""]
     md += [f"![rl curves]({name})", "",

@@ -23,6 +23,7 @@ success reward) such a group keeps its raw, small differences, while any group
 with a success (std ≥ 3.3 for one success in 8) is normalised exactly as in the
 paper. ``std_floor = 0`` is the paper's rule. `std_floor_active` says per
 group whether the floor changed anything (logged as ``adv/std_floor_groups``).
+At GiGPO's step level the floor is scaled like the returns (see below).
 
 GiGPO (Feng et al. 2025, arXiv 2505.10978, verl-agent ``gigpo/core_gigpo.py``):
 
@@ -36,7 +37,14 @@ GiGPO (Feng et al. 2025, arXiv 2505.10978, verl-agent ``gigpo/core_gigpo.py``):
   r_k = 0 except r_{T−1} = R(τ) (`terminal_step_rewards`), R_t = γ^{T−1−t} R(τ):
   from the same state, a step that leads to success sooner scores higher;
 - step level (Eq. 7): A^S_t = (R_t − mean_{G^S} R) / (std_{G^S} R + ε), or
-  without the std; a singleton step group gets 0 (as verl-agent);
+  without the std; a singleton step group gets 0 (as verl-agent). The std
+  floor is in reward units and R_t = γ^k R(τ) (k = T−1−t), so a step group's
+  floor is σ_min · max over its members of γ^k: an all-failure step group is
+  floored as at the episode level, while a step group with a success late in
+  a long episode (γ^k R small in absolute terms, but a success-vs-failure
+  spread) keeps the paper's normalisation. `turn_advantages` counts the step
+  groups with a spread and those where the floor acted (``adv/step_groups``,
+  ``adv/step_floor_groups``);
 - combined (Eq. 8): A_t = A^E(τ_i) + ω · A^S_t (paper: ω = 1, γ = 0.95).
 
 Difference from verl-agent: its episode-level mean/std is taken over steps
@@ -129,12 +137,20 @@ def anchor_key(traj: Trajectory, t: int) -> str:
 
 
 def step_advantages(returns_GT: Sequence[Sequence[float]], keys_GT: Sequence[Sequence[Hashable]],
-                    normalize_std: bool = True, eps: float = 1e-6, std_floor: float = 0.0) -> list[list[float]]:
+                    normalize_std: bool = True, eps: float = 1e-6, std_floor: float = 0.0,
+                    floor_scale_GT: Sequence[Sequence[float]] | None = None,
+                    stats: dict[str, int] | None = None) -> list[list[float]]:
     """GiGPO step-level advantages A^S for ONE group (Eq. 6-7).
 
     Args:
         returns_GT: per trajectory, the discounted return of each step.
         keys_GT: per trajectory, each step's anchor-state key (same shape).
+        std_floor: σ_min in reward units (0: the paper's rule).
+        floor_scale_GT: per step, the discount weight γ^k of its return (same
+            shape); a step group's floor is ``std_floor * max`` of its members'
+            weights. None: weight 1 (the floor as given).
+        stats: if given, ``step_groups`` (step groups with a spread) and
+            ``step_floor_groups`` (those the floor changed) are added to it.
 
     Returns:
         A^S with the same [G][T] shape; 0 for steps whose anchor state occurs once
@@ -147,11 +163,18 @@ def step_advantages(returns_GT: Sequence[Sequence[float]], keys_GT: Sequence[Seq
         for t, k in enumerate(keys):
             groups[k].append((i, t))
     out = [[0.0] * len(r) for r in returns_GT]
+    if stats is not None:
+        stats.setdefault("step_groups", 0)
+        stats.setdefault("step_floor_groups", 0)
     for members in groups.values():
         if len(members) < 2:
             continue
         vals = torch.tensor([[returns_GT[i][t] for i, t in members]], dtype=torch.float64)
-        adv = grpo_advantages(vals, normalize_std, eps, std_floor)[0]
+        floor = std_floor * (max(floor_scale_GT[i][t] for i, t in members) if floor_scale_GT is not None else 1.0)
+        adv = grpo_advantages(vals, normalize_std, eps, floor)[0]
+        if stats is not None and bool((vals != vals[:, :1]).any()):
+            stats["step_groups"] += 1
+            stats["step_floor_groups"] += int(normalize_std and float(vals.std()) < floor)
         for (i, t), a in zip(members, adv.tolist()):
             out[i][t] = a
     return out
@@ -159,7 +182,8 @@ def step_advantages(returns_GT: Sequence[Sequence[float]], keys_GT: Sequence[Seq
 
 def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Tensor,
                     cfg: AdvantageConfig | None = None,
-                    key_fn: Callable[[Trajectory, int], Hashable] = anchor_key) -> list[list[list[float]]]:
+                    key_fn: Callable[[Trajectory, int], Hashable] = anchor_key,
+                    stats: dict[str, int] | None = None) -> list[list[list[float]]]:
     """Advantage of every turn: [N][G][T] nested lists (T varies per trajectory).
 
     Args:
@@ -167,6 +191,7 @@ def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Te
         rewards_NG: [N, G] trajectory rewards (`rewards.trajectory_reward(...).total`).
         cfg: estimator (``grpo`` or ``gigpo``) and its knobs.
         key_fn: anchor-state key of (trajectory, turn index), GiGPO only.
+        stats: GiGPO only: receives the step-level floor counts (`step_advantages`).
     """
     cfg = cfg or AdvantageConfig()
     if tuple(rewards_NG.shape) != (len(groups), len(groups[0]) if groups else 0):
@@ -179,7 +204,8 @@ def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Te
             returns = [discounted_returns(terminal_step_rewards(float(rewards_NG[n, i]), tr.steps), cfg.gigpo_gamma)
                        for i, tr in enumerate(group)]
             keys = [[key_fn(tr, t) for t in range(tr.steps)] for tr in group]
-            step = step_advantages(returns, keys, cfg.normalize_std, cfg.eps, cfg.std_floor)
+            weights = [[cfg.gigpo_gamma ** (tr.steps - 1 - t) for t in range(tr.steps)] for tr in group]
+            step = step_advantages(returns, keys, cfg.normalize_std, cfg.eps, cfg.std_floor, weights, stats)
             per_traj = [[a + cfg.gigpo_omega * s for a, s in zip(ep, st)] for ep, st in zip(per_traj, step)]
         out.append(per_traj)
     return out

@@ -241,7 +241,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         groups = [trajs[i * g.group_size:(i + 1) * g.group_size] for i in range(g.prompts_per_step)]
         breakdowns = [[trajectory_reward(t, step, g.reward) for t in grp] for grp in groups]
         rewards = torch.tensor([[b.total for b in row] for row in breakdowns], dtype=torch.float32)
-        adv = turn_advantages(groups, rewards, g.advantage)
+        adv_stats: dict[str, int] = {}  # GiGPO: step groups with a spread, and those the std floor set
+        adv = turn_advantages(groups, rewards, g.advantage, stats=adv_stats)
         samples = turn_samples(trajs, [a for ga in adv for a in ga], max_turns=g.max_train_turns, seed=step,
                                group_size=g.group_size)
         t1 = time.perf_counter()
@@ -272,6 +273,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
             # how often the std floor (not the paper's std) set a group's advantage scale
             "adv/signal_groups": int(sum(len(set(row.tolist())) > 1 for row in rewards)),
             "adv/std_floor_groups": int(std_floor_active(rewards, g.advantage).sum()),
+            **{f"adv/{k}": v for k, v in adv_stats.items()},
             "experience_ops": len(ops),
             "experience_epoch": store.epoch,
             "timing_s/rollout": t_rollout,

@@ -100,14 +100,34 @@ def test_broken_package_is_a_legitimate_zero(pack, tmp_path):
     assert (o.status, o.reward, o.attempts) == ("scored", 0.0, 1) and o.detail["collect_errors"]
 
 
-def test_scorer_timeout_is_retried_then_dropped(pack, tmp_path):
+def test_scorer_timeout_is_retried_then_dropped(pack, tmp_path, monkeypatch):
+    """The harness itself stalls (its runner, before pytest starts): a scorer timeout."""
     task = dataclasses.replace(pack["roman_numerals"], test_timeout_s=2.0)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "romans.py").write_text("import time\ntime.sleep(60)\n")  # hangs at collection, outside any test
+    ws = write_reference(task, tmp_path / "ws")
+    monkeypatch.setattr(scorer_mod, "RUNNER", scorer_mod.RUNNER.replace("sys.exit(", "import time\ntime.sleep(60)\n"
+                                                                                     "sys.exit("))
     o = score_workspace(task, ws, budget=2)
     assert (o.status, o.reward, o.attempts) == ("dropped", None, 2)
     assert all("scorer timeout" in e for e in o.detail["errors"])
+
+
+def test_run_timeout_held_by_the_agents_code_is_scored_not_dropped(pack, tmp_path):
+    """Past test_timeout_s because of the agent's code: a test stuck where no alarm reaches it
+    (SIGALRM blocked), or a thread of its own keeping the process alive after the session
+    finished. Both are scored on what passed, at the first attempt."""
+    task = dataclasses.replace(pack["roman_numerals"], per_test_timeout_s=1.0, test_timeout_s=6.0)
+    ws = write_reference(task, tmp_path / "blocked")
+    init = next(ws.rglob("__init__.py"))
+    init.write_text(init.read_text() + "\n\ndef is_roman(s):\n    import signal, time\n"
+                    "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n    time.sleep(600)\n")
+    o = score_workspace(task, ws, budget=2)
+    assert (o.status, o.attempts, o.detail["killed"]) == ("scored", 1, "wall_time") and o.reward < 1, o.detail
+    ws = write_reference(task, tmp_path / "thread")
+    init = next(ws.rglob("__init__.py"))
+    init.write_text(init.read_text() + "\n\nimport threading, time\n"
+                    "threading.Thread(target=time.sleep, args=(600,)).start()\n")
+    o = score_workspace(task, ws, budget=2)
+    assert (o.status, o.reward, o.attempts, o.detail["killed"]) == ("scored", 1.0, 1, "wall_time"), o.detail
 
 
 def test_harness_fault_retried_within_budget(pack, tmp_path, monkeypatch):

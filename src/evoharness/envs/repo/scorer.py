@@ -25,8 +25,10 @@ Outcomes go through `rollout.scoring.score_with_retry`:
   task ships no hidden tests (NL2Repo-Bench's are not public).
 - ``EvaluationError`` (retried, then dropped), only for faults the agent's code
   cannot cause: the sandbox failed to start, the whole run hit
-  ``test_timeout_s`` (scorer timeout), the plugin never started, pytest
-  reported an internal error, or a usage error before the session began.
+  ``test_timeout_s`` (scorer timeout) outside the agent's code (not inside a
+  test or module import that never returned, not after the session finished),
+  the plugin never started, pytest reported an internal error, or a usage
+  error before the session began.
 - anything else is scored, a legitimate 0 included (the agent's package fails
   to import, hangs at import, or ends the process: no passes).
 
@@ -96,6 +98,10 @@ def pytest_collection_finish(session):
     _emit({"event": "collected", "n": len(session.items)})
 
 
+def pytest_runtest_logstart(nodeid, location):
+    _emit({"event": "enter", "nodeid": nodeid})
+
+
 def pytest_runtest_logreport(report):
     _emit({"event": "test", "nodeid": report.nodeid, "when": report.when, "outcome": report.outcome})
 
@@ -128,7 +134,9 @@ def _bounded():
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
     if isinstance(collector, pytest.Module):
+        _emit({"event": "enter", "nodeid": collector.nodeid})
         yield from _bounded()
+        _emit({"event": "left", "nodeid": collector.nodeid})
     else:
         yield
 
@@ -256,6 +264,7 @@ def tally(records: Iterable[str], n_tests: int, suite: Iterable[str] = ()) -> di
     phases: dict[str, dict[str, str]] = {}
     collect_errors: list[str] = []
     session = False
+    inside: str | None = None  # the test or module whose code was running when the records end
     prefixes = [p.rstrip("/") for p in suite]
     for line in records:
         try:
@@ -265,6 +274,10 @@ def tally(records: Iterable[str], n_tests: int, suite: Iterable[str] = ()) -> di
         if not isinstance(rec, dict):
             continue
         ev = rec.get("event")
+        if ev == "enter":
+            inside = str(rec.get("nodeid"))
+        elif ev == "left" or (ev == "test" and rec.get("when") == "teardown"):
+            inside = None
         if ev == "start":
             started = True
         elif ev == "session":
@@ -283,6 +296,7 @@ def tally(records: Iterable[str], n_tests: int, suite: Iterable[str] = ()) -> di
             finished, exitstatus = True, rec.get("exitstatus")
     passed = sum(1 for p in phases.values() if p.get("call") == "passed" and "failed" not in p.values())
     return {"started": started, "session": session, "finished": finished, "exitstatus": exitstatus,
+            "inside": inside,
             "collected": collected,
             "passed": passed, "failed": len(phases) - passed, "collect_errors": collect_errors[:20],
             "n_tests": n_tests}
@@ -345,9 +359,13 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
         finally:
             sandbox.close()
         records = channel.collect()
-        if r.timed_out:
-            raise EvaluationError(f"scorer timeout: hidden suite ran past {lim.wall_s:g} s")
         t = tally(records, task.n_tests, suite)
+        # A run past test_timeout_s is the scorer's failure unless the agent's code held it: the
+        # session had finished (a thread of the agent's kept the process alive), or the records
+        # end inside a test or a module import (a hang no alarm broke: SIGALRM blocked, a C
+        # loop). Those are scored on what passed.
+        if r.timed_out and not (t["finished"] or t["inside"]):
+            raise EvaluationError(f"scorer timeout: hidden suite ran past {lim.wall_s:g} s")
         # Only faults the agent's code cannot cause are evaluation errors: the plugin never
         # started (it starts before any of the agent's code is imported), pytest reported an
         # internal error, or a usage error before the session (the harness's arguments).

@@ -112,3 +112,60 @@ def test_sft_keeps_fp32_master_weights_under_bf16_autocast(model_dir, tmp_path):
         SFTConfig(precision="bf16")  # pure-bf16 weights are no longer an option
     with pytest.raises(ValueError, match="fp32"):
         check_master_weights(load_model(model_dir).to(torch.bfloat16))
+
+
+def test_sft_gradient_accumulation_on_a_bf16_model_keeps_fp32_masters_and_exports_bf16(model_dir, tmp_path):
+    """SFT of a bf16 checkpoint (as Qwen3-8B ships) with micro-batches (gradient accumulation):
+    the master weights in the resumable checkpoint are fp32 and move at lr 1e-6 like a one-batch
+    fp32 run (fp32 micro-batches: 1e-3 relative L2; bf16 autocast micro-batches: 15%, as above);
+    the exported ``final/`` is bf16, the source's dtype (not an fp32 copy that doubles its size
+    and that vLLM's dtype=auto would serve in float16)."""
+    from safetensors.torch import load_file
+
+    from evoharness.models.init import load_tokenizer
+    from evoharness.train.sft import SFTConfig, split_micro, tokenize_examples, train_sft
+
+    src = tmp_path / "bf16_src"
+    load_model(model_dir).to(torch.bfloat16).save_pretrained(str(src))
+    load_tokenizer(model_dir).save_pretrained(str(src))
+    examples = [{"messages": [{"role": "user", "content": f"You are in room {i}. Find the apple." + " Look." * i}],
+                 "completion": f"<think>look</think><action>go to countertop {i}</action>"} for i in range(1, 7)]
+    rows = tokenize_examples(load_tokenizer(src), examples, 512, 64)
+    assert len(split_micro(rows, 96)) >= 3  # the step really accumulates over micro-batches
+    base = {k: v.float() for k, v in load_file(str(src / "model.safetensors")).items()}
+    deltas = {}
+    for name, precision, micro in [("fp32", "fp32", None), ("fp32_micro", "fp32", 96),
+                                   ("bf16_micro", "bf16_autocast", 96)]:
+        cfg = SFTConfig(lr=1e-6, max_steps=3, warmup_steps=0, batch_tokens=4096, micro_batch_tokens=micro,
+                        precision=precision, progress=False, ckpt_every=3)
+        final = train_sft(cfg, examples, src, tmp_path / name)
+        masters = load_file(str(tmp_path / name / "checkpoints" / "step_0000003" / "model.safetensors"))
+        assert {v.dtype for v in masters.values()} == {torch.float32}
+        exported = load_file(str(final / "model.safetensors"))
+        assert {v.dtype for v in exported.values()} == {torch.bfloat16}
+        assert json.loads((final / "config.json").read_text())["dtype"] == "bfloat16"
+        deltas[name] = torch.cat([(masters[k] - base[k]).flatten() for k in base])
+    ref = deltas["fp32"]
+    assert (ref != 0).float().mean() > 0.9
+    assert float((deltas["fp32_micro"] - ref).norm() / ref.norm()) < 1e-3
+    assert (deltas["bf16_micro"] != 0).float().mean() > 0.9
+    assert float((deltas["bf16_micro"] - ref).norm() / ref.norm()) < 0.15
+
+
+def test_rl_from_a_bf16_model_exports_bf16_and_checkpoints_fp32_masters(model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from evoharness.models.init import load_tokenizer
+    from evoharness.train.rl import RLConfig, train_rl
+
+    src = tmp_path / "bf16_src"
+    load_model(model_dir).to(torch.bfloat16).save_pretrained(str(src))
+    load_tokenizer(model_dir).save_pretrained(str(src))
+    cfg = RLConfig(model_path=str(src), out_dir=str(tmp_path / "rl"), steps=1, max_steps=2, max_new_tokens=12,
+                   max_prompt_tokens=512, decode_threads=1, ckpt_every=1)
+    cfg.grpo.group_size, cfg.grpo.prompts_per_step = 2, 1
+    final = train_rl(cfg, progress=False)
+    assert {v.dtype for v in load_file(str(final / "model.safetensors")).values()} == {torch.bfloat16}
+    assert json.loads((final / "config.json").read_text())["dtype"] == "bfloat16"
+    ckpt = tmp_path / "rl" / "checkpoints" / "step_0000001" / "model.safetensors"
+    assert {v.dtype for v in load_file(str(ckpt)).values()} == {torch.float32}

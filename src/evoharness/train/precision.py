@@ -11,11 +11,19 @@ almost every update rounds away (issue 10 fault 1; measured in
 
 Memory per parameter with AdamW: 4 (fp32 weight) + 4 (fp32 grad) + 8 (two fp32
 moments) = 16 bytes; a frozen reference model costs 2 bytes in bf16.
+
+Master weights are a training detail: resumable checkpoints keep them fp32
+(exact resume), but a run's exported model (``final/``) is written in the dtype
+its source checkpoint declared (`export_dtype`; bf16 for Qwen3-8B). An fp32
+export would double its size, and servers pick the dtype from the config
+(vLLM's ``dtype=auto`` serves a float32 checkpoint in float16).
 """
 
 from __future__ import annotations
 
+import json
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
@@ -39,3 +47,25 @@ def check_master_weights(model: torch.nn.Module) -> None:
     if low:
         raise ValueError(f"trainable parameters must be fp32 master weights, found {low}; "
                          "use a low-precision compute dtype through autocast instead")
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def export_dtype(model_dir: str | Path) -> torch.dtype:
+    """The dtype the HF model directory `model_dir` declares in its config.json
+    (``dtype``, or ``torch_dtype`` in older files); fp32 when it declares none."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    name = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32").removeprefix("torch.")
+    return _DTYPES.get(name, torch.float32)
+
+
+def save_exported(model: torch.nn.Module, out_dir: str | Path, dtype: torch.dtype) -> None:
+    """``save_pretrained`` the finished model in `dtype` (its config then says so).
+
+    The parameters are converted in place (no second copy of a large model in
+    memory), so call this last: the model is not for training afterwards.
+    """
+    if any(p.dtype != dtype for p in model.parameters()):
+        model.to(dtype)
+    model.save_pretrained(str(out_dir), safe_serialization=True)

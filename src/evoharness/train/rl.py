@@ -47,7 +47,7 @@ from evoharness.train.checkpoint import (
     load_trainer_state, restore_metrics, set_rng_state, snapshot_metrics,
 )
 from evoharness.train.grpo import GRPOConfig, TokenMasks, grpo_step, make_optimizer, turn_samples
-from evoharness.train.precision import autocast, compute_dtype
+from evoharness.train.precision import autocast, compute_dtype, export_dtype, save_exported
 from evoharness.train.rewards import trajectory_reward
 
 
@@ -307,7 +307,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
     write_rl_report(out, metrics_path)
 
     def write_final(tmp: Path) -> None:
-        policy.model.save_pretrained(str(tmp), safe_serialization=True)
+        save_exported(policy.model, tmp, export_dtype(cfg.model_path))  # the SFT model's dtype, not fp32 masters
         policy.tokenizer.save_pretrained(str(tmp))
         store.save(tmp / "experience.json")
 

@@ -32,7 +32,8 @@ Outputs in `out_dir`: ``metrics.jsonl`` (one record per step: step, epoch,
 loss, lr, grad_norm, tokens (padded tokens run), target_tokens (tokens with
 loss), tok_per_s (tokens / step seconds), elapsed_s; eval records carry
 ``eval_loss``; a time-budget stop adds ``{"event": "stopped"}``), ``checkpoints/step_NNNNNNN/`` + ``checkpoints/latest``,
-``sft_config.json``, and ``final/`` (an HF model directory).
+``sft_config.json``, and ``final/`` (an HF model directory, weights in the
+dtype `model_dir` declares: checkpoints keep the fp32 master weights).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from evoharness.models.init import load_model, load_tokenizer
 from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, get_rng_state, load_checkpoint,
                                          load_model_weights, load_trainer_state, set_rng_state, truncate_metrics)
 from evoharness.train.precision import autocast as precision_autocast
-from evoharness.train.precision import check_master_weights
+from evoharness.train.precision import check_master_weights, export_dtype, save_exported
 
 IGNORE = -100
 
@@ -433,7 +434,7 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
         append_jsonl(metrics, {"step": step, "event": "stopped", "reason": stopped})
 
     def write_final(tmp: Path) -> None:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        save_exported(model, tmp, export_dtype(model_dir))  # the source's dtype, not the fp32 master weights
         tokenizer.save_pretrained(str(tmp))
         (tmp / "sft_state.json").write_text(json.dumps({"step": step, "total_steps": total, "complete": stopped is None}))
 

@@ -85,13 +85,7 @@ class LocalBackend:
         self.wl = Workload(cfg.workload, cfg.seed)
         self.gs = cfg.workload.group_size
         self.N = cfg.workload.groups_per_step * self.gs
-        ctx = mp.get_context("spawn")
-        self.outbox = ctx.Queue()
-        self.inboxes = [ctx.Queue() for _ in roles]
-        self.procs = [ctx.Process(target=target, args=args, daemon=True)
-                      for target, args in (self._process(c) for c in range(len(roles)))]
-        for p in self.procs:
-            p.start()
+        self._start_cells(len(roles))
         self.role = list(roles)
         self._steps: dict[int, Any] = {}
         self._token = 0
@@ -105,7 +99,6 @@ class LocalBackend:
         self._sync_left: dict[int, int] = {}
         self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0, "cells_lost": 0,
                        "migrations": 0}
-        self._ctx = ctx
         self.pids_seen: dict[int, set[int]] = {c: set() for c in range(len(roles))}
         if state is not None:
             self._restore(state)
@@ -133,6 +126,34 @@ class LocalBackend:
                 self._start_call(e)
                 self.counts["reissued_calls"] += 1
 
+    # ---- transport: cell processes and queues (a Ray backend swaps these) -------------
+    def _start_cells(self, k: int) -> None:
+        ctx = self._ctx = mp.get_context("spawn")
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(k)]
+        self.procs = [ctx.Process(target=target, args=args, daemon=True)
+                      for target, args in (self._process(c) for c in range(k))]
+        for p in self.procs:
+            p.start()
+
+    def _post(self, cell: int, msg: tuple) -> None:
+        self.inboxes[cell].put(msg)
+
+    def _dead_cells(self) -> list[int]:
+        return [c for c, p in enumerate(self.procs) if not p.is_alive()]
+
+    def _next_reply(self, timeout: float) -> tuple | None:
+        try:
+            return self.outbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _respawn(self, c: int) -> None:
+        self.inboxes[c] = self._ctx.Queue()
+        target, args = self._process(c)
+        self.procs[c] = self._ctx.Process(target=target, args=args, daemon=True)
+        self.procs[c].start()
+
     def _process(self, cell: int) -> tuple[Any, tuple]:
         """The target and arguments of cell `cell`'s process."""
         return _cell_main, (cell, self.inboxes[cell], self.outbox)
@@ -150,7 +171,7 @@ class LocalBackend:
         """Queue a job on `cell`; `key` (default: the payload) is what its reply is matched to."""
         self._token += 1
         self._jobs[self._token] = (kind, cell, payload if key is None else key)
-        self.inboxes[cell].put((kind, self._token, payload, seconds * self.scale))
+        self._post(cell, (kind, self._token, payload, seconds * self.scale))
         return self._token
 
     def _start_call(self, e: int) -> None:
@@ -164,7 +185,7 @@ class LocalBackend:
     def _cancel_call(self, e: int) -> None:
         tok = self.x_call.pop(e)
         self._jobs.pop(tok, None)
-        self.inboxes[self.x_cell[e]].put(("cancel", tok))
+        self._post(self.x_cell[e], ("cancel", tok))
 
     # ---- commands -------------------------------------------------------------
     def apply(self, c: Command) -> None:
@@ -279,18 +300,16 @@ class LocalBackend:
                 self._on_tool(e)
             if self._events:
                 break
-            for c, p in enumerate(self.procs):
-                if not p.is_alive():
-                    self._lose(c)
+            for c in self._dead_cells():
+                self._lose(c)
             if self._events:
                 break
             wait = min(deadline, self._tools[0][0] if self._tools else deadline) - now
             if wait <= 0 and now >= deadline:
                 break
-            try:
-                self._on_job(*self.outbox.get(timeout=max(0.0, min(wait, 0.2))))
-            except queue.Empty:
-                pass
+            reply = self._next_reply(max(0.0, min(wait, 0.2)))
+            if reply is not None:
+                self._on_job(*reply)
         out, self._events = self._events, []
         return out
 
@@ -311,10 +330,7 @@ class LocalBackend:
         for token, job in [(t, j) for t, j in self._jobs.items() if j[1] == c]:
             del self._jobs[token]
             self._job_lost(token, job)
-        self.inboxes[c] = self._ctx.Queue()
-        target, args = self._process(c)
-        self.procs[c] = self._ctx.Process(target=target, args=args, daemon=True)
-        self.procs[c].start()
+        self._respawn(c)
         self.role[c] = Role.TO_ROLLOUT
         self._switch(c, Role.ROLLOUT)
 

@@ -132,8 +132,22 @@ def test_many_empty_files_are_bounded_and_can_be_cleaned_up(sandbox):
     r = sandbox.run("python -c \"[open(f'f{i}', 'w').close() for i in range(10**6)]\"", wall_s=30, max_files=2000)
     n = sum(1 for _ in sandbox.workspace.iterdir())
     assert r.killed == "files" and 2000 < n < 20_000, (r.killed, n)
-    r = sandbox.run("rm -f f*; ls | wc -l", max_files=2000)  # over the bound at the start: shrinking is allowed
+    # found past the bound, a command may only shrink the workspace: growth ends it at once
+    r = sandbox.run("touch more1 more2 more3; sleep 5", max_files=2000)
+    assert r.killed == "files" and r.wall_s < 3 and sum(1 for _ in sandbox.workspace.iterdir()) <= n + 3
+    r = sandbox.run("head -c 1000 /dev/zero > f1; echo $?", max_files=2000)  # no file may grow either
+    assert (sandbox.workspace / "f1").stat().st_size == 0
+    r = sandbox.run("rm -f f* more*; ls | wc -l", max_files=2000)
     assert r.killed is None and r.output.strip() == "0"
+
+
+def test_data_nested_past_path_max_is_counted(sandbox):
+    """Below PATH_MAX a walk by path fails and sees nothing; the watchdog walks by fd."""
+    r = sandbox.run("python -c \"import os\nfor i in range(20):\n    os.mkdir('d' * 250); os.chdir('d' * 250)\n"
+                    "for i in range(5):\n    open(f'big{i}', 'wb').write(b'1' * (8 << 20))\nimport time; time.sleep(5)\"",
+                    disk_mb=16, wall_s=20)
+    assert r.killed == "disk" and r.wall_s < 5, (r.killed, r.output)
+    assert sandbox_mod.dir_usage(sandbox.workspace)[0] > 16 << 20
 
 
 def test_memory_no_process_maps_is_bounded_by_the_sandbox_cgroup(sandbox):

@@ -19,7 +19,8 @@ What a confined command sees and may do:
 - a host-side watchdog ends the whole sandbox (SIGKILL to bwrap; the kernel
   then kills every process of its pid namespace) at the wall-time limit, when
   the summed RSS of its processes exceeds the memory limit, or when the
-  workspace grows past the disk limit or its entry count.
+  workspace grows past the disk limit or its entry count (checked every 0.5 s
+  and when the command ends; a workspace found past a bound may only shrink).
 - as root, where a memory cgroup can be made (`MemoryCgroup`: v1, or v2 with
   the memory controller delegated), the whole sandbox runs in its own group
   with the memory limit: the kernel then also bounds what no process's RSS
@@ -36,10 +37,12 @@ namespaces refused): the caller never runs anything unconfined.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -167,24 +170,59 @@ def _proc_uid_stats(uid: int) -> tuple[list[int], int]:
 
 def dir_usage(path: Path, stop_bytes: int | None = None, stop_entries: int | None = None) -> tuple[int, int]:
     """(bytes allocated, entries) under `path`, symlinks not followed; stops
-    counting once either passes its `stop_*` bound."""
-    total, n, stack = 0, 0, [str(path)]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        n += len(entries)
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
+    counting once either passes its `stop_*` bound.
+
+    Walks by directory file descriptors (``openat``), so a tree nested past
+    PATH_MAX is counted too: by path, ``scandir`` fails there and whatever lies
+    below would be invisible. A tree too deep to walk (no descriptor left)
+    reads as over any bound: entries = ``sys.maxsize``.
+    """
+    total, n = 0, 0
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        root = os.open(path, flags)
+    except OSError:
+        return 0, 0
+    stack: list[tuple[int, list[str]]] = []  # (directory fd, its subdirectories still to visit)
+    fd: int | None = root
+    try:
+        while fd is not None or stack:
+            if fd is not None:
+                subdirs = []
+                try:
+                    with os.scandir(fd) as it:
+                        entries = list(it)
+                except OSError:
+                    entries = []
+                n += len(entries)
+                for e in entries:
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        subdirs.append(e.name)
+                stack.append((fd, subdirs))
+                fd = None
+                if (stop_bytes is not None and total > stop_bytes) or (stop_entries is not None and n > stop_entries):
+                    break
+            parent, todo = stack[-1]
+            if not todo:
+                os.close(parent)
+                stack.pop()
                 continue
-            total += st.st_blocks * 512
-            if e.is_dir(follow_symlinks=False):
-                stack.append(e.path)
-        if (stop_bytes is not None and total > stop_bytes) or (stop_entries is not None and n > stop_entries):
-            break
+            try:
+                fd = os.open(todo.pop(), flags, dir_fd=parent)
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    return total, sys.maxsize
+                fd = None
+    finally:
+        for d, _ in stack:
+            os.close(d)
+        if fd is not None:
+            os.close(fd)
     return total, n
 
 
@@ -435,6 +473,15 @@ class Sandbox:
             SandboxError: bwrap could not set the sandbox up.
         """
         lim = replace(limits or self.limits, **overrides)
+        # The workspace as the command finds it. Past a bound already (a burst of an earlier
+        # command between two checks), the command may only shrink it: no file may grow
+        # (RLIMIT_FSIZE 0) and any new entry or byte ends it at once, checked every 20 ms.
+        used0, n0 = dir_usage(self.workspace)
+        over = used0 > lim.disk_mb * _MB or n0 > lim.max_files
+        bound = (used0, min(n0, lim.max_files) if n0 == sys.maxsize else n0) if over else (lim.disk_mb * _MB,
+                                                                                         lim.max_files)
+        if over:
+            lim = replace(lim, file_size_mb=0)
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
         # stderr of the command joins stdout inside; the outer stderr carries only the set-up's errors
         argv = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
@@ -477,7 +524,7 @@ class Sandbox:
         readers = [threading.Thread(target=pump_out, daemon=True), threading.Thread(target=pump_err, daemon=True)]
         for t in readers:
             t.start()
-        killed = self._watch(proc, lim, t0, cg)
+        killed = self._watch(proc, lim, t0, cg, bound, 0.02 if over else 0.5)
         rc = proc.wait()
         for t in readers:
             t.join(timeout=5)
@@ -486,6 +533,8 @@ class Sandbox:
             if killed is None and cg.oom_kills():
                 killed = "memory"
             cg.remove()
+        if killed is None:  # a burst that ended between two checks: too late to stop, not to say
+            killed = self._over(bound)
         wall = time.monotonic() - t0
         if killed is None and rc != 0 and (err.startswith(b"bwrap:") or err.startswith(b"setpriv:")):
             raise SandboxError(err.decode("utf-8", "replace").strip()[:2000])
@@ -501,39 +550,37 @@ class Sandbox:
         return RunResult(exit_code=-9 if killed else rc, output=out, output_total=total[0], killed=killed,
                          wall_s=round(wall, 3))
 
-    def _watch(self, proc: subprocess.Popen, lim: Limits, t0: float, cg: MemoryCgroup | None = None) -> str | None:
+    def _over(self, bound: tuple[int, int]) -> str | None:
+        """``disk`` / ``files`` when the workspace passes `bound` (bytes, entries), else None."""
+        used, n = dir_usage(self.workspace, stop_bytes=bound[0], stop_entries=bound[1])
+        return "disk" if used > bound[0] else "files" if n > bound[1] else None
+
+    def _watch(self, proc: subprocess.Popen, lim: Limits, t0: float, cg: MemoryCgroup | None,
+               bound: tuple[int, int], every_s: float) -> str | None:
         """Poll until `proc` exits; kill the sandbox at a limit and say which.
 
-        The workspace bounds stop growth: a workspace already past one at the
-        start (an earlier command was killed there) is not killed for shrinking,
-        so the agent can still clean up."""
-        next_check = t0
-        disk, files = lim.disk_mb * _MB, lim.max_files
-        floor: tuple[int, int] | None = None  # (bytes, entries) the command may reach
+        Args:
+            bound: (bytes, entries) the workspace may reach.
+            every_s: seconds between two memory / workspace checks.
+        """
+        next_check = t0 + min(every_s, 0.05)
         while proc.poll() is None:
             now = time.monotonic()
             reason = None
             if now - t0 > lim.wall_s:
                 reason = "wall_time"
             elif now >= next_check:
-                next_check = now + 0.5
+                next_check = now + every_s
                 if self.privileged and (_proc_uid_stats(self.uid)[1] > lim.memory_mb * _MB
                                         or (cg is not None and cg.oom_kills())):
                     reason = "memory"
                 else:
-                    if floor is None:  # what the command found, counted in full (bounded by earlier kills)
-                        used0, n0 = dir_usage(self.workspace)
-                        floor = (max(disk, used0), max(files, n0))
-                    used, n = dir_usage(self.workspace, stop_bytes=floor[0], stop_entries=floor[1])
-                    if used > floor[0]:
-                        reason = "disk"
-                    elif n > floor[1]:
-                        reason = "files"
+                    reason = self._over(bound)
             if reason:
                 self._kill(proc)
                 return reason
             try:
-                proc.wait(timeout=0.05)
+                proc.wait(timeout=min(0.05, every_s))
             except subprocess.TimeoutExpired:
                 pass
         return None

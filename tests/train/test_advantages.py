@@ -178,3 +178,76 @@ def test_gigpo_step_floor_is_scaled_like_the_discounted_returns():
     small = max(abs(a) for tr in floored[1] for a in tr)
     assert big > 1.0 and small < 0.2  # raw shaping differences: episode part + step part, each < 0.1
     assert 0 < stats["step_floor_groups"] < stats["step_groups"]
+
+
+class _HangsAtStep:
+    """A real ALFWorld env whose `n`-th step raises (an environment fault, not the agent's)."""
+
+    def __init__(self, env, n: int) -> None:
+        self._env, self._n, self.task = env, n, env.task
+
+    def reset(self):
+        return self._env.reset()
+
+    def step(self, action):
+        self._n -= 1
+        if self._n == 0:
+            raise TimeoutError("environment step hung")
+        return self._env.step(action)
+
+    def facts(self):
+        return self._env.facts()
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
+    """Review of fault 8's kind: a game that fails to load, or a step that hangs, ends its episode
+    with stop_reason "error". Its reward (about 0) measures the infrastructure; counted as a
+    failure it pushed every valid member of the group up. It is left out of the group's mean and
+    std, gets advantage 0, and none of its turns is trained."""
+    from evoharness.envs.alfworld import make_env
+    from evoharness.envs.alfworld.games import discover_games
+    from evoharness.harness.bpe import BPEHarness, ExperienceStore
+    from evoharness.policies.scripted import ExpertPolicy, RandomPolicy
+    from evoharness.rollout.episode import EpisodeSpec, run_episodes
+    from evoharness.train.advantages import std_floor_active, valid_members
+    from evoharness.train.grpo import turn_samples
+    from evoharness.train.rewards import RewardConfig, trajectory_reward
+
+    task = discover_games("valid_seen")[0]
+    win = _play(task, ExpertPolicy(), 1)[0]
+    fail = _play(task, RandomPolicy(seed=1), 1)[0]
+
+    def broken(t):
+        raise FileNotFoundError("game file vanished")
+
+    unloaded = run_episodes([EpisodeSpec(task, f"{task.task_id}#load", 0)], broken,
+                            lambda: BPEHarness(ExperienceStore()), ExpertPolicy(), max_steps=20)[0]
+    hung = run_episodes([EpisodeSpec(task, f"{task.task_id}#hung", 0)],
+                        lambda t: _HangsAtStep(make_env(t, engine="fast"), 2),
+                        lambda: BPEHarness(ExperienceStore()), ExpertPolicy(), max_steps=20)[0]
+    assert win.won and not fail.won and unloaded.stop_reason == hung.stop_reason == "error" and hung.turns
+    groups = [[win, unloaded, fail, hung]]
+    assert valid_members(groups).tolist() == [[True, False, True, False]]
+    rc = RewardConfig(t_max=20)
+    r = torch.tensor([[trajectory_reward(t, 0, rc).total for t in groups[0]]])
+    valid_only = grpo_advantages(r[:, [0, 2]], std_floor=1.0)[0].tolist()
+    for cfg in (AdvantageConfig(), AdvantageConfig(estimator="gigpo")):
+        adv = turn_advantages(groups, r, cfg)[0]
+        assert adv[1] == [] and adv[3] == [0.0] * hung.steps
+        if cfg.estimator == "grpo":
+            assert adv[0] == pytest.approx([valid_only[0]] * win.steps) and adv[2] == pytest.approx([valid_only[1]] * fail.steps)
+    # the old baseline counted both errors as failures: the win's advantage was inflated
+    old = grpo_advantages(r, std_floor=1.0)[0].tolist()
+    assert old[0] > valid_only[0] + 0.5 and old[2] > valid_only[1] + 0.1
+    assert std_floor_active(r, AdvantageConfig(), valid_members(groups)).tolist() == [False]
+    flat = [a for tr in turn_advantages(groups, r)[0] for a in tr]
+    for t in groups[0]:
+        for turn in t.turns:  # scripted policies record no token ids: give the turns some to train
+            turn.prompt_token_ids, turn.completion_token_ids, turn.logprobs = [1, 2], [3], [-0.5]
+    sizes = [t.steps for t in groups[0]]
+    per_traj = [flat[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(4)]
+    samples = turn_samples(groups[0], per_traj, group_size=4)
+    assert {s.episode_id for s in samples} == {win.episode_id, fail.episode_id}

@@ -53,6 +53,12 @@ is over trajectories, as the paper's Eq. 3.
 
 Per-turn assignment: every completion token of turn t of trajectory i takes
 A_{i,t} (= A_i for GRPO). `turn_advantages` returns them as [N][G][T] lists.
+
+An episode that an environment error ended (``stop_reason == "error"``: a
+game that failed to load, a hung step) is left out of its group's baseline
+(`valid_members`) and gets advantage 0: its reward measures the
+infrastructure, and counting it as a failure would push every valid member of
+the group up.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ class AdvantageConfig(Strict):
 
 
 def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6,
-                    std_floor: float = 0.0) -> torch.Tensor:
+                    std_floor: float = 0.0, valid_NG: torch.Tensor | None = None) -> torch.Tensor:
     """Group-relative advantages.
 
     Args:
@@ -88,13 +94,19 @@ def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: f
         normalize_std: divide by the group's (unbiased) std.
         eps: added to the std.
         std_floor: σ_min, the std is clamped to at least this (0: the paper's rule).
+        valid_NG: [N, G] bool, False for members whose reward measures nothing
+            (an episode ended by an environment error): they are left out of
+            their group's mean and std and get advantage 0. None: all valid.
 
     Returns:
-        [N, G] float32 advantages; exactly 0 in all-equal or single-member groups.
+        [N, G] float32 advantages; exactly 0 in all-equal or single-member groups
+        (counting valid members only) and for invalid members.
     """
     r = rewards_NG.float()
     if r.dim() != 2:
         raise ValueError(f"rewards must be [n_groups, group_size], got {tuple(r.shape)}")
+    if valid_NG is not None and not bool(valid_NG.all()):
+        return _masked_grpo_advantages(r, valid_NG.bool(), normalize_std, eps, std_floor)
     flat = (r == r[:, :1]).all(dim=1, keepdim=True)  # [N, 1]
     adv = r - r.mean(dim=1, keepdim=True)
     if normalize_std and r.shape[1] > 1:
@@ -102,14 +114,41 @@ def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: f
     return torch.where(flat, torch.zeros_like(adv), adv)
 
 
-def std_floor_active(rewards_NG: torch.Tensor, cfg: "AdvantageConfig") -> torch.Tensor:
+def _masked_grpo_advantages(r: torch.Tensor, valid: torch.Tensor, normalize_std: bool, eps: float,
+                            std_floor: float) -> torch.Tensor:
+    """`grpo_advantages` over the valid members of each group only."""
+    n = valid.sum(dim=1, keepdim=True)
+    mean = (r * valid).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    adv = (r - mean) * valid
+    hi = r.masked_fill(~valid, float("-inf")).amax(dim=1, keepdim=True)
+    lo = r.masked_fill(~valid, float("inf")).amin(dim=1, keepdim=True)
+    flat = (n < 2) | (hi == lo)
+    if normalize_std:
+        std = ((adv ** 2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+        adv = adv / (std.clamp(min=std_floor) + eps)
+    return torch.where(flat | ~valid, torch.zeros_like(adv), adv)
+
+
+def std_floor_active(rewards_NG: torch.Tensor, cfg: "AdvantageConfig",
+                     valid_NG: torch.Tensor | None = None) -> torch.Tensor:
     """[N] bool: groups with a reward spread whose std is below ``cfg.std_floor``,
-    i.e. where the floor (not the paper's rule) set the advantage scale."""
+    i.e. where the floor (not the paper's rule) set the advantage scale
+    (over the `valid_NG` members only, as `grpo_advantages`)."""
     r = rewards_NG.float()
     if not cfg.normalize_std or r.shape[1] < 2:
         return torch.zeros(r.shape[0], dtype=torch.bool)
+    if valid_NG is not None:
+        return torch.stack([std_floor_active(row[v].unsqueeze(0), cfg)[0] if int(v.sum()) > 1
+                            else torch.tensor(False) for row, v in zip(r, valid_NG.bool())])
     flat = (r == r[:, :1]).all(dim=1)
     return ~flat & (r.std(dim=1) < cfg.std_floor)
+
+
+def valid_members(groups: Sequence[Sequence[Trajectory]]) -> torch.Tensor:
+    """[N, G] bool: False for an episode an environment error ended (``stop_reason ==
+    "error"``: a game that failed to load, a hung step). Its reward measures the
+    infrastructure, not the policy, so it takes no part in its group's baseline."""
+    return torch.tensor([[t.stop_reason != "error" for t in grp] for grp in groups], dtype=torch.bool)
 
 
 def discounted_returns(rewards_T: Sequence[float], gamma: float) -> list[float]:
@@ -196,14 +235,17 @@ def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Te
     cfg = cfg or AdvantageConfig()
     if tuple(rewards_NG.shape) != (len(groups), len(groups[0]) if groups else 0):
         raise ValueError(f"rewards {tuple(rewards_NG.shape)} do not match {len(groups)} groups")
-    ep_NG = grpo_advantages(rewards_NG, cfg.normalize_std, cfg.eps, cfg.std_floor).tolist()
+    valid = valid_members(groups) if groups else None
+    ep_NG = grpo_advantages(rewards_NG, cfg.normalize_std, cfg.eps, cfg.std_floor, valid).tolist()
     out: list[list[list[float]]] = []
     for n, group in enumerate(groups):
         per_traj = [[ep_NG[n][i]] * tr.steps for i, tr in enumerate(group)]
         if cfg.estimator == "gigpo":
             returns = [discounted_returns(terminal_step_rewards(float(rewards_NG[n, i]), tr.steps), cfg.gigpo_gamma)
                        for i, tr in enumerate(group)]
-            keys = [[key_fn(tr, t) for t in range(tr.steps)] for tr in group]
+            # an errored episode's steps join no step group (each gets a key of its own: A^S = 0)
+            keys = [[key_fn(tr, t) if bool(valid[n, i]) else ("error", i, t) for t in range(tr.steps)]
+                    for i, tr in enumerate(group)]
             weights = [[cfg.gigpo_gamma ** (tr.steps - 1 - t) for t in range(tr.steps)] for tr in group]
             step = step_advantages(returns, keys, cfg.normalize_std, cfg.eps, cfg.std_floor, weights, stats)
             per_traj = [[a + cfg.gigpo_omega * s for a, s in zip(ep, st)] for ep, st in zip(per_traj, step)]

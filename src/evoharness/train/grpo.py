@@ -176,12 +176,15 @@ def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequen
         seed: sampling seed (e.g. the RL step).
 
     Turns without token ids (text-only policies) or with an empty completion
-    are skipped.
+    are skipped, and so are episodes an environment error ended (their reward
+    measures nothing; `advantages.valid_members`).
     """
     import random
 
     out = []
     for n, (traj, adv) in enumerate(zip(trajectories, advantages, strict=True)):
+        if traj.stop_reason == "error":
+            continue
         pairs = list(zip(traj.turns, adv, strict=True))
         if max_turns is not None and len(pairs) > max_turns:
             keep = sorted(random.Random(f"{seed}:{traj.episode_id}").sample(range(len(pairs)), max_turns))

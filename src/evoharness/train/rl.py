@@ -41,7 +41,7 @@ from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.advantages import std_floor_active, turn_advantages
+from evoharness.train.advantages import std_floor_active, turn_advantages, valid_members
 from evoharness.train.checkpoint import (
     append_jsonl, atomic_dir, atomic_write_text, failpoint, get_rng_state, load_checkpoint, load_model_weights,
     load_trainer_state, restore_metrics, set_rng_state, snapshot_metrics,
@@ -241,6 +241,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         groups = [trajs[i * g.group_size:(i + 1) * g.group_size] for i in range(g.prompts_per_step)]
         breakdowns = [[trajectory_reward(t, step, g.reward) for t in grp] for grp in groups]
         rewards = torch.tensor([[b.total for b in row] for row in breakdowns], dtype=torch.float32)
+        valid = valid_members(groups)  # episodes an environment error ended take no part in the baseline
         adv_stats: dict[str, int] = {}  # GiGPO: step groups with a spread, and those the std floor set
         adv = turn_advantages(groups, rewards, g.advantage, stats=adv_stats)
         samples = turn_samples(trajs, [a for ga in adv for a in ga], max_turns=g.max_train_turns, seed=step,
@@ -271,8 +272,9 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
                for v in ("track", "commit", "recall", "note")},
             **{f"train/{k}": v for k, v in upd.items()},
             # how often the std floor (not the paper's std) set a group's advantage scale
-            "adv/signal_groups": int(sum(len(set(row.tolist())) > 1 for row in rewards)),
-            "adv/std_floor_groups": int(std_floor_active(rewards, g.advantage).sum()),
+            "adv/signal_groups": int(sum(len(set(row[v].tolist())) > 1 for row, v in zip(rewards, valid))),
+            "adv/std_floor_groups": int(std_floor_active(rewards, g.advantage, valid).sum()),
+            "rollout/env_errors": int((~valid).sum()),
             **{f"adv/{k}": v for k, v in adv_stats.items()},
             "experience_ops": len(ops),
             "experience_epoch": store.epoch,

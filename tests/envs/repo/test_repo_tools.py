@@ -89,3 +89,24 @@ def test_writing_to_a_fifo_the_agent_made_does_not_block_the_host(toolbox):
         t.join(10)
         assert name in out, f"{name} on a FIFO blocked"
         assert out[name].is_error and "not a regular file" in out[name].content
+
+
+def test_write_file_respects_the_workspace_bounds(tmp_path):
+    """The file tools write on the host, outside any watchdog: they check the bounds themselves."""
+    from evoharness.envs.repo.sandbox import Limits, Sandbox
+    from evoharness.envs.repo.tools import ToolBox
+
+    with Sandbox(tmp_path / "ws", limits=Limits(disk_mb=1, max_files=5)) as sb:
+        tb = ToolBox(sb)
+        for i in range(4):
+            assert not tb.call("write_file", {"path": f"f{i}", "content": "x"}).is_error
+        r = tb.call("write_file", {"path": "d/e/f", "content": "x"})  # 3 new entries: 7 > 5
+        assert r.is_error and "limit of 5 entries" in r.content
+        assert not tb.call("write_file", {"path": "f4", "content": "x"}).is_error
+        for path in ("f5", "d/e/f"):
+            r = tb.call("write_file", {"path": path, "content": "x"})
+            assert r.is_error and "limit of 5 entries" in r.content
+        assert sorted(q.name for q in sb.workspace.iterdir()) == [f"f{i}" for i in range(5)]
+        assert not tb.call("write_file", {"path": "f0", "content": "y" * 1_000_000}).is_error  # rewriting is fine
+        r = tb.call("write_file", {"path": "f1", "content": "z" * 100_000})
+        assert r.is_error and "disk limit" in r.content and (sb.workspace / "f1").read_text() == "x"

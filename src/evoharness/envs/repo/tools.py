@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evoharness.envs.repo.sandbox import WORKSPACE, Sandbox, SandboxError, truncate_middle
+from evoharness.envs.repo.sandbox import WORKSPACE, Sandbox, SandboxError, dir_usage, truncate_middle
 
 MAX_WRITE_BYTES = 1 << 20
 
@@ -240,6 +240,14 @@ class ToolBox:
             raise ToolError(f"{a.path}: is a directory")
         if p.exists() and not p.is_file():  # a FIFO the agent made would block the host's open() forever
             raise ToolError(f"{a.path}: not a regular file")
+        lim = self.sandbox.limits  # the host writes too: the workspace bounds hold for it as for commands
+        used, n = dir_usage(self.root, stop_bytes=lim.disk_mb << 20, stop_entries=lim.max_files)
+        grows = len(data) - (p.stat().st_size if p.exists() else 0)
+        if grows > 0 and used + grows > lim.disk_mb << 20:
+            raise ToolError(f"the workspace would pass its disk limit of {lim.disk_mb} MiB; delete files first")
+        new_entries = sum(1 for q in (p, *p.parents) if q.is_relative_to(self.root) and not q.exists())
+        if new_entries and n + new_entries > lim.max_files:
+            raise ToolError(f"the workspace would pass its limit of {lim.max_files} entries; delete files first")
         self._mkdirs(p.parent)
         p.write_bytes(data)
         self.sandbox.own_tree(p)

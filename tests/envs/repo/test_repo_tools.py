@@ -110,3 +110,5 @@ def test_write_file_respects_the_workspace_bounds(tmp_path):
         assert not tb.call("write_file", {"path": "f0", "content": "y" * 1_000_000}).is_error  # rewriting is fine
         r = tb.call("write_file", {"path": "f1", "content": "z" * 100_000})
         assert r.is_error and "disk limit" in r.content and (sb.workspace / "f1").read_text() == "x"
+        r = tb.call("edit_file", {"path": "f1", "old_str": "x", "new_str": "z" * 100_000})
+        assert r.is_error and "disk limit" in r.content and (sb.workspace / "f1").read_text() == "x"

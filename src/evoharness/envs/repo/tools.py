@@ -240,14 +240,7 @@ class ToolBox:
             raise ToolError(f"{a.path}: is a directory")
         if p.exists() and not p.is_file():  # a FIFO the agent made would block the host's open() forever
             raise ToolError(f"{a.path}: not a regular file")
-        lim = self.sandbox.limits  # the host writes too: the workspace bounds hold for it as for commands
-        used, n = dir_usage(self.root, stop_bytes=lim.disk_mb << 20, stop_entries=lim.max_files)
-        grows = len(data) - (p.stat().st_size if p.exists() else 0)
-        if grows > 0 and used + grows > lim.disk_mb << 20:
-            raise ToolError(f"the workspace would pass its disk limit of {lim.disk_mb} MiB; delete files first")
-        new_entries = sum(1 for q in (p, *p.parents) if q.is_relative_to(self.root) and not q.exists())
-        if new_entries and n + new_entries > lim.max_files:
-            raise ToolError(f"the workspace would pass its limit of {lim.max_files} entries; delete files first")
+        self._check_room(p, len(data))
         self._mkdirs(p.parent)
         p.write_bytes(data)
         self.sandbox.own_tree(p)
@@ -265,6 +258,7 @@ class ToolBox:
         new = text.replace(a.old_str, a.new_str, 1)
         if len(new.encode()) > 4 * MAX_WRITE_BYTES:
             raise ToolError("the edited file would be too large")
+        self._check_room(p, len(new.encode()))
         p.write_text(new)
         line = text[: text.index(a.old_str)].count("\n") + 1
         return ToolResult("edit_file", f"edited {p.relative_to(self.root)} at line {line}")
@@ -301,6 +295,18 @@ class ToolBox:
 
     def _finish(self, a: Finish) -> ToolResult:
         return ToolResult("finish", "finished; the workspace will now be scored", finished=True)
+
+    def _check_room(self, p: Path, size: int) -> None:
+        """The host writes too: `p` becoming `size` bytes must keep the workspace within the
+        sandbox's disk and entry bounds, as a command must."""
+        lim = self.sandbox.limits
+        used, n = dir_usage(self.root, stop_bytes=lim.disk_mb << 20, stop_entries=lim.max_files)
+        grows = size - (p.stat().st_size if p.exists() else 0)
+        if grows > 0 and used + grows > lim.disk_mb << 20:
+            raise ToolError(f"the workspace would pass its disk limit of {lim.disk_mb} MiB; delete files first")
+        new_entries = sum(1 for q in (p, *p.parents) if q.is_relative_to(self.root) and not q.exists())
+        if new_entries and n + new_entries > lim.max_files:
+            raise ToolError(f"the workspace would pass its limit of {lim.max_files} entries; delete files first")
 
     def _mkdirs(self, d: Path) -> None:
         missing = []

@@ -1,4 +1,4 @@
-"""GRPO and SFT on tree-packed trajectory trees (QwenGyre §3).
+"""GRPO on tree-packed trajectory trees (QwenGyre §3); SFT's packed loss is `packing.packed_sft_loss`.
 
 Per execution j (one `TrajectoryTree`), `select_paths` picks up to J_max
 root-to-leaf paths; the trained tokens of j are the trainable tokens on those

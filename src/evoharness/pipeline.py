@@ -86,10 +86,10 @@ class RunConfig(Strict):
 
 def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
     """The RL stage's config: ``cfg.rl`` with the run's harness (and the teacher's
-    experience store), engine, data, constraint and seed."""
+    experience store), engine, data, wording, constraint and seed."""
     rl_cfg = cfg.rl.model_copy(deep=True)
     rl_cfg.model_path, rl_cfg.out_dir = str(out / "sft" / "final"), str(out / "rl")
-    rl_cfg.engine, rl_cfg.data_path = cfg.env.engine, cfg.env.data_path
+    rl_cfg.engine, rl_cfg.data_path, rl_cfg.wording = cfg.env.engine, cfg.env.data_path, cfg.env.wording
     rl_cfg.harness = cfg.harness.model_copy(update={"experience_path": str(out / "experience.json")})
     rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
     if rl_cfg.max_minutes is None:

@@ -106,6 +106,28 @@ def test_gigpo_run_logs_and_reports_the_step_level_std_floor(model_dir, tmp_path
     assert f"acted in {rec['adv/step_floor_groups']} of {rec['adv/step_groups']} anchor-state groups" in report
 
 
+def test_rl_and_its_evaluation_play_the_configured_wording(model_dir, tmp_path, monkeypatch):
+    """Fault 6's kind (review): the main job's `env.wording` reaches RL (it played native wording
+    while collect, SFT and eval used the configured one); rollouts and the periodic evaluation
+    play real games in that wording."""
+    from evoharness.pipeline import RunConfig, rl_config
+
+    assert rl_config(RunConfig(env={"wording": "move"}), tmp_path).wording == "move"
+    played, real_make_env = [], rl_mod.make_env
+
+    def make_env(task, **kw):  # the real env; note the wording it plays
+        env = real_make_env(task, **kw)
+        played.append(env.wording)
+        return env
+
+    monkeypatch.setattr(rl_mod, "make_env", make_env)
+    cfg = _cfg(model_dir, tmp_path / "w", 1)
+    cfg.wording, cfg.eval_every, cfg.eval_limit = "move", 1, 2
+    train_rl(cfg, progress=False)
+    n = cfg.grpo.group_size * cfg.grpo.prompts_per_step
+    assert played == ["move"] * (n + 2)
+
+
 def test_periodic_evaluation_changes_no_training_state(model_dir, tmp_path):
     """Issue 10 fault 3: the same run with an evaluation after every step trains exactly like the
     run without: same metrics, weights, and experience store (the evaluation's own notes,

@@ -73,6 +73,9 @@ class RLConfig(Strict):
     task_types: list[str] | None = None  # train (and evaluate) on these ALFWorld task types only; None: all six
     data_path: str | None = None
     engine: Literal["textworld", "fast"] = "fast"
+    # the placing-command wording played (envs/alfworld/wording.py): set it as the data it
+    # continues from (collect --wording, eval env.wording), or RL trains on a wording SFT never saw
+    wording: Literal["native", "put", "move"] = "native"
     max_steps: int = 70
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe"))
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
@@ -233,7 +236,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         policy.model.eval()
         with amp():
             trajs = run_episodes(
-                specs, make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine), env_clock),
+                specs, make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine, wording=cfg.wording), env_clock),
                 make_harness=lambda: make_harness(cfg.harness, experience=store), policy=rollout_policy,
                 max_steps=cfg.max_steps,
             )
@@ -363,7 +366,7 @@ def _quick_eval(cfg: RLConfig, policy, store) -> dict:
     policy.model.eval()
     try:
         trajs = run_episodes([EpisodeSpec(t, f"{t.task_id}#eval", cfg.seed) for t in tasks],
-                             make_env=lambda task: make_env(task, engine=cfg.engine),
+                             make_env=lambda task: make_env(task, engine=cfg.engine, wording=cfg.wording),
                              make_harness=lambda: make_harness(cfg.harness, experience=snapshot), policy=policy,
                              max_steps=cfg.max_steps)
     finally:

@@ -216,3 +216,59 @@ def test_tree_grpo_step_equals_grpo_step_with_mini_batches(model_dir, constraine
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(p, q, atol=1e-6, rtol=1e-4), n
+
+
+def test_j_max_loss_equals_turn_rows_of_the_selected_calls(model_dir, episodes):
+    """ALFWorld trees are stars (each turn re-renders its prompt): a selected path is one call, so the
+    dedup-sampled tree loss equals the turn-row loss over exactly the selected calls."""
+    model = load_model(model_dir)
+    model.train()
+    cfg = GRPOConfig(kl_beta=0.0, entropy_coef=0.0)
+    adv = [[1.0] * 4, [-2.0] * 4, [0.5] * 4]
+    trees, call_adv = trajectory_trees(episodes, adv)
+    sels = [select_paths(t, 2, seed=11) for t in trees]
+    picked = {t.calls[t.nodes[leaf].ends[0]].call_id for t, s in zip(trees, sels) for leaf in s.leaves}
+    call_ids = [f"{tr.episode_id}#t{t.turn}" for tr in episodes for t in tr.turns]  # from_trajectory's ids
+    samples = [s for s, cid in zip(turn_samples(episodes, adv), call_ids, strict=True) if cid in picked]
+    assert len(samples) == 6
+    want = accumulate_gradients(model, samples, cfg)
+    want_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+    got = tree_accumulate_gradients(model, trees, call_adv, cfg, j_max=2, seed=11)
+    assert got["paths"] == 6 and got["n_tokens"] == want["n_tokens"]
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-7)
+    _assert_grads_close(_grads(model), want_grads)
+
+
+def test_chat_history_tree_logprobs_equal_each_calls_own_row(model_dir):
+    """A chain (answers re-rendered into the next prompt) with a sub-agent branch and a summary:
+    every generated token's packed log-prob equals the one from its own call's unpacked row."""
+    from evoharness.models.init import load_tokenizer
+
+    tok, model = load_tokenizer(model_dir), load_model(model_dir)
+
+    def ids(messages, answer):
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"], tok(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+
+    tree = TrajectoryTree("chat")
+    msgs = [{"role": "system", "content": "You are in a kitchen."}, {"role": "user", "content": "find a mug"}]
+    for k, obs in enumerate(["You see a cabinet 1.", "The cabinet 1 is open.", "You see a mug 2."]):
+        answer = f"<think>step {k}</think><action>go to cabinet {k + 1}</action>"
+        tree.add_call(*ids(msgs, answer), None)
+        msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": obs}]
+    tree.add_call(*ids(msgs + [{"role": "user", "content": "Summarise."}], "The mug 2 is in cabinet 3."), None,
+                  role="summary")
+    tree.add_call(*ids([{"role": "system", "content": "You search."}, {"role": "user", "content": "mug"}], "cabinet"),
+                  None, role="subagent")
+    assert tree.n_tokens < tree.n_call_tokens() / 2  # the history is stored once
+    batch = collate([tree], pack_trees([tree]))
+    with torch.no_grad():
+        packed, _ = target_logprobs(model, batch)
+        for g in range(len(tree.calls)):
+            prompt, comp = tree.call_sequence(g)
+            own = logprobs_of(model, [prompt], [comp])[0]
+            sel = batch.gen_call == g
+            assert int(sel.sum()) == len(comp)
+            pos = [tree.depth(n) + o - tree.calls[g].n_prompt for n, o in zip(batch.node[sel].tolist(), batch.offset[sel].tolist())]
+            assert torch.allclose(packed[sel], own[pos], atol=1e-5)

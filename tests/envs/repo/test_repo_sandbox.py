@@ -167,3 +167,25 @@ def test_memory_no_process_maps_is_bounded_by_the_sandbox_cgroup(sandbox):
     assert sandbox.run("echo alive").output.strip() == "alive"
     leftover = [p for p in sandbox_mod.MemoryCgroup.parent()[0].iterdir() if p.name.startswith(f"evo-sbx-{sandbox.uid}-")]
     assert leftover == []
+
+
+def test_no_host_secrets_abstract_sockets_or_shared_memory(sandbox, monkeypatch):
+    """The host's environment (API keys) never enters; an abstract unix socket the host
+    listens on is out of reach (own network namespace); /dev/shm is not writable; host
+    processes are invisible."""
+    import os
+    import socket
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret")
+    name = f"\0evo-test-{os.getpid()}"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(name)
+    srv.listen(1)
+    try:
+        r = sandbox.run(f"""env; python -c "import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\\\0{name[1:]}')" 2>&1 | tail -1;
+                        echo x > /dev/shm/x 2>&1; ls /proc | grep -c '^[0-9]'""")
+    finally:
+        srv.close()
+    assert "sk-host-secret" not in r.output and "OPENAI" not in r.output
+    assert "ConnectionRefusedError" in r.output and "/dev/shm/x: Permission denied" in r.output
+    assert int(r.output.split()[-1]) < 10  # only the sandbox's own few processes

@@ -272,3 +272,21 @@ def test_chat_history_tree_logprobs_equal_each_calls_own_row(model_dir):
             assert int(sel.sum()) == len(comp)
             pos = [tree.depth(n) + o - tree.calls[g].n_prompt for n, o in zip(batch.node[sel].tolist(), batch.offset[sel].tolist())]
             assert torch.allclose(packed[sel], own[pos], atol=1e-5)
+
+
+def test_packed_sft_micro_batches_match_one_unpacked_step(model_dir, episodes):
+    from evoharness.train.packing import packed_sft_micro
+
+    rows = [(t.prompt_token_ids + t.completion_token_ids, len(t.prompt_token_ids)) for tr in episodes for t in tr.turns]
+    model = load_model(model_dir)
+    loss, n = completion_loss(model, *sft_collate(rows, pad_id=0))
+    (loss / n).backward()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    total, ran = 0.0, 0
+    for part, n_run in packed_sft_micro(model, rows, max_tokens=1200, pad_id=0):
+        (part / n).backward()
+        total, ran = total + float(part.detach()), ran + n_run
+    assert total == pytest.approx(float(loss.detach()), rel=1e-5)
+    assert ran < sum(len(r[0]) for r in rows)
+    _assert_grads_close(_grads(model), want)

@@ -24,7 +24,8 @@ loss, so gradients summed over rows equal those of one unbounded row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,6 +303,24 @@ def packed_sft_loss(model: Any, batch: PackedBatch) -> tuple[torch.Tensor, int]:
     counterpart of `sft.completion_loss`."""
     logp, _ = target_logprobs(model, batch)
     return -logp.sum(), batch.n_targets
+
+
+def packed_sft_micro(model: Any, rows: Sequence[tuple[list[int], int]], max_tokens: int | None, pad_id: int = 0,
+                     amp: Callable[[], AbstractContextManager] = nullcontext) -> Iterator[tuple[torch.Tensor, int]]:
+    """SFT micro-batches of one step, tree-packed: yields (summed completion
+    cross-entropy of one packed row, tokens the row ran); call ``.backward()`` on each.
+
+    The step's rows (`sft.tokenize_examples`) become one tree (`sft_trees`), cut into
+    rows of at most `max_tokens` (None: one row) where sharing pays (`linear_cost`).
+    Every distinct completion position is trained once: a row duplicated in the
+    batch counts once (unpacked rows would count it twice).
+    """
+    tree = sft_trees(rows)
+    for row in pack_trees([tree], max_tokens=max_tokens, alpha=linear_cost(model.config)):
+        batch = collate([tree], [row], pad_id)
+        with amp():
+            loss, _ = packed_sft_loss(model, batch)
+        yield loss, row.n_tokens
 
 
 def sft_trees(rows: Sequence[tuple[list[int], int]], execution_id: str = "sft") -> TrajectoryTree:

@@ -148,7 +148,7 @@ class TrajectoryTree:
         if len(lp) != len(completion_ids):
             raise ValueError(f"{self.execution_id}/{call_id}: {len(lp)} log-probs for "
                              f"{len(completion_ids)} completion tokens")
-        seq = [int(t) for t in prompt_ids] + [int(t) for t in completion_ids]
+        seq = list(map(int, prompt_ids)) + list(map(int, completion_ids))
         n_prompt, idx = len(prompt_ids), len(self.calls)
         path = self._insert(seq)  # [(node, start position of the node in seq)]
         for nid, start in path:
@@ -177,9 +177,7 @@ class TrajectoryTree:
                 path.append((len(self.nodes) - 1, i))
                 break
             toks = self.nodes[child].tokens
-            k, n = 0, min(len(toks), len(seq) - i)
-            while k < n and toks[k] == seq[i + k]:
-                k += 1
+            k = _common_prefix(toks, seq, i)
             if k < len(toks):
                 child = self._split(child, k)
             path.append((child, i))
@@ -309,6 +307,22 @@ class TrajectoryTree:
             if (i == ROOT) != (n.parent == -1) or n.parent >= len(nodes):
                 raise ValueError(f"{d['execution_id']}: node {i} has parent {n.parent}")
         return cls(d["execution_id"], nodes, [TreeCall(**c) for c in d["calls"]])
+
+
+def _common_prefix(toks: list[int], seq: list[int], i: int, chunk: int = 256) -> int:
+    """Length of the common prefix of `toks` and ``seq[i:]`` (slice compares run in C)."""
+    n = min(len(toks), len(seq) - i)
+    k = 0
+    while k < n:
+        m = min(chunk, n - k)
+        if toks[k:k + m] != seq[i + k:i + k + m]:
+            break
+        k += m
+    else:
+        return n
+    while toks[k] == seq[i + k]:
+        k += 1
+    return k
 
 
 def has_tokens(turn: TurnRecord) -> bool:

@@ -144,6 +144,26 @@ def test_react_format_logs_distil_to_the_same_actions(noisy_logs, distilled, wor
         assert [x.action for x in t.turns if x.kind == "env"] == expected[t.task_id]
 
 
+@pytest.mark.parametrize("written", [
+    lambda a: f"> {a}",                                       # ReAct's own ALFWorld prompt format
+    lambda a: f"Action: {a[0].upper()}{a[1:]}.",              # a chat model's bare answer
+    lambda a: f"<think>I could <action>look</action></think><action>{a}</action>",  # a harness-format completion
+], ids=["prompt-prefix", "capitalised", "tagged"])
+def test_react_logs_keep_the_action_the_harness_would_execute(noisy_logs, distilled, world, written):
+    """Fault 5/6 kind (review): a logged action is read by the harnesses' final-answer rule, so an
+    agent's raw answer distils to the command it executed (it was dropped as not admissible)."""
+    tasks, env_factory, engine = world
+    react = [{"task_id": d["task_id"], "goal": d["goal"], "initial_observation": d["initial_observation"],
+              "steps": [{"action": written(t["action"]), "observation": t["feedback"]} for t in d["turns"]],
+              "won": d["won"]} for d in noisy_logs if d["won"]][: 2 if engine == "fast" else 1]
+    trajs, stats = distill([parse_log(d, i) for i, d in enumerate(react)], make_env=env_factory,
+                           tasks={t.task_id: t for t in tasks})
+    expected = {t.task_id: [x.action for x in t.turns if x.kind == "env"] for t in distilled[0]}
+    assert stats.distilled == len(react) > 0, stats.dropped
+    for t in trajs:
+        assert [x.action for x in t.turns if x.kind == "env"] == expected[t.task_id]
+
+
 def test_react_logs_without_a_game_need_admissible_commands(noisy_logs):
     d = next(d for d in noisy_logs if d["won"])
     bare = {"goal": d["goal"], "initial_observation": d["initial_observation"], "won": True,

@@ -85,7 +85,7 @@ from tqdm import tqdm
 
 from evoharness.envs.alfworld.wording import parse_place
 from evoharness.envs.base import StepResult, TaskSpec
-from evoharness.harness.base import META_VERBS
+from evoharness.harness.base import META_VERBS, normalize_command, split_completion
 from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.policies.base import estimate_tokens, format_action
 from evoharness.policies.teacher import current_subgoal, decide, parse_prompt
@@ -126,6 +126,18 @@ class AgentLog:
     wording: str = "native"  # put | move | native (the game file's own) | mixed (see `log_wording`)
 
 
+def log_action(raw: Any) -> str:
+    """A step's action as an agent logged it, read by the harnesses' final-answer rule
+    (`harness.base.split_completion`, `normalize_command`), so a log keeps the commands the
+    harness would have executed: ``> go to desk 1`` (ReAct's own prompt format),
+    ``Action: Go to desk 1.``, ``<think>…</think><action>go to desk 1</action>`` all give
+    ``go to desk 1``. Text the rule finds no single action in is kept as written (and
+    then fails replay, recorded as a drop)."""
+    text = str(raw).strip()
+    _, action = split_completion(text)
+    return normalize_command(action) or text
+
+
 def parse_log(d: dict[str, Any], n: int = 0) -> AgentLog:
     """An `AgentLog` from a `Trajectory` dict (has ``turns``) or a ReAct dict (has ``steps``).
 
@@ -137,7 +149,8 @@ def parse_log(d: dict[str, Any], n: int = 0) -> AgentLog:
         steps = []
         for i, t in enumerate(env_turns):
             nxt = env_turns[i + 1].get("admissible_commands") if i + 1 < len(env_turns) else None
-            steps.append(LogStep(t["action"], t.get("feedback", ""), t.get("admissible_commands") or None, nxt or None))
+            steps.append(LogStep(log_action(t["action"]), t.get("feedback", ""), t.get("admissible_commands") or None,
+                                 nxt or None))
         return AgentLog(
             episode_id=d.get("episode_id") or f"{d.get('task_id', 'episode')}#{n}", goal=d.get("goal", ""),
             initial_observation=d.get("initial_observation", ""), steps=steps, won=bool(d.get("won")),
@@ -150,7 +163,7 @@ def parse_log(d: dict[str, Any], n: int = 0) -> AgentLog:
         for s in d["steps"]:
             if "action" not in s:
                 raise ValueError("a ReAct step needs an 'action'")
-            steps.append(LogStep(str(s["action"]).strip(), str(s.get("observation", "")).strip(), None,
+            steps.append(LogStep(log_action(s["action"]), str(s.get("observation", "")).strip(), None,
                                  s.get("admissible_commands")))
         prev = d.get("admissible_commands")
         for s in steps:  # a step's admissible-before is the previous step's admissible-after

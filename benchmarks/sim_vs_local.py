@@ -55,21 +55,25 @@ def table(SCALE: float) -> None:  # noqa: N803 - the module constant's name, per
     print(f"# measured (local backend, {cfg.cluster.cells} cell processes) vs simulated, "
           f"{cfg.workload.groups_per_step}x{cfg.workload.group_size} executions/step, {cfg.steps} steps, "
           f"time_scale {SCALE} (simulated seconds shown)")
-    print(f"  {'policy':>14} {'measured s':>10} {'simulated s':>11} {'sim/meas':>8} {'s/step':>7} {'switches':>8} "
-          f"{'switch->T s':>11} {'aborted':>7} {'stale max':>9}")
+    print(f"  {'policy':>14} {'measured s':>10} {'simulated s':>11} {'sim/meas':>8} {'s/step':>7} "
+          f"{'idle R meas/sim':>15} {'idle T meas/sim':>15} {'switches':>8} {'switch->T s':>11} {'aborted':>7} "
+          f"{'stale max':>9}")
     for p in POLICIES:
         sim = simulate(cfg, p)
         sched = build_scheduler(p, cfg)
         be = LocalBackend(cfg, sched.initial_roles(), time_scale=SCALE)
         try:
             st = Driver(sched, be, stall_s=60).run()
+            idle = be.idle()
         finally:
             be.close()
         m = st.metrics()
         meas = st.wall_s / SCALE
+        sm = sim.metrics
         print(f"  {p:>14} {meas:10.0f} {sim.wall_s:11.0f} {sim.wall_s / meas:7.2f}x "
-              f"{m['timing_s/step'] / SCALE:7.0f} {st.switches:8d} {m['runtime/switch_to_train_s'] / SCALE:11.1f} "
-              f"{st.aborted_turns:7d} {m['runtime/staleness_max']:9.0f}")
+              f"{m['timing_s/step'] / SCALE:7.0f} {100 * idle['idle_rollout']:7.1f}/{100 * sm['idle_rollout']:5.1f}% "
+              f"{100 * idle['idle_train']:7.1f}/{100 * sm['idle_train']:5.1f}% {st.switches:8d} "
+              f"{m['runtime/switch_to_train_s'] / SCALE:11.1f} {st.aborted_turns:7d} {m['runtime/staleness_max']:9.0f}")
     print(f"  (switch->T: measured rollout->train latency; the workload charges "
           f"{cfg.cluster.switch_to_train_s} s)\n(ran in {time.perf_counter() - t0:.0f} s)")
 

@@ -29,6 +29,8 @@ def drive(cfg, policy):
 def test_every_schedule_runs_on_processes_exactly_once(make_cfg, policy):
     cfg = make_cfg(steps=2, cluster={"cells": 3}, policy={"staleness": 1})
     sched, backend, stats = drive(cfg, policy)
+    idle = backend.idle()
+    assert 0.0 <= idle["idle_rollout"] < 1.0 and 0.0 < idle["idle_train"] <= 1.0   # trainers wait for groups
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert len(stats.step_end_s) == cfg.steps and sched.done
     assert sum(stats.staleness.values()) == n            # the driver checked each was trained once

@@ -100,6 +100,11 @@ class LocalBackend:
         self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0, "cells_lost": 0,
                        "migrations": 0}
         self.pids_seen: dict[int, set[int]] = {c: set() for c in range(len(roles))}
+        # idle accounting (as the simulator's): per cell, jobs running and seconds per role, busy seconds
+        k = len(roles)
+        self._busy, self._since = [0] * k, [time.monotonic()] * k
+        self._role_s = {r: [0.0] * k for r in Role}
+        self._busy_s = {r: [0.0] * k for r in Role}
         if state is not None:
             self._restore(state)
 
@@ -167,8 +172,33 @@ class LocalBackend:
         i = e % self.N
         return b, int(b.offsets[i]), int(b.n_turns[i])
 
+    def _tick(self, c: int, busy: int = 0, role: Role | None = None) -> None:
+        """Close cell c's accounting segment, then change its running jobs by `busy` and/or its role."""
+        now = time.monotonic()
+        dt, r = now - self._since[c], self.role[c]
+        self._role_s[r][c] += dt
+        if self._busy[c] > 0:
+            self._busy_s[r][c] += dt
+        self._since[c] = now
+        self._busy[c] = max(0, self._busy[c] + busy)
+        if role is not None:
+            self.role[c] = role
+
+    def idle(self) -> dict[str, float]:
+        """Share of each role's time a cell ran nothing (no call in rollout, no
+        micro-batch in train), over all cells, as the simulator's idle ratios."""
+        for c in range(len(self.role)):
+            self._tick(c)
+        out = {}
+        for r, name in ((Role.ROLLOUT, "idle_rollout"), (Role.TRAIN, "idle_train")):
+            t = sum(self._role_s[r])
+            out[name] = 1.0 - sum(self._busy_s[r]) / t if t else 0.0
+        return out
+
     def _send(self, cell: int, kind: str, payload: Any, seconds: float = 0.0, key: Any = None) -> int:
         """Queue a job on `cell`; `key` (default: the payload) is what its reply is matched to."""
+        if kind in ("call", "train"):
+            self._tick(cell, +1)
         self._token += 1
         self._jobs[self._token] = (kind, cell, payload if key is None else key)
         self._post(cell, (kind, self._token, payload, seconds * self.scale))
@@ -185,6 +215,7 @@ class LocalBackend:
     def _cancel_call(self, e: int) -> None:
         tok = self.x_call.pop(e)
         self._jobs.pop(tok, None)
+        self._tick(self.x_cell[e], -1)
         self._post(self.x_cell[e], ("cancel", tok))
 
     # ---- commands -------------------------------------------------------------
@@ -221,7 +252,7 @@ class LocalBackend:
                         self.counts["aborted_turns"] += 1
                     del self.x_cell[e]
                     self._events.append(ExecutionOrphaned(e, c.cell, aborted))
-            self.role[c.cell] = Role.TO_TRAIN if c.role == Role.TRAIN else Role.TO_ROLLOUT
+            self._tick(c.cell, role=Role.TO_TRAIN if c.role == Role.TRAIN else Role.TO_ROLLOUT)
             self._switch(c.cell, c.role)
         elif isinstance(c, RunMicroBatch):
             self._micro_batch(c)
@@ -255,6 +286,8 @@ class LocalBackend:
         if job is None:
             return                              # cancelled after it completed
         payload = job[2]
+        if kind in ("call", "train"):
+            self._tick(cell, -1)
         if kind == "call":
             e = payload
             if self.x_call.get(e) != token:
@@ -268,7 +301,7 @@ class LocalBackend:
         elif kind == "train":
             self._events.append(MicroBatchDone(cell, tuple(payload)))
         elif kind == "switch":
-            self.role[cell] = Role(payload)
+            self._tick(cell, role=Role(payload))
             self._events.append(RoleSwitchDone(cell, Role(payload)))
         elif kind == "sync":
             self._sync_left[payload] -= 1
@@ -331,7 +364,7 @@ class LocalBackend:
             del self._jobs[token]
             self._job_lost(token, job)
         self._respawn(c)
-        self.role[c] = Role.TO_ROLLOUT
+        self._tick(c, -self._busy[c], Role.TO_ROLLOUT)
         self._switch(c, Role.ROLLOUT)
 
     def _job_lost(self, token: int, job: tuple) -> None:

@@ -222,7 +222,7 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
 def tree_grpo_step(model: Any, optimizer: torch.optim.Optimizer, trees: Sequence[TrajectoryTree],
                    advantages: Sequence[float | Sequence[float]], cfg: GRPOConfig, *, group_size: int = 1,
                    j_max: int | None = None, seed: int | str = 0, max_tokens: int | None = 4096,
-                   ref_model: Any = None, masks: TokenMasks | None = None,
+                   rows_per_micro: int = 1, ref_model: Any = None, masks: TokenMasks | None = None,
                    amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
     """Optimizer steps on one step batch of trees: `grpo.grpo_step` with tree packing.
 
@@ -240,8 +240,8 @@ def tree_grpo_step(model: Any, optimizer: torch.optim.Optimizer, trees: Sequence
         idx = [i for i in range(len(trees)) if (i // max(1, group_size)) % n == j]
         optimizer.zero_grad(set_to_none=True)
         m = tree_accumulate_gradients(model, [trees[i] for i in idx], [advantages[i] for i in idx], cfg,
-                                      j_max=j_max, seed=seed, max_tokens=max_tokens, ref_model=ref_model,
-                                      masks=masks, amp=amp)
+                                      j_max=j_max, seed=seed, max_tokens=max_tokens, rows_per_micro=rows_per_micro,
+                                      ref_model=ref_model, masks=masks, amp=amp)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
         optimizer.step()

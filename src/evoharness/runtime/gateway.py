@@ -19,7 +19,9 @@ Per call the gateway
    ``wait_for_backend_s``). The client gets one normal answer;
 5. appends one `CallRecord` (prompt ids as the engine tokenised them,
    completion ids, behaviour log-probs, policy version, timestamps, finish
-   reason, every attempt) to the `RecordStore`.
+   reason, every attempt) to the `RecordStore` (`record_store`: one JSONL per
+   execution). A backend that reports no token ids (a server without
+   ``return_token_ids``) leaves them empty; an unknown policy version is -1.
 
 Streaming (``stream: true``) is served from the finished answer, as SSE
 chunks with keep-alive comments while waiting: a retried call must reach the

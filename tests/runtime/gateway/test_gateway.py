@@ -346,3 +346,14 @@ def test_records_over_http_and_backends_admin(gw_model_dir, serve, tmp_path):
     assert httpx.delete(f"{root}/admin/backends/cell-0").json() == {"removed": "cell-0"}
     assert httpx.get(f"{root}/admin/backends").json() == {"data": []}
     assert httpx.post(f"{root}/admin/backends", json={"url": "http://127.0.0.1:9/v1"}).status_code == 502
+
+
+def test_serve_cli_needs_a_backend():
+    from typer.testing import CliRunner
+
+    from evoharness.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--port", "0"])
+    assert res.exit_code == 2 and "--model-path and/or --backend" in res.output
+    res = CliRunner().invoke(app, ["serve", "--workers", "2"])
+    assert res.exit_code == 2 and "--workers needs --model-path" in res.output

@@ -96,8 +96,12 @@ def test_rl_steps_through_the_gateway_equal_in_process(gw_model_dir, tmp_path):
         assert a.keys() == b.keys()
         for k in a:
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
-    for k in ref_w:
-        assert torch.allclose(ref_w[k], got_w[k], atol=1e-5), k
+    # Served batches form by arrival, so log-probs differ from in-process ones in the 7th digit; Adam turns
+    # that into sub-lr noise on near-zero gradients. The weights must agree far below the update size.
+    init = load_file(str(gw_model_dir / "model.safetensors"))
+    diff = sum(float((ref_w[k].float() - got_w[k].float()).norm() ** 2) for k in ref_w) ** 0.5
+    update = sum(float((ref_w[k].float() - init[k].float()).norm() ** 2) for k in ref_w) ** 0.5
+    assert update > 0 and diff < 1e-3 * update, (diff, update)  # measured: 0 to 1.1e-4
     recs = [json.loads(ln) for f in (tmp_path / "served" / "gateway").glob("*.jsonl") for ln in f.read_text().splitlines()]
     assert {r["policy_version"] for r in recs} == {0, 1}
     assert len(recs) == sum(m["steps_per_episode"] * 4 for m in got_m)  # one record per turn

@@ -77,13 +77,18 @@ def test_labels_are_ignore_exactly_on_the_prompt(model_dir):
     full = rows[0]
     budget = full[1] - 6  # over budget: cut after the system prompt and OBJECTIVE, never them (harness.prompt)
     stats: dict[str, int] = {}
-    short = tokenize_examples(tok, EXAMPLES[:1], budget, 5, stats)[0]
+    short = tokenize_examples(tok, EXAMPLES[:1], budget, 10_000, stats)[0]
     assert short[1] == budget and short[0][budget - 10:budget] == full[0][full[1] - 10:full[1]]  # the end is kept
     assert tok.decode(short[0][:budget]).startswith(
         tok.apply_chat_template(EXAMPLES[0]["messages"], tokenize=False).split("\nOBSERVATION")[0])
     assert stats["prompts_fitted"] == stats["prompts_cut"] == 1
-    assert short[0][budget:] == full[0][full[1]:full[1] + 5]                        # right-truncated completion
-    assert tokenize_examples(tok, EXAMPLES[:1], 16, 5, stats) == [] and stats["too_long_dropped"] == 1
+    assert short[0][budget:] == full[0][full[1]:]                                   # the whole completion
+    assert tokenize_examples(tok, EXAMPLES[:1], 16, 10_000, stats) == [] and stats["too_long_dropped"] == 1
+    # a completion over its budget is dropped, not cut: cut, it loses its <action> answer and eos
+    n_completion = len(full[0]) - full[1]
+    assert tokenize_examples(tok, EXAMPLES[:1], 10_000, n_completion, stats) == [full]
+    assert tokenize_examples(tok, EXAMPLES[:1], 10_000, n_completion - 1, stats) == []
+    assert stats["completion_too_long_dropped"] == 1
     ids, lab = collate([short, full], tok.pad_token_id)
     assert ids.shape == lab.shape == (2, len(full[0])) and (lab[0, len(short[0]):] == IGNORE).all()
 

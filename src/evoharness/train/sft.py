@@ -4,7 +4,7 @@ An example is ``{"messages": [{"role", "content"}, ...], "completion": str}``
 (one JSONL line). It becomes one token row::
 
     input_ids = fit(template(messages, add_generation_prompt=True), max_prompt_tokens)
-                + tokens(completion + eos)[:max_completion_tokens]
+                + tokens(completion + eos)      (dropped if over max_completion_tokens)
     labels    = -100 on every prompt token, the token ids on the completion
 
 so the loss (mean cross-entropy per completion token over the whole step) is
@@ -118,16 +118,19 @@ def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_toke
     ``input_ids[:n_prompt]`` is the chat-templated prompt with the generation
     prompt, fitted to `max_prompt_tokens` exactly as the policies fit theirs
     (`harness.prompt.fit_prompt_ids`: oldest history first, never the system
-    prompt or OBJECTIVE); the rest is ``completion + eos`` (right-truncated).
-    Labels are `labels_for` of a row. Examples whose completion is empty, or
-    whose protected prompt part alone exceeds the budget, are dropped.
-    `stats`, if given, receives counts: ``prompts_fitted``,
-    ``history_dropped``, ``prompts_cut``, ``too_long_dropped``.
+    prompt or OBJECTIVE); the rest is ``completion + eos``. Labels are
+    `labels_for` of a row. Examples are dropped whose completion is empty,
+    whose protected prompt part alone exceeds the budget, or whose
+    ``completion + eos`` exceeds `max_completion_tokens` (cut, it would lose
+    its final answer, the ``<action>`` block, and teach a reply that never
+    ends). `stats`, if given, receives counts: ``prompts_fitted``,
+    ``history_dropped``, ``prompts_cut``, ``too_long_dropped``,
+    ``completion_too_long_dropped``.
     """
     from evoharness.harness.prompt import PromptTooLong, fit_prompt_ids
 
     stats = {} if stats is None else stats
-    for k in ("prompts_fitted", "history_dropped", "prompts_cut", "too_long_dropped"):
+    for k in ("prompts_fitted", "history_dropped", "prompts_cut", "too_long_dropped", "completion_too_long_dropped"):
         stats.setdefault(k, 0)
     prompts = [tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
                for ex in examples]
@@ -139,6 +142,9 @@ def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_toke
     for p, c, ex in zip(p_ids, c_ids, examples):
         if not ex["completion"]:
             continue
+        if len(c) > max_completion_tokens:
+            stats["completion_too_long_dropped"] += 1
+            continue
         if 0 < max_prompt_tokens < len(p):
             try:
                 p, fit = fit_prompt_ids(tokenizer, ex["messages"], max_prompt_tokens)
@@ -148,7 +154,6 @@ def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_toke
             stats["prompts_fitted"] += 1
             stats["history_dropped"] += fit.history_dropped
             stats["prompts_cut"] += bool(fit.tokens_cut)
-        c = c[:max_completion_tokens]
         rows.append((p + c, len(p)))
     return rows
 

@@ -66,6 +66,7 @@ SHAPES = [
     ("<think>x</think><action>\n```text\n{go}\n```\n</action>", "{go}"),  # a fenced action
     ("<think>x</think><action>**{go}**</action>", "{go}"),  # markdown emphasis
     ("Thought: the desk\n**Action:** {go}", "{go}"),
+    ("Thought: the desk\n**Action:**\n{go}\n", "{go}"),  # the command on the line below the marker
     ("```\n{go}\n```", "{go}"),  # bare answer in a code fence: the fence is not the last line
     # unclosed final block followed by a hallucinated observation: the block's first line is the answer
     ("<think>go</think><action>{go}\nObservation: You arrive at loc 3.\nlook", "{go}"),

@@ -122,7 +122,8 @@ def split_completion(completion: str) -> tuple[str, str]:
     3. Two or more ``<action>`` blocks outside the reasoning: no action
        (invalid, `MULTIPLE_ACTIONS`): the model gave more than one answer.
     4. No ``<action>`` tag at all (models prompted without the tag format): an
-       ``Action: …`` (also ``**Action:** …``) or ``> …`` line is the answer
+       ``Action: …`` (also ``**Action:** …``, or the line after a bare
+       ``Action:``) or ``> …`` line is the answer
        (two or more such lines: invalid as in 3; later lines are a
        hallucinated continuation), else the last non-empty line that is not
        a code fence.
@@ -145,9 +146,13 @@ def _final_answer(completion: str) -> tuple[str, str, int]:
             action = next((ln for ln in action.splitlines() if ln.strip() and not _FENCE_RE.match(ln)), "")
         return think, action.strip(), opens
     lines = [ln.strip() for ln in answer.strip().splitlines() if ln.strip() and not _FENCE_RE.match(ln)]
-    marked = [ln for ln in lines if _BARE_PREFIX_RE.match(ln)]
+    marked = [i for i, ln in enumerate(lines) if _BARE_PREFIX_RE.match(ln)]
     if marked:
-        return think, _BARE_PREFIX_RE.sub("", marked[0], count=1), len(marked)
+        i = marked[0]
+        action = _BARE_PREFIX_RE.sub("", lines[i], count=1)
+        if not action.strip() and i + 1 < len(lines) and i + 1 not in marked:  # "Action:" alone, the command below
+            action = lines[i + 1]
+        return think, action, len(marked)
     return think, lines[-1] if lines else "", 1 if lines else 0
 
 

@@ -306,15 +306,21 @@ class MemoryCgroup:
         return 0
 
     def remove(self) -> None:
-        """Remove the group (its processes are gone by now; retried briefly while they exit)."""
-        for _ in range(50):
+        """Remove the group. Killed processes may take a moment to leave it (memory being
+        freed): after 1 s of retries here, a background thread keeps trying for a minute."""
+        if not self._try_remove(50):
+            threading.Thread(target=self._try_remove, args=(600, 0.1), daemon=True).start()
+
+    def _try_remove(self, tries: int, pause_s: float = 0.02) -> bool:
+        for _ in range(tries):
             try:
                 self.path.rmdir()
-                return
+                return True
             except FileNotFoundError:
-                return
+                return True
             except OSError:
-                time.sleep(0.02)
+                time.sleep(pause_s)
+        return False
 
 
 @dataclass

@@ -59,7 +59,15 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import evoharness.policies.local as local_policy
+    from evoharness.engines import StaticEngine
     local_policy.DEFAULT_ENGINE = args.gen_engine
+    engines: list[StaticEngine] = []  # to read their prefill/decode split afterwards
+    init = StaticEngine.__init__
+
+    def track(self, *a, **kw):
+        init(self, *a, **kw)
+        engines.append(self)
+    StaticEngine.__init__ = track
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model_path) if args.model_path else scratch_model(Path(tmp) / "model", args.preset)
         sizes = dict(model_path=str(model), out_dir=str(Path(tmp) / "rl"), steps=args.steps, engine=args.engine,
@@ -89,6 +97,12 @@ def main() -> None:
         print(f"| {label} | {r['steps_per_episode'] * n:.0f} | {r['completion_tokens_per_episode'] * n:.0f} | "
               f"{r['timing_s/gen']:.1f} | {r['timing_s/env']:.2f} | {r['timing_s/train']:.1f} | {tot:.1f} | "
               f"{100 * r['timing_s/gen'] / tot:.0f} | {100 * r['timing_s/env'] / tot:.1f} | {100 * r['timing_s/train'] / tot:.0f} |")
+    for e in engines:
+        st = e.stats
+        if st["calls"]:
+            print(f"\nstatic engine ({st['calls']} calls, all steps and evals): prefill {st['prefill_s']:.1f} s for "
+                  f"{st['prompt_tokens']} prompt tokens ({st['prompt_tokens'] / st['calls']:.0f}/call), decode "
+                  f"{st['decode_s']:.1f} s for {st['new_tokens']} new tokens")
 
 
 if __name__ == "__main__":

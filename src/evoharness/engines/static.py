@@ -29,6 +29,7 @@ Models `StaticKVDecoder` does not support are refused at construction
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -82,6 +83,8 @@ class StaticEngine:
         self._vocab: Vocab | None = None
         self.min_shared_prefix = 32  # shorter common prefixes are not worth a separate prefill
         self._lock = threading.Lock()  # one call at a time: the KV buffer and mask cache are shared
+        # cumulative counters (seconds are wall time): where generation time goes
+        self.stats = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0}
 
     @property
     def vocab(self) -> Vocab:
@@ -128,8 +131,10 @@ class StaticEngine:
             for k, i in enumerate(order):
                 out[i] = res[k]
             return out
+        t0 = time.perf_counter()
         self.decoder.refresh()
         logits, st = self.decoder.prefill([r.prompt_ids for r in requests], N, self.min_shared_prefix, self.pad_id)
+        t1 = time.perf_counter()
         sampler = Sampler(temperature, top_p, [r.seed for r in requests], self.vocab_size, dev)
         out_tok = torch.zeros((B, N), dtype=torch.long, device=dev)
         out_lp = torch.zeros((B, N), dtype=torch.float32, device=dev)
@@ -179,5 +184,11 @@ class StaticEngine:
                 alive, n_dead = [True] * len(keep), 0
             logits = self.decoder.decode(tok, st)
         toks, lps = out_tok.tolist(), out_lp.tolist()
+        s = self.stats
+        s["calls"] += 1
+        s["prompt_tokens"] += sum(len(r.prompt_ids) for r in requests)
+        s["new_tokens"] += sum(length)
+        s["prefill_s"] += t1 - t0
+        s["decode_s"] += time.perf_counter() - t1
         return [GenResult(token_ids=toks[i][:length[i]], logprobs=lps[i][:length[i]], finish_reason=finish[i])
                 for i in range(B)]

@@ -7,7 +7,7 @@ docs in the README). Nothing here imports vllm until an engine is built.
 Behaviour log-probs (the shared contract): vLLM runs with
 ``logprobs_mode="processed_logprobs"``, i.e. the log-softmax of the logits after
 every logits processor and the temperature (T = 0 counts as 1). The engine's
-own logits processor (`ACTION_GRAMMAR_PROCESSOR`) adds -inf to ids beyond the
+own logits processor (`evoharness.engines.vllm_grammar`) adds -inf to ids beyond the
 tokenizer for every request and, for a constrained request, to the ids
 `evoharness.engine.ActionGrammar` disallows -- the very masks the trainer
 rebuilds by replaying the grammar, so the trainer recomputes the same
@@ -42,8 +42,7 @@ from typing import Any
 
 import torch
 
-from evoharness.engine import ActionGrammar, GenRequest, GenResult, Vocab
-from evoharness.engines.masks import MaskCache
+from evoharness.engine import GenRequest, GenResult
 
 ACTION_GRAMMAR_KEY = "action_grammar"  # SamplingParams.extra_args key of a request's constraint
 
@@ -69,76 +68,11 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-_PROCESSOR: type | None = None
-
-
 def action_grammar_processor() -> type:
-    """The vLLM logits-processor class applying `ActionGrammar` masks (built on first use)."""
-    global _PROCESSOR
-    if _PROCESSOR is not None:
-        return _PROCESSOR
-    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
-
-    from evoharness.models.init import load_tokenizer
-
-    class ActionGrammarLogitsProcessor(LogitsProcessor):
-        """-inf on ids beyond the tokenizer (all rows) and on grammar-disallowed ids (rows whose
-        ``extra_args["action_grammar"]`` is set); a finished grammar allows only end-of-sequence."""
-
-        def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
-            mc = vllm_config.model_config
-            tok = load_tokenizer(mc.tokenizer or mc.model)
-            size = mc.get_vocab_size()
-            self.vocab = Vocab(tok, size, device)
-            invalid = torch.zeros(size, dtype=torch.bool, device=device)
-            invalid[len(tok):] = True
-            self.masks = MaskCache(invalid)
-            eos = torch.full((size,), float("-inf"), device=device)
-            eos[tok.eos_token_id] = 0.0
-            self.eos_only = eos
-            self.rows: dict[int, list] = {}  # batch index -> [grammar, output ids (live list), consumed, max_tokens]
-
-        def is_argmax_invariant(self) -> bool:
-            return False
-
-        def update_state(self, batch_update: BatchUpdate | None) -> None:
-            if batch_update is None:
-                return
-            for i in batch_update.removed:
-                self.rows.pop(i, None)
-            for i, params, _prompt, out in batch_update.added:
-                spec = (params.extra_args or {}).get(ACTION_GRAMMAR_KEY)
-                if spec is None:
-                    self.rows.pop(i, None)
-                    continue
-                g = ActionGrammar(self.vocab, list(spec["commands"]), tuple(spec["meta_verbs"]))
-                self.rows[i] = [g, out, 0, int(spec.get("max_new_tokens") or params.max_tokens)]
-            for a, b, kind in batch_update.moved:
-                ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
-                if ra is not None:
-                    self.rows[b] = ra
-                if kind == MoveDirectionality.SWAP and rb is not None:
-                    self.rows[a] = rb
-
-        def apply(self, logits: torch.Tensor) -> torch.Tensor:
-            if not self.rows:
-                return logits.add_(self.masks.base)
-            memo: dict[int, tuple] = {}
-            bias = []
-            for i in range(logits.shape[0]):
-                row = self.rows.get(i)
-                if row is None:
-                    bias.append(self.masks.base)
-                    continue
-                g, out, seen, max_tokens = row
-                for t in out[seen:]:
-                    g.advance(t)
-                row[2] = len(out)
-                bias.append(self.eos_only if g.done else self.masks.bias(g, max_tokens - len(out), memo))
-            return logits.add_(torch.stack(bias))
-
-    _PROCESSOR = ActionGrammarLogitsProcessor
-    return _PROCESSOR
+    """The vLLM logits-processor class applying `ActionGrammar` masks
+    (`evoharness.engines.vllm_grammar.ActionGrammarLogitsProcessor`; imports vllm)."""
+    from evoharness.engines.vllm_grammar import ActionGrammarLogitsProcessor
+    return ActionGrammarLogitsProcessor
 
 
 def _refresh_output_head(worker) -> bool:

@@ -62,6 +62,31 @@ def test_chunked_prefill_pads_each_chunk_to_its_own_length(model, tokenizer):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
+def test_group_prefixes_are_prefilled_once_with_unchanged_results(model, tokenizer):
+    """GRPO-shaped batch: 2 games x 3 samples; a game's samples share a long prompt prefix (and two are
+    identical). Each group prefix runs once; tokens equal HF generate, log-probs the ungrouped path."""
+    from engine_helpers import SYSTEM
+    from model_helpers import alfworld_corpus
+    text = "\n".join(alfworld_corpus())
+    prompts = []
+    for game in range(2):
+        for sample in range(3):
+            user = text[2000 * game: 2000 * game + 400] + (" look" if sample == 2 else f" go to drawer {game + sample}")
+            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+            prompts.append(tokenizer.encode(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                                            add_special_tokens=False))
+    eng = StaticEngine(model, tokenizer, stop_ids=[])
+    shared = min(next(k for k, (a, b) in enumerate(zip(prompts[0], p)) if a != b) for p in prompts[3:])
+    groups = eng.decoder._groups([p[shared:] for p in prompts], 32)
+    assert sorted(sorted(rows) for rows, _ in groups) == [[0, 1, 2], [3, 4, 5]] and all(P > 60 for _, P in groups)
+    got = eng.generate([GenRequest(p) for p in prompts], 12)
+    assert [r.token_ids for r in got] == hf_greedy(model, tokenizer, prompts, 12, [])
+    plain = StaticEngine(model, tokenizer, stop_ids=[])
+    plain.decoder._groups = lambda rest, k: []
+    for a, b in zip(got, plain.generate([GenRequest(p) for p in prompts], 12)):
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_greedy_equals_hf_generate_other_architectures(tokenizer, arch):
     """Qwen2 (q/k/v biases, no q/k-norm) and Llama shapes run the same lean forward."""

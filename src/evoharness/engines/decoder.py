@@ -176,7 +176,7 @@ class StaticKVDecoder:
             b = max(B, pool.shape[2] if pool is not None else 0)
             t = -(-max(T, pool.shape[4] if pool is not None else 0) // 64) * 64
             self._pool = None  # free the old buffer first
-            pool = self._pool = torch.empty(self.n_layers, 2, b, self.Hk, t, self.D, device=self.device, dtype=self.dtype)
+            pool = self._pool = torch.zeros(self.n_layers, 2, b, self.Hk, t, self.D, device=self.device, dtype=self.dtype)
         return pool[:, :, :B, :, :T]
 
     def release(self) -> None:
@@ -227,7 +227,9 @@ class StaticKVDecoder:
 
         The prompts' longest common prefix (when at least `min_shared_prefix`
         tokens: a harness's system message) runs once and its cache column block
-        is copied to every row; the rest runs left-padded, in chunks of
+        is copied to every row; then each group of rows sharing at least
+        `min_shared_prefix` more tokens (`_groups`: a GRPO group's prompts) runs
+        its group prefix once; the rest runs left-padded, in chunks of
         consecutive rows of at most ``prefill_chunk_tokens`` tokens, each padded
         to its own longest prompt (rows end in the same cache column). Padding is
         hidden by the attention bias; positions count real tokens only, so a
@@ -256,21 +258,36 @@ class StaticKVDecoder:
             causal = torch.full((shared, shared), neg, device=dev, dtype=self.dtype).triu(1)[None, None]
             self._forward_block(ids, pos, kv[:, :, :1], 0, causal)
             kv[:, :, 1:, :, :shared] = kv[:, :, :1, :, :shared]
+        # rows sharing a longer prefix among themselves (a GRPO group's prompts) prefill it once:
+        # row layout [shared][group prefix][pad...][own suffix]
+        group = [0] * B
+        for rows, P in self._groups(rest, min_shared_prefix):
+            ids = torch.tensor([rest[rows[0]][:P]], device=dev)
+            pos = torch.arange(shared, shared + P, device=dev)[None]
+            cols = torch.arange(shared + P, device=dev)
+            see = cols[None] <= (shared + torch.arange(P, device=dev))[:, None]
+            mask = torch.zeros(see.shape, device=dev, dtype=self.dtype).masked_fill_(~see, neg)[None, None]
+            self._forward_block(ids, pos, kv[:, :, rows[0]:rows[0] + 1], shared, mask)
+            others = torch.tensor(rows[1:], device=dev)
+            kv[:, :, others, :, shared:shared + P] = kv[:, :, rows[0]:rows[0] + 1, :, shared:shared + P]
+            for r in rows:
+                group[r] = P
+        suffix = [r[g:] for r, g in zip(rest, group)]
         ids = torch.full((B, L), pad_id, dtype=torch.long)
         real = torch.ones((B, shared + L), dtype=torch.bool)
-        for i, r in enumerate(rest):
+        for i, r in enumerate(suffix):
             ids[i, L - len(r):] = torch.tensor(r)
-            real[i, shared:shared + L - len(r)] = False
+            real[i, shared + group[i]:shared + L - len(r)] = False
         ids, real = ids.to(dev), real.to(dev)
         pos_all = (real.cumsum(-1) - 1).clamp(min=0)
         cols = torch.arange(shared + L, device=dev)
         hidden = []
-        for r0, r1 in self._chunks([len(r) for r in rest]):
-            Lc = max(len(r) for r in rest[r0:r1])
-            c0 = shared + L - Lc  # this chunk's rows hold real tokens only in columns >= c0
-            kv[:, :, r0:r1, :, shared:c0] = 0  # never written, but read (masked) below: no stale NaN
+        for r0, r1 in self._chunks([len(r) for r in suffix], [L - g for g in group]):
+            Lc = max(len(r) for r in suffix[r0:r1])
+            c0 = shared + L - Lc  # this chunk's rows hold their own tokens only in columns >= c0
             # query i (cache column c0+i) sees earlier real columns and itself (so a pad query never
-            # has an empty row: its output is discarded anyway)
+            # has an empty row: its output is discarded anyway); unwritten columns hold finite
+            # stale values (the buffer starts zeroed) and are masked
             qcol = (c0 + torch.arange(Lc, device=dev))[:, None]
             see = (cols[None] <= qcol)[None] & (real[r0:r1, None, :] | (cols[None] == qcol)[None])
             mask = torch.zeros(see.shape, device=dev, dtype=self.dtype).masked_fill_(~see, neg)[:, None]
@@ -280,15 +297,51 @@ class StaticKVDecoder:
         bias[:, 0, 0, :shared + L].masked_fill_(~real, float("-inf"))
         return self._head_logits(hidden), DecodeState(kv, bias, pos_all[:, -1] + 1, shared + L, shared)
 
-    def _chunks(self, lengths: list[int]) -> list[tuple[int, int]]:
+    @staticmethod
+    def _groups(rest: list[list[int]], min_prefix: int) -> list[tuple[list[int], int]]:
+        """Rows whose prompts share at least `min_prefix` more tokens: [(row indices, shared length)].
+
+        Rows are sorted by content; consecutive rows join a group while their
+        common prefix with its first row stays >= `min_prefix`; a group's prefix
+        leaves every row at least one token of its own.
+        """
+        def lcp(a: list[int], b: list[int]) -> int:
+            n = min(len(a), len(b))
+            k = 0
+            while k < n and a[k] == b[k]:
+                k += 1
+            return k
+
+        order = sorted(range(len(rest)), key=lambda i: rest[i])
+        out, cur, P = [], [order[0]], 0
+        for i in order[1:]:
+            k = min(lcp(rest[cur[0]], rest[i]), P) if len(cur) > 1 else lcp(rest[cur[0]], rest[i])
+            if k >= min_prefix:
+                cur.append(i)
+                P = k
+                continue
+            if len(cur) > 1:
+                out.append((cur, min(P, min(len(rest[r]) for r in cur) - 1)))
+            cur, P = [i], 0
+        if len(cur) > 1:
+            out.append((cur, min(P, min(len(rest[r]) for r in cur) - 1)))
+        return [(rows, p) for rows, p in out if p >= min_prefix]
+
+    def _chunks(self, lengths: list[int], limits: list[int] | None = None) -> list[tuple[int, int]]:
         """Consecutive row ranges of at most ``prefill_chunk_tokens`` padded tokens each (callers
-        sort rows by length, so a chunk's rows pad to their own longest prompt, not the batch's)."""
-        out, r0, longest = [], 0, 0
+        sort rows by length, so a chunk's rows pad to their own longest prompt, not the batch's).
+
+        A chunk writes its padded width into every row's cache, so its longest row must not exceed
+        any member's `limits` entry (the columns left of a row's own tokens that hold its group
+        prefix must not be overwritten).
+        """
+        limits = limits or [max(lengths)] * len(lengths)
+        out, r0, longest, room = [], 0, 0, 1 << 62
         for r, n in enumerate(lengths):
-            longest = max(longest, n)
-            if r > r0 and (r + 1 - r0) * longest > self.prefill_chunk_tokens:
+            longest, room = max(longest, n), min(room, limits[r])
+            if r > r0 and ((r + 1 - r0) * longest > self.prefill_chunk_tokens or longest > room):
                 out.append((r0, r))
-                r0, longest = r, n
+                r0, longest, room = r, n, limits[r]
         out.append((r0, len(lengths)))
         return out
 

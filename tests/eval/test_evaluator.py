@@ -47,6 +47,25 @@ def test_resume_skips_finished_episodes(tmp_path):
     assert summary["overall"]["n"] == 2
 
 
+def test_resume_refuses_another_evaluations_episodes(tmp_path):
+    """Fault 7's kind (review): the same --out with another policy reported the old policy's
+    episodes as its own (a random policy scored the expert's 100%). A resume that changes only
+    how the work is run goes on; one that changes what an episode records is refused."""
+    import pytest
+
+    expert = _cfg(tmp_path, "r", limit=2, policy={"kind": "expert"})
+    assert evaluate(expert, progress=False)["overall"]["won"] == 2
+    with pytest.raises(ValueError, match=r"policy.kind: 'expert' -> 'random'"):
+        evaluate(_cfg(tmp_path, "r", limit=2, policy={"kind": "random"}), progress=False)
+    with pytest.raises(ValueError, match=r"harness.history_window"):
+        evaluate(_cfg(tmp_path, "r", limit=2, policy={"kind": "expert"}, harness={"kind": "react", "history_window": 2}),
+                 progress=False)
+    same = evaluate(_cfg(tmp_path, "r", limit=2, workers=2, batch_size=1, policy={"kind": "expert"}), progress=False)
+    assert same["overall"]["won"] == 2
+    fresh = evaluate(_cfg(tmp_path, "r", limit=2, policy={"kind": "random"}, resume=False), progress=False)
+    assert fresh["overall"]["won"] == 0 and fresh["overall"]["n"] == 2
+
+
 def test_protocols(valid_seen):
     panel = build_episodes(valid_seen, "panel", seed=0)
     assert [e.task.task_id for e in panel] == sorted(t.task_id for t in valid_seen)

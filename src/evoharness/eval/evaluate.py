@@ -5,7 +5,11 @@ model policy answers them as one batch) and the chunks run on ``workers``
 processes. Every episode's randomness is keyed by its id, so results do not
 depend on the number of workers. Finished episodes are appended to
 ``episodes.jsonl`` as they end; a rerun with the same output directory
-resumes, skipping episodes already there.
+resumes, skipping episodes already there. It resumes only the same
+evaluation: a directory whose ``config.json`` differs in anything that changes
+an episode (policy, model, harness, env, split, protocol, step cap, seed) is
+refused with the differing keys named, rather than reporting the old
+episodes as the new system's.
 """
 
 from __future__ import annotations
@@ -56,6 +60,35 @@ class EvalConfig(Strict):
     @property
     def step_cap(self) -> int:
         return self.max_steps or protocol_step_cap(self.protocol)
+
+
+# settings a resumed evaluation may change: they do not change what an episode records
+_RESUME_FREE = {"workers": True, "batch_size": True, "limit": True, "resume": True, "out_dir": True,
+                "policy": {"concurrency": True, "timeout_s": True, "max_retries": True, "num_threads": True,
+                           "api_key_env": True}}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resumable(out: Path, cfg: EvalConfig) -> None:
+    """Raise ValueError if `out` holds episodes of an evaluation other than `cfg`
+    (its ``config.json`` differs in a setting outside `_RESUME_FREE`)."""
+    saved = out / "config.json"
+    if not saved.is_file() or not (out / "episodes.jsonl").is_file():
+        return
+    old = _flat(json.loads(saved.read_text()))
+    new = _flat(json.loads(cfg.model_dump_json()))
+    free = set(_flat(_RESUME_FREE))
+    diff = sorted(k for k in old.keys() | new.keys() if k not in free and old.get(k) != new.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
+        raise ValueError(f"{out} holds episodes of another evaluation ({shown}{', ...' if len(diff) > 4 else ''}); "
+                         "use a new --out, or --set resume=false to replace them")
 
 
 # Per-process state of a pool worker (built once by the initializer).
@@ -113,6 +146,8 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
         specs = specs[: cfg.limit]
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.resume:
+        check_resumable(out, cfg)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     jsonl = out / "episodes.jsonl"
     have = {d["episode_id"]: d for d in read_episodes(jsonl)} if cfg.resume else {}

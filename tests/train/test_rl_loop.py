@@ -64,6 +64,20 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
     assert json.loads((ref / "experience.json").read_text()) == json.loads((resumed / "experience.json").read_text())
 
 
+def test_resume_refuses_another_runs_checkpoints(model_dir, tmp_path):
+    """Fault 7's kind (review): rerunning `rl` into an out dir that holds another run's checkpoints
+    (another learning rate, model or recipe) trained on from them silently; now it names the
+    difference. Extending the same run (more steps) still resumes."""
+    train_rl(_cfg(model_dir, tmp_path / "a", 1), progress=False)
+    other = _cfg(model_dir, tmp_path / "a", 1)
+    other.grpo.lr = 5e-4
+    with pytest.raises(ValueError, match=r"grpo.lr: 0.001 -> 0.0005"):
+        train_rl(other, progress=False)
+    train_rl(_cfg(model_dir, tmp_path / "a", 2), progress=False)
+    steps = [json.loads(ln)["step"] for ln in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
 def test_rl_needs_a_model():
     with pytest.raises(ValueError, match="model_path"):
         train_rl(RLConfig(model_path=""), progress=False)

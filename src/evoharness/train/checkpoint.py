@@ -176,6 +176,39 @@ def load_checkpoint(out_dir: str | Path, load: Callable[[Path], T]) -> tuple[Pat
     return None
 
 
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resume_config(saved: Path, current: dict[str, Any], free: tuple[str, ...]) -> None:
+    """Refuse to resume a run directory started with another config.
+
+    Args:
+        saved: the JSON config the directory's run wrote when it started.
+        current: this run's config (``model_dump(mode="json")``).
+        free: dotted keys a resume may change (e.g. ``steps``, ``max_minutes``);
+            a section name frees all its keys.
+
+    Keys in only one of the two (a field added or removed by another version of
+    the code) are not compared.
+
+    Raises:
+        ValueError: a differing key, named with both values.
+    """
+    if not saved.is_file():
+        return
+    old, new = _flat(json.loads(saved.read_text())), _flat(current)
+    diff = sorted(k for k in old.keys() & new.keys()
+                  if old[k] != new[k] and not any(k == f or k.startswith(f + ".") for f in free))
+    if diff:
+        shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in diff[:4])
+        raise ValueError(f"{saved.parent} holds checkpoints of another run ({shown}{', ...' if len(diff) > 4 else ''}); "
+                         "use a new out_dir")
+
+
 def load_trainer_state(path: Path) -> dict[str, Any]:
     """A ``torch.save``d dict of tensors and plain values (optimizer, scheduler, RNG
     states), read with ``weights_only=True``: nothing else is unpickled."""

@@ -44,7 +44,7 @@ from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.advantages import std_floor_active, turn_advantages, valid_members
 from evoharness.train.checkpoint import (
     append_jsonl, atomic_dir, atomic_write_text, failpoint, get_rng_state, load_checkpoint, load_model_weights,
-    load_trainer_state, restore_metrics, set_rng_state, snapshot_metrics,
+    load_trainer_state, restore_metrics, set_rng_state, snapshot_metrics, check_resume_config,
 )
 from evoharness.train.grpo import GRPOConfig, TokenMasks, grpo_step, make_optimizer, turn_samples
 from evoharness.train.precision import autocast, compute_dtype, export_dtype, save_exported
@@ -104,6 +104,11 @@ class RLConfig(Strict):
     # sample through a loopback OpenAI-compatible gateway on the live weights (`runtime.gateway.served_policy`):
     # the same trajectories as in-process, plus the gateway's call records in out_dir/gateway
     rollout_via_gateway: bool = False
+
+
+# settings a resumed run may change: how long and how it runs, not what it trains
+RESUME_FREE = ("out_dir", "steps", "max_minutes", "threads", "decode_threads", "ckpt_every", "keep_checkpoints",
+               "eval_every", "eval_split", "eval_limit", "rollout_via_gateway")
 
 
 class TimedEnv:
@@ -182,6 +187,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if any((out / "checkpoints").glob("step_*")):  # a resume continues the same run only (another model or recipe: error)
+        check_resume_config(out / "rl_config.json", json.loads(cfg.model_dump_json()), RESUME_FREE)
     atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
     metrics_path = out / "metrics.jsonl"
     tasks = select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)

@@ -96,6 +96,12 @@ def test_resume_refuses_other_data(tmp_path, model_dir):
     train_sft(CFG.model_copy(update={"max_steps": 2}), examples(), model_dir, tmp_path / "run")
     with pytest.raises(ValueError, match="other examples"):
         train_sft(CFG.model_copy(update={"max_steps": 2}), examples(7), model_dir, tmp_path / "run")
+    # other training settings are another run too (review): named, not silently trained on
+    with pytest.raises(ValueError, match=r"lr: 0.003 -> 0.001"):
+        train_sft(CFG.model_copy(update={"max_steps": 2, "lr": 1e-3}), examples(), model_dir, tmp_path / "run")
+    # how it runs may change
+    train_sft(CFG.model_copy(update={"max_steps": 2, "micro_batch_tokens": 100, "ckpt_every": 1}), examples(),
+              model_dir, tmp_path / "run")
 
 
 def test_torn_metrics_and_unreadable_latest_checkpoint_fall_back(tmp_path, model_dir):

@@ -54,12 +54,16 @@ from tqdm.auto import tqdm
 from evoharness.config import Strict
 from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.models.init import load_model, load_tokenizer
-from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, get_rng_state, load_checkpoint,
+from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, check_resume_config,
+                                         get_rng_state, load_checkpoint,
                                          load_model_weights, load_trainer_state, set_rng_state, truncate_metrics)
 from evoharness.train.precision import autocast as precision_autocast
 from evoharness.train.precision import check_master_weights, export_dtype, save_exported
 
 IGNORE = -100
+# settings a resumed run may change: how long, where and in what memory it runs, not what it trains
+RESUME_FREE = ("max_minutes", "progress", "ckpt_every", "keep_checkpoints", "eval_every", "device",
+               "micro_batch_tokens", "calibration_steps", "fit_schedule_to_budget")
 
 
 class SFTConfig(Strict):
@@ -356,6 +360,8 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
         sched.load_state_dict(ts["scheduler"])
         return state, ts
 
+    if any((out / "checkpoints").glob("step_*")):  # a resume continues the same run only (other settings: error)
+        check_resume_config(out / "sft_config.json", json.loads(cfg.model_dump_json()), RESUME_FREE)
     found = load_checkpoint(out, restore)  # an unreadable latest checkpoint falls back to the previous one
     if found is not None:
         ckpt, (state, ts) = found

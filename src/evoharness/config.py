@@ -3,6 +3,11 @@
 Every section rejects unknown keys (``extra="forbid"``), so a typo in a TOML
 file or a ``--set`` override is an error that names the key, not a silent
 default.
+
+A section given in part (``[sft]`` with one key, ``--set sft.lr=1e-3``) keeps
+the parent's defaults for the keys it does not name: the main job's ``sft``
+and ``rl`` defaults are not the standalone commands', and naming one key must
+not swap in the others.
 """
 
 from __future__ import annotations
@@ -49,6 +54,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def complete_sections(default: BaseModel, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with every nested section it gives in part completed from `default`'s value
+    of that section (recursively); other keys are left as given."""
+    out = dict(data)
+    for k, v in data.items():
+        cur = getattr(default, k, None)
+        if isinstance(v, dict) and isinstance(cur, BaseModel):
+            out[k] = {**cur.model_dump(), **complete_sections(cur, v)}
+    return out
+
+
 def load_config(model: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
                 base: dict[str, Any] | None = None) -> T:
     """Build a config of type `model` from defaults, a TOML file and overrides.
@@ -66,6 +82,10 @@ def load_config(model: type[T], path: str | Path | None = None, overrides: list[
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML: {e}") from e
     apply_overrides(data, overrides or [])
+    try:
+        data = complete_sections(model(), data)
+    except ValidationError:  # a model with required fields has no default instance: nothing to complete from
+        pass
     try:
         return model.model_validate(data)
     except ValidationError as e:

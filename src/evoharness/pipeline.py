@@ -2,7 +2,9 @@
 
 Each stage writes its outputs under ``out_dir`` and a ``.done`` marker; a rerun
 skips finished stages and resumes a stage that was interrupted (trace
-collection, SFT and RL all resume from their own files). Stage wall-clock
+collection, SFT and RL all resume from their own files). A rerun with other
+settings than the budget and worker counts is refused (it would report the
+finished stages of the old settings as the new ones). Stage wall-clock
 budgets are fractions of ``budget_minutes``.
 """
 
@@ -38,6 +40,11 @@ def _default_rl() -> RLConfig:
     g.lr, g.temperature, g.micro_batch_size = 1e-4, 0.6, 16
     g.reward.t_max, g.reward.div_epochs = 30, 30
     return rl
+
+
+# settings a rerun may change (how long and on how many workers), not what the stages compute
+RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_batch", "sft.max_minutes",
+               "sft.progress", "rl.max_minutes", "rl.threads", "rl.decode_threads")
 
 
 class RunConfig(Strict):
@@ -145,6 +152,10 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if any(out.glob(".*.done")):  # a rerun resumes the same job only: finished stages are not redone
+        from evoharness.train.checkpoint import check_resume_config
+
+        check_resume_config(out / "run_config.json", json.loads(cfg.model_dump_json()), RESUME_FREE)
     (out / "run_config.json").write_text(cfg.model_dump_json(indent=2))
     stage = Stage(out, log)
     t0 = time.perf_counter()

@@ -136,6 +136,8 @@ def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_toke
     stats = {} if stats is None else stats
     for k in ("prompts_fitted", "history_dropped", "prompts_cut", "too_long_dropped", "completion_too_long_dropped"):
         stats.setdefault(k, 0)
+    if not examples:  # (a tokenizer call on no text raises IndexError)
+        return []
     prompts = [tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
                for ex in examples]
     eos = tokenizer.eos_token or ""

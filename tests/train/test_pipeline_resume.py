@@ -1,0 +1,36 @@
+"""The main job resumes only itself (issue 10 fault 7's kind, review): rerun with other settings,
+its finished stages would be reported as the new settings' results."""
+
+from __future__ import annotations
+
+import pytest
+
+from evoharness.config import load_config
+from evoharness.pipeline import RunConfig, run_pipeline
+
+TINY = ["train_games=2", "budget_minutes=0.02", "skip_rl=true", "eval_limit=1", "max_steps=30",
+        "sft.max_steps=2", "sft.ckpt_every=0", "sft.progress=false", "vocab_size=300",
+        'model_preset="mini"']
+
+
+def test_rerun_with_other_settings_is_refused(tmp_path):
+    out = f'out_dir="{tmp_path / "run"}"'
+    run_pipeline(load_config(RunConfig, overrides=[*TINY, out]), log=lambda m: None)
+    # the same job with another budget and worker count: every stage is done, nothing is redone
+    run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "budget_minutes=0.03", "eval_workers=2"]),
+                 log=lambda m: None)
+    with pytest.raises(ValueError, match=r"harness.history_window: None -> 2"):
+        run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "harness.history_window=2"]), log=lambda m: None)
+
+
+def test_a_partial_section_keeps_the_main_jobs_defaults():
+    """`evoharness run --set sft.lr=1e-3` (the CLI's own example) swapped in SFTConfig's standalone
+    defaults for every other sft key, so the prompt-budget check refused the run; `--set
+    rl.grpo.lr=...` silently reset the RL sizes (150 steps, 16 prompts) and `--set
+    harness.history_window=2` the compact system prompt."""
+    base = RunConfig()
+    cfg = load_config(RunConfig, overrides=["sft.lr=1e-3", "rl.grpo.lr=1e-5", "harness.history_window=2"])
+    assert cfg.sft == base.sft.model_copy(update={"lr": 1e-3})
+    assert cfg.rl.grpo == base.rl.grpo.model_copy(update={"lr": 1e-5})
+    assert cfg.rl.model_copy(update={"grpo": base.rl.grpo}) == base.rl
+    assert cfg.harness == base.harness.model_copy(update={"history_window": 2})

@@ -61,9 +61,12 @@ def test_token_ids_logprobs_seed_and_grammar_requested(chat_server):
     # this endpoint offers no token ids: the completion is text-only, not an error
     assert c.error is None and c.text.endswith("</action>") and c.completion_token_ids is None and c.logprobs is None
 
-    vllm = OpenAIPolicy(base_url=server, model="m", constrained=True, constraint_format="vllm")
+    vllm = OpenAIPolicy(base_url=server, model="m", constrained=True, constraint_format="vllm", max_prompt_tokens=100)
     vllm.act([req])
     assert "action_grammar" not in calls[1][2] and calls[1][2]["structured_outputs"]["regex"].startswith("<think>")
+    # vLLM's truncate_prompt_tokens keeps the last N tokens, cutting the system prompt and OBJECTIVE
+    # first (issue 10 fault 4): only the gateway, which fits prompts the harness's way, is asked to truncate
+    assert "truncate_prompt_tokens" not in calls[1][2]
 
 
 def test_endpoint_rejecting_extensions_falls_back_to_text_only(chat_server):

@@ -20,7 +20,11 @@ gateway and vLLM do), else None. Each request also carries
   and the harness's meta verbs; see `runtime.wire`), or for a plain vLLM
   server (``constraint_format="vllm"``) the equivalent
   ``structured_outputs.regex``;
-- with ``max_prompt_tokens``, ``truncate_prompt_tokens`` (vLLM extension).
+- with ``max_prompt_tokens`` and the gateway format, ``truncate_prompt_tokens``: the gateway
+  fits an over-long prompt the harness's way (history dropped first, system prompt and
+  OBJECTIVE kept; `harness.prompt.fit_prompt_ids`). It is never sent in the ``vllm`` format:
+  vLLM keeps the last N tokens, which cuts the system prompt and OBJECTIVE first; an
+  over-long prompt there fails as a recorded error instead.
 
 Extensions are optional: if the endpoint rejects the first request with a 400
 (a hosted API that does not know ``return_token_ids``), the policy drops every
@@ -63,7 +67,7 @@ class OpenAIPolicy:
         constraint_format: ``gateway`` (the ``action_grammar`` extension; exact
             token-level grammar on the project's engine) or ``vllm``
             (``structured_outputs.regex``).
-        max_prompt_tokens: sent as ``truncate_prompt_tokens`` (None: not sent).
+        max_prompt_tokens: sent as ``truncate_prompt_tokens`` to the gateway only (None: not sent).
         meta_verbs: meta verbs allowed under `constrained` when a request has no harness.
         extensions: ask for token ids / log-probs and send the extension fields
             (turned off automatically if the endpoint rejects them).
@@ -99,7 +103,7 @@ class OpenAIPolicy:
 
     def _extra_body(self, constraint: dict[str, Any] | None) -> dict[str, Any]:
         extra: dict[str, Any] = {"return_token_ids": True}
-        if self.max_prompt_tokens:
+        if self.max_prompt_tokens and self.constraint_format == "gateway":
             extra["truncate_prompt_tokens"] = self.max_prompt_tokens
         if constraint is not None:
             if self.constraint_format == "vllm":

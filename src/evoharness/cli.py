@@ -134,13 +134,18 @@ def rl_cmd(
     model_path: Optional[Path] = typer.Option(None, help="The SFT model directory (policy init and KL reference)."),
     out: Optional[Path] = typer.Option(None, help="Output directory (resumes from its checkpoints)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set grpo.lr=1e-6"),
+    schedule: Optional[str] = typer.Option(None, help="inprocess (default) or a runtime schedule on cell processes: "
+                                                      "colocate, async, elastic, elastic-async."),
+    cells: Optional[int] = typer.Option(None, help="Runtime cells K (with --schedule)."),
+    backend: Optional[str] = typer.Option(None, help="Runtime backend: local (cell processes on this machine)."),
 ) -> None:
     """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
     from evoharness.config import ConfigError, load_config
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.train.rl import RLConfig, train_rl
 
-    flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out)}
+    flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out),
+             "runtime.schedule": schedule, "runtime.cells": cells, "runtime.backend": backend}
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
     try:
         cfg = load_config(RLConfig, config, overrides)

@@ -5,16 +5,26 @@ copy of the policy (a Hugging Face causal LM, fp32 on CPU) and serves jobs
 from its inbox, one at a time, in arrival order:
 
 - ``call``: decode a prompt with the in-process `engine.Engine` and return the
-  completion ids, their behaviour log-probs and the weights' version.
+  completion ids, their behaviour log-probs and the weights' version. With a
+  ``policy`` option the cell serves a `policies.local.LocalHFPolicy` instead and
+  a call is one `PolicyRequest` (as a dict: ``messages``, ``episode_id``,
+  ``turn``, ``admissible_commands``, ``meta_verbs``) answered with the
+  `Completion` as a dict: the prompt recipe, the action grammar and the
+  per-(episode, turn) sampling seed of the in-process RL loop, so a call
+  re-issued on another cell with the same weights returns the same completion.
 - ``train``: forward/backward of a micro-batch of turns with the weights of the
   batch's version (loaded from the shared weights directory when this cell
   holds another one); the loss is `train.grpo.microbatch_loss` (PPO clip on
   the ratio to the recorded behaviour log-probs, which bounds the update of
-  samples up to η versions stale). The gradient is written atomically to
+  samples up to η versions stale), over chunks of ``micro_batch_size`` turns
+  (length-sorted, as `train.grpo.accumulate_gradients`), with the KL term to
+  the initial weights when ``kl_beta`` > 0. The gradient is written atomically to
   ``grads/v{version}/{token}.pt`` so any cell can train and the core sums
   exactly the micro-batches it is told to.
 - ``step`` (the core only; it holds the only optimizer state): sum the named
-  gradient files, clip, AdamW step, write weights ``v{version + 1}``.
+  gradient files (times an optional ``scale``: the token weights' 1/M when
+  the step batch's trainable trajectory count M is known only at the end),
+  clip, AdamW step, write weights ``v{version + 1}``.
 - ``load``: load the weights of a version (a weight sync, or a switch back to
   rollout with a version bump).
 - ``switch``: change role; into rollout it loads the newest weights.
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -42,8 +53,18 @@ def _save_atomic(obj_writer, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, outbox: Any) -> None:
-    """Serve jobs until ``("stop",)``; replies ``(cell, pid, kind, token, result)``."""
+def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, outbox: Any,
+              options: dict[str, Any] | None = None) -> None:
+    """Serve jobs until ``("stop",)``; replies ``(cell, pid, kind, token, result)``.
+
+    Args:
+        options: ``{"policy": LocalHFPolicy keyword arguments, "grpo": GRPOConfig
+            fields}``; the GRPO config's ``lr`` then replaces `lr`. None: the
+            bare engine and ``GRPOConfig(kl_beta=0, lr=lr, grad_clip=1)``.
+    """
+    import dataclasses
+    from types import SimpleNamespace
+
     import torch
     from safetensors.torch import load_model as load_weights
     from safetensors.torch import save_model as save_weights
@@ -55,11 +76,22 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
     torch.set_num_threads(1)
     torch.manual_seed(cell)
     work = Path(work_dir)
-    tok = load_tokenizer(model_dir)
-    model = load_model(model_dir)
-    engine = Engine(model, tok)
-    masks = TokenMasks(tok, engine.vocab_size)   # the sampler's support: ids < len(tokenizer)
-    cfg = GRPOConfig(kl_beta=0.0, lr=lr, grad_clip=1.0, temperature=1.0)
+    options = options or {}
+    policy = None
+    if "policy" in options:
+        from evoharness.policies.base import PolicyRequest
+        from evoharness.policies.local import LocalHFPolicy
+
+        policy = LocalHFPolicy(model_dir, device="cpu", dtype=torch.float32, **options["policy"])
+        tok, model, engine = policy.tokenizer, policy.model, policy.engine
+    else:
+        tok = load_tokenizer(model_dir)
+        model = load_model(model_dir)
+        engine = Engine(model, tok)
+    masks = TokenMasks(tok, model.get_output_embeddings().weight.shape[0])   # the sampler's support
+    cfg = (GRPOConfig(**options["grpo"]) if "grpo" in options
+           else GRPOConfig(kl_beta=0.0, lr=lr, grad_clip=1.0, temperature=1.0))
+    ref = None      # the KL reference (the initial weights), loaded on the first micro-batch that needs it
     version = 0
     optimizer = None
     pid = os.getpid()
@@ -99,7 +131,15 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
             cancelled.discard(token)
             continue
         result: Any = None
-        if kind == "call":
+        t0 = time.perf_counter()
+        if kind == "call" and isinstance(payload, dict):
+            policy.policy_version = version
+            req = PolicyRequest(payload["messages"], payload["episode_id"], payload["turn"],
+                                list(payload["admissible_commands"]),
+                                harness=SimpleNamespace(meta_verbs=tuple(payload["meta_verbs"])))
+            result = dataclasses.asdict(policy.act([req])[0])
+            result["seconds"] = time.perf_counter() - t0
+        elif kind == "call":
             prompt_ids, max_new, seed = payload
             r = engine.generate([GenRequest(list(prompt_ids), seed=seed)], max_new_tokens=max_new,
                                 temperature=1.0)[0]
@@ -108,36 +148,43 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
             v, samples = payload
             ensure(v)
             model.zero_grad(set_to_none=True)
-            turns = [TurnSample(**s) for s in samples]
+            if cfg.kl_beta > 0 and ref is None:
+                ref = load_model(model_dir).eval().requires_grad_(False)
+            turns = sorted((TurnSample(**s) for s in samples), key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+            stats: dict[str, float] = {}
             with torch.enable_grad():
-                loss, stats = microbatch_loss(model, turns, cfg, masks=masks)
-                loss.backward()
+                for k in range(0, len(turns), cfg.micro_batch_size):
+                    loss, st = microbatch_loss(model, turns[k:k + cfg.micro_batch_size], cfg, ref, masks)
+                    loss.backward()
+                    for key, x in st.items():
+                        stats[key] = max(stats.get(key, 0.0), x) if key == "ratio_max" else stats.get(key, 0) + x
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
             model.zero_grad(set_to_none=True)
             d = work / "grads" / f"v{v}"
             d.mkdir(parents=True, exist_ok=True)
             _save_atomic(lambda p: torch.save(grads, p), d / f"{token}.pt")
-            result = {"loss": stats["loss"], "n_tokens": stats["n_tokens"], "ratio_max": stats["ratio_max"]}
+            result = {"version": v, **stats, "seconds": time.perf_counter() - t0}
         elif kind == "step":
-            v, tokens = payload
+            v, tokens, *rest = payload
+            scale = rest[0] if rest else 1.0
             ensure(v)
             if optimizer is None:
                 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                              weight_decay=0.0)
+                                              weight_decay=cfg.weight_decay)
             params = dict(model.named_parameters())
             total: dict[str, torch.Tensor] = {}
             for t in tokens:   # exactly the micro-batches of this version, each once
                 for n, g in torch.load(work / "grads" / f"v{v}" / f"{t}.pt").items():
                     total[n] = total[n] + g if n in total else g
             for n, p in params.items():
-                p.grad = total.get(n)
+                p.grad = total[n] * scale if n in total else None
             norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
             optimizer.step()
             model.zero_grad(set_to_none=True)
             _weights(work, v + 1).parent.mkdir(parents=True, exist_ok=True)
             _save_atomic(lambda p: save_weights(model, str(p)), _weights(work, v + 1))
             version = v + 1
-            result = {"grad_norm": norm, "micro_batches": len(tokens)}
+            result = {"grad_norm": norm, "micro_batches": len(tokens), "seconds": time.perf_counter() - t0}
         elif kind == "load":
             ensure(payload)
             result = version

@@ -294,10 +294,7 @@ class LocalBackend:
                 return
             del self.x_call[e]
             self._call_done(e, cell, result)
-            b, off, _ = self._turns(e)
-            self.x_state[e] = "tool"
-            heapq.heappush(self._tools, (time.monotonic() + float(b.tool_s[off + self.x_k[e]]) * self.scale,
-                                         e, self.x_k[e]))
+            self._start_tool(e, self._tool_delay(e))
         elif kind == "train":
             self._events.append(MicroBatchDone(cell, tuple(payload)))
         elif kind == "switch":
@@ -312,10 +309,23 @@ class LocalBackend:
     def _call_done(self, e: int, cell: int, result: Any) -> None:
         """A model call of `e` completed on `cell` (the replay has nothing to record)."""
 
+    def _start_tool(self, e: int, delay_s: float) -> None:
+        """`e` waits `delay_s` real seconds for its tool (environment) before its next turn."""
+        self.x_state[e] = "tool"
+        heapq.heappush(self._tools, (time.monotonic() + delay_s, e, self.x_k[e]))
+
+    def _tool_delay(self, e: int) -> float:
+        """Real seconds of the tool wait after `e`'s current call (the workload's draw, scaled)."""
+        b, off, _ = self._turns(e)
+        return float(b.tool_s[off + self.x_k[e]]) * self.scale
+
+    def _last_turn(self, e: int) -> bool:
+        """Whether `e` has played its last turn (`x_k` already counts the one just ended)."""
+        return self.x_k[e] == self._turns(e)[2]
+
     def _on_tool(self, e: int) -> None:
-        _, _, n = self._turns(e)
         self.x_k[e] += 1
-        if self.x_k[e] == n:
+        if self._last_turn(e):
             self.x_state[e] = "done"
             cell = self.x_cell.pop(e, -1)
             self._events.append(ExecutionFinished(e, cell, self._tokens(e)))

@@ -41,6 +41,7 @@ from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from evoharness.runtime.rl_job import RuntimeConfig
 from evoharness.train.advantages import std_floor_active, turn_advantages, valid_members
 from evoharness.train.checkpoint import (
     append_jsonl, atomic_dir, atomic_write_text, failpoint, get_rng_state, load_checkpoint, load_model_weights,
@@ -104,6 +105,9 @@ class RLConfig(Strict):
     # sample through a loopback OpenAI-compatible gateway on the live weights (`runtime.gateway.served_policy`):
     # the same trajectories as in-process, plus the gateway's call records in out_dir/gateway
     rollout_via_gateway: bool = False
+    # where the steps run: "inprocess" (this module's loop) or a runtime schedule on K cell
+    # processes (`runtime.rl_job`; colocate with 1 cell plays the same episodes and updates)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
 
 # settings a resumed run may change: how long and how it runs, not what it trains
@@ -183,6 +187,10 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
 
     if not cfg.model_path:
         raise ValueError("rl needs model_path (the SFT model directory)")
+    if cfg.runtime.schedule != "inprocess":
+        from evoharness.runtime.rl_job import train_rl_runtime
+
+        return train_rl_runtime(cfg, progress)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)

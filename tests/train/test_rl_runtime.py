@@ -69,13 +69,50 @@ def test_colocate_one_cell_reproduces_the_inprocess_loop(model_dir, tmp_path, in
     rt = _same_run(out, final, inprocess, model_dir)
     assert rt["runtime/aborted_turns"] == 0 and rt["runtime/staleness_max"] == 0
     assert rt["runtime/micro_batches"] == 8            # one per execution, 2 steps x 4
-    with pytest.raises(ValueError, match="does not resume"):
-        train_rl(_cfg(model_dir, out, schedule="colocate", cells=1), progress=False)
+    # the same command again resumes the finished job from its last checkpoint: nothing runs twice
+    before = (out / "metrics.jsonl").read_text()
+    train_rl(_cfg(model_dir, out, schedule="colocate", cells=1), progress=False)
+    assert (out / "metrics.jsonl").read_text() == before
+    other = tmp_path / "inprocess_run"
+    (other / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ValueError, match="in-process run"):
+        train_rl(_cfg(model_dir, other, schedule="colocate", cells=1), progress=False)
 
 
-@pytest.mark.slow
+JOB = '''
+import sys
+from evoharness.train.rl import RLConfig, train_rl
+if __name__ == "__main__":
+    train_rl(RLConfig.model_validate_json(open(sys.argv[1]).read()), progress=False)
+'''
+
+
+def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, inprocess):
+    """SIGKILL of the driver process (its cells exit with it) after step 1's checkpoint; the same
+    command resumes: the metrics and the final weights are the uninterrupted run's (~15 s)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "job"
+    cfg = _cfg(model_dir, out, schedule="colocate", cells=1)
+    (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
+    (tmp_path / "job.py").write_text(JOB)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "cfg.json")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
+    ckpt = out / "runtime" / "job.pkl"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert ckpt.exists() and len(_metrics(out)) == 1           # killed in step 2
+    final = train_rl(cfg, progress=False)
+    rt = _same_run(out, final, inprocess, model_dir)
+    assert rt["runtime/aborted_turns"] == 0
+
+
 def test_elastic_three_cells_migrates_calls_and_trains_the_same_update(model_dir, tmp_path, inprocess):
-    """Cells switch roles mid-step; migrated calls are re-issued on another cell (~20 s)."""
+    """Cells switch roles mid-step; migrated calls are re-issued on another cell (6-20 s)."""
     out = tmp_path / "elastic"
     final = train_rl(_cfg(model_dir, out, schedule="elastic", cells=3), progress=False)
     rt = _same_run(out, final, inprocess, model_dir)
@@ -146,3 +183,50 @@ def test_cli_schedule_flags_reach_the_config(model_dir, tmp_path):
     assert res.exit_code != 0 and "local backend" in res.output
     res = CliRunner().invoke(app, ["rl", "--model-path", str(model_dir), "--schedule", "streaming"])
     assert res.exit_code != 0 and "runtime.schedule" in res.output
+
+
+def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, tmp_path):
+    """A job checkpoint taken mid-rollout (as async schedules have at a weight sync): the
+    live episodes are rebuilt from their recorded completions (same turns, same prompts),
+    the experience store's pending writes are not doubled, and calls in flight are re-issued."""
+    import random
+
+    from evoharness.envs.alfworld.games import discover_games
+    from evoharness.harness.bpe import ExperienceStore
+    from evoharness.runtime.alfworld_backend import AlfworldBackend
+    from evoharness.runtime.rl_job import sim_config
+    from evoharness.runtime.sim import build_scheduler
+
+    cfg = _cfg(model_dir, tmp_path, schedule="colocate", cells=1)
+    cfg.max_steps = 12
+    tasks = discover_games("train")
+    order = list(range(len(tasks)))
+    random.Random(cfg.seed).shuffle(order)
+    sim = sim_config(cfg)
+    sched = build_scheduler("colocate", sim)
+    be = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"))
+    try:
+        for c in sched.start():
+            be.apply(c)
+        while be.counts["calls"] < 14:
+            for ev in be.poll(0.5):
+                for c in sched.handle(ev):
+                    be.apply(c)
+        state = be.state()
+        turns = {e: [(t.messages, t.completion, t.feedback, t.completion_token_ids) for t in lv.traj.turns]
+                 for e, lv in be.live.items()}
+    finally:
+        be.close()
+    assert turns and any(len(t) >= 2 for t in turns.values())
+    in_flight = [e for e, x in state["x_state"].items() if x == "call"]
+    be2 = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"),
+                          state=state)
+    try:
+        assert be2.counts["calls"] == be.counts["calls"] + len(in_flight)     # only the in-flight ones again
+        assert be2.store.to_dict() == state["alf"]["store"]                    # replay wrote nothing twice
+        for e, want in turns.items():
+            got = [(t.messages, t.completion, t.feedback, t.completion_token_ids) for t in be2.live[e].traj.turns]
+            assert got == want
+            assert be2.live[e].harness.experience is be2.store
+    finally:
+        be2.close()

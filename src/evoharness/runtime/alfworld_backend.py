@@ -63,6 +63,8 @@ class AlfworldBackend(LocalModelBackend):
         work_dir: weights versions and gradients.
         on_step: called with each step's metrics record at its weight sync.
         env_timeout_s: an environment reset or step running longer ends its episode as an error.
+        state: a job checkpoint's `state()` to carry on from (then `store` is replaced
+            by the checkpoint's, see ``self.store``).
 
     Raises:
         ValueError: a GRPO setting the streaming trainer cannot honour (mini_batches > 1).
@@ -70,7 +72,7 @@ class AlfworldBackend(LocalModelBackend):
 
     def __init__(self, sim: SimConfig, roles: list[Role], cfg: Any, tasks: list, order: list[int], store: Any,
                  work_dir: str, on_step: Callable[[dict], None] | None = None, env_timeout_s: float = 120.0,
-                 ready_timeout_s: float = 300.0):
+                 ready_timeout_s: float = 300.0, state: dict[str, Any] | None = None):
         g = cfg.grpo
         if g.mini_batches != 1:
             raise ValueError("the runtime path trains one update per step (grpo.mini_batches = 1)")
@@ -81,10 +83,12 @@ class AlfworldBackend(LocalModelBackend):
                            max_prompt_tokens=cfg.max_prompt_tokens, constrained=cfg.constrained, seed=cfg.seed,
                            num_threads=cfg.decode_threads),
             "grpo": g.model_dump(),
+            "version": state["alf"]["newest"] if state else 0,     # the cells start on the newest weights
         }
         self.live: dict[int, _Live] = {}
         self.traj: dict[int, Trajectory] = {}       # finished executions
         self._req: dict[int, PolicyRequest] = {}   # the turn in flight (re-issued as is)
+        self._comps: dict[int, list[dict]] = {}    # live execution -> its completions so far (a resume replays them)
         self._samples: dict[int, list[dict]] = {}  # execution -> its trainable turns (once its group finished)
         self._rewards: dict[int, Any] = {}         # execution -> RewardBreakdown
         self._adv_stats: dict[int, dict] = {}      # step -> GiGPO counters
@@ -95,7 +99,7 @@ class AlfworldBackend(LocalModelBackend):
         self.records: list[dict] = []
         store.freeze()
         super().__init__(sim, roles, cfg.model_path, work_dir, lr=g.lr, time_scale=1.0,
-                         ready_timeout_s=ready_timeout_s)
+                         ready_timeout_s=ready_timeout_s, state=state)
 
     def _process(self, cell: int) -> tuple[Any, tuple]:
         from evoharness.runtime.cell_worker import cell_main
@@ -152,11 +156,12 @@ class AlfworldBackend(LocalModelBackend):
     def _call_done(self, e: int, cell: int, result: Any) -> None:
         lv, req = self.live[e], self._req.pop(e)
         self._gen_s[e] += result.pop("seconds")
+        self._comps.setdefault(e, []).append(result)
         if not _advance(lv, req, Completion(**result), self.env_timeout_s, self.rl.max_steps):
             lv.traj.wall_s = time.perf_counter() - lv.t0
             _safe_close(lv.env)
             self.traj[e] = lv.traj
-            del self.live[e]
+            del self.live[e], self._comps[e]
 
     def _tool_delay(self, e: int) -> float:
         return 0.0                              # the environment step already ran in `_call_done`
@@ -171,6 +176,50 @@ class AlfworldBackend(LocalModelBackend):
     def trajectories(self) -> dict[int, Trajectory]:
         """The finished executions' trajectories (TITO records per turn)."""
         return dict(self.traj)
+
+    # ---- job checkpoints ---------------------------------------------------------------
+    _BOOKS = ("traj", "_samples", "_rewards", "_adv_stats", "_trained", "_env_s", "_gen_s", "newest")
+
+    def _extra_state(self) -> dict[str, Any]:
+        """Taken at a weight sync (`Driver`): finished trajectories not yet recorded, the
+        group scores, the store, and each live episode's completions (live envs are not
+        picklable: a resume replays the completions into a fresh env and harness)."""
+        return {"alf": {**{k: getattr(self, k) for k in self._BOOKS}, "store": self.store.to_dict(),
+                        "comps": {e: list(self._comps.get(e, [])) for e in self.live}}}
+
+    def _restore(self, st: dict[str, Any]) -> None:
+        from evoharness.harness.bpe import ExperienceStore
+
+        a = st["alf"]
+        for k in self._BOOKS:
+            setattr(self, k, a[k])
+        self.store = ExperienceStore.from_dict(a["store"])
+        for e, comps in sorted(a["comps"].items()):
+            self._replay(e, comps)
+        super()._restore(st)                  # then the calls that were in flight are issued again
+
+    def _replay(self, e: int, comps: list[dict]) -> None:
+        """Rebuild live execution e: its env and harness replay the recorded completions (no
+        model call). The harness reads a scratch copy of the store meanwhile, so the store's
+        pending writes, which already hold these turns', are not written twice."""
+        from evoharness.harness.bpe import ExperienceStore
+
+        env_s, gen_s = self._env_s.get(e, [0.0]), self._gen_s.get(e, 0.0)
+        real, self.store = self.store, ExperienceStore.from_dict(self.store.to_dict())
+        try:
+            if not self._open(e):
+                raise RuntimeError(f"execution {e}: its game no longer loads; cannot resume it")
+        finally:
+            self.store = real
+        lv = self.live[e]
+        for c in comps:
+            req = PolicyRequest(lv.harness.messages(), lv.spec.episode_id, len(lv.traj.turns),
+                                list(lv.harness.admissible))
+            if not _advance(lv, req, Completion(**c), self.env_timeout_s, self.rl.max_steps):
+                raise RuntimeError(f"execution {e} ended while replaying its {len(comps)} recorded turns")
+        if hasattr(lv.harness, "experience"):
+            lv.harness.experience = real
+        self._comps[e], self._env_s[e], self._gen_s[e] = list(comps), env_s, gen_s
 
     # ---- rewards, advantages, micro-batches ------------------------------------------
     def _score_group(self, group: int) -> None:

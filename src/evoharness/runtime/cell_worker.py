@@ -24,7 +24,8 @@ from its inbox, one at a time, in arrival order:
 - ``step`` (the core only; it holds the only optimizer state): sum the named
   gradient files (times an optional ``scale``: the token weights' 1/M when
   the step batch's trainable trajectory count M is known only at the end),
-  clip, AdamW step, write weights ``v{version + 1}``.
+  clip, AdamW step, write weights ``v{version + 1}`` and the optimizer state
+  ``optim/v{version + 1}.pt`` (a resumed job's core continues from it).
 - ``load``: load the weights of a version (a weight sync, or a switch back to
   rollout with a version bump).
 - ``switch``: change role; into rollout it loads the newest weights.
@@ -47,6 +48,10 @@ def _weights(work: Path, version: int) -> Path:
     return work / "weights" / f"v{version}.safetensors"
 
 
+def _optim(work: Path, version: int) -> Path:
+    return work / "optim" / f"v{version}.pt"
+
+
 def _save_atomic(obj_writer, path: Path) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     obj_writer(tmp)
@@ -59,8 +64,9 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
 
     Args:
         options: ``{"policy": LocalHFPolicy keyword arguments, "grpo": GRPOConfig
-            fields}``; the GRPO config's ``lr`` then replaces `lr`. None: the
-            bare engine and ``GRPOConfig(kl_beta=0, lr=lr, grad_clip=1)``.
+            fields, "version": weights version to start from (a resumed job)}``;
+            the GRPO config's ``lr`` then replaces `lr`. None: the bare engine
+            and ``GRPOConfig(kl_beta=0, lr=lr, grad_clip=1)`` from version 0.
     """
     import dataclasses
     from types import SimpleNamespace
@@ -95,13 +101,15 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
     version = 0
     optimizer = None
     pid = os.getpid()
-    outbox.put((cell, pid, "ready", 0, None))
 
     def ensure(v: int) -> None:
         nonlocal version
         if v != version:
             load_weights(model, str(_weights(work, v)))
             version = v
+
+    ensure(options.get("version", 0))
+    outbox.put((cell, pid, "ready", 0, None))
 
     pending: deque = deque()
     cancelled: set[int] = set()
@@ -171,6 +179,8 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
             if optimizer is None:
                 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                               weight_decay=cfg.weight_decay)
+                if v > 0:        # a resumed job: the moments as of weights v
+                    optimizer.load_state_dict(torch.load(_optim(work, v), weights_only=True))
             params = dict(model.named_parameters())
             total: dict[str, torch.Tensor] = {}
             for t in tokens:   # exactly the micro-batches of this version, each once
@@ -183,6 +193,9 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
             model.zero_grad(set_to_none=True)
             _weights(work, v + 1).parent.mkdir(parents=True, exist_ok=True)
             _save_atomic(lambda p: save_weights(model, str(p)), _weights(work, v + 1))
+            _optim(work, v + 1).parent.mkdir(parents=True, exist_ok=True)
+            _save_atomic(lambda p: torch.save(optimizer.state_dict(), p), _optim(work, v + 1))
+            _optim(work, v - 1).unlink(missing_ok=True)     # a checkpoint at v or v + 1 needs no older one
             version = v + 1
             result = {"grad_norm": norm, "micro_batches": len(tokens), "seconds": time.perf_counter() - t0}
         elif kind == "load":

@@ -413,7 +413,7 @@ class LocalModelBackend(LocalBackend):
 
     def __init__(self, cfg: SimConfig, roles: list[Role], model_dir: str, work_dir: str, lr: float = 1e-3,
                  max_new_tokens: int = 6, prompt_tokens: int = 12, tool_tokens: int = 3, max_turns: int = 3,
-                 time_scale: float = 1e-3, ready_timeout_s: float = 300.0):
+                 time_scale: float = 1e-3, ready_timeout_s: float = 300.0, state: dict[str, Any] | None = None):
         from evoharness.models.init import load_tokenizer
 
         self.model_dir, self.work_dir, self.lr = str(model_dir), str(work_dir), lr
@@ -422,13 +422,13 @@ class LocalModelBackend(LocalBackend):
         self.ids = [i for i in range(len(tok)) if i not in special]
         self.max_new, self.prompt_len, self.tool_len, self.max_turns = max_new_tokens, prompt_tokens, tool_tokens, \
             max_turns
-        super().__init__(cfg, roles, time_scale)
         self.x_ctx: dict[int, list[int]] = {}
         self.x_rec: dict[int, list[tuple[list[int], list[int], list[float], int]]] = {}
         self.newest = 0
         self.mb_tokens: dict[int, list[int]] = {}       # version -> tokens of its micro-batch jobs
         self.train_stats: list[dict[str, float]] = []
         self.step_stats: list[dict[str, float]] = []
+        super().__init__(cfg, roles, time_scale, state)   # (a `state` restores into the books above)
         ready: set[int] = set()
         deadline = time.monotonic() + ready_timeout_s
         while len(ready) < len(roles):

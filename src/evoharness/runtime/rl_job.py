@@ -9,9 +9,15 @@ switches and their latency, aborted turns, staleness, cells lost) and the
 final model. ``schedule = "inprocess"`` (the default) keeps `train.rl`'s
 single-process loop.
 
-Not yet here: job checkpoints and resume (an out_dir with metrics is
-refused rather than overwritten), the Ray backend for the model workload,
-and rollout calls through the gateway (the driver process routes them).
+A job checkpoint (``runtime/job.pkl``, `Driver`) is written at every weight
+sync, after that step's metrics record; the same command on the same out_dir
+resumes from it (metrics past it are dropped, so none is lost or repeated;
+the core's optimizer state is kept per weights version). Episodes live at
+that moment (async schedules) are rebuilt by replaying their recorded
+completions; a step with none (colocate, elastic) resumes exactly.
+
+Not yet here: the Ray backend for the model workload, and rollout calls
+through the gateway (the driver process routes them).
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ def train_rl_runtime(cfg: "RLConfig", progress: bool = True) -> Path:
 
     Raises:
         ValueError: an unsupported setting (Ray backend, a non-CPU device, an
-            out_dir that already holds metrics), or a bad task filter.
+            out_dir of an in-process run), or a bad task filter.
         runtime.driver.DriverError: the run stalled or broke an invariant.
     """
     import torch
@@ -88,8 +94,9 @@ def train_rl_runtime(cfg: "RLConfig", progress: bool = True) -> Path:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
-    if metrics_path.exists() and metrics_path.stat().st_size:
-        raise ValueError(f"{metrics_path} exists: the runtime path does not resume yet; use a fresh out_dir")
+    if (out / "checkpoints").exists():
+        raise ValueError(f"{out} holds an in-process run (checkpoints/); give the runtime its own out_dir")
+    job = out / "runtime" / "job.pkl"
     atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
     tasks = select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
     order = list(range(len(tasks)))
@@ -104,9 +111,19 @@ def train_rl_runtime(cfg: "RLConfig", progress: bool = True) -> Path:
         bar.update(1)
         bar.set_postfix(success=f"{rec['success']:.2f}", reward=f"{rec['reward']:.2f}")
 
-    backend = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, store, str(out / "runtime"), on_step)
+    def make_backend(sched, state=None) -> AlfworldBackend:
+        roles = [c.role for c in sched.pool.cells] if state else sched.initial_roles()
+        _keep_metrics(metrics_path, state["alf"]["newest"] if state else 0)   # steps past the checkpoint redo
+        bar.update(state["alf"]["newest"] if state else 0)
+        return AlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), on_step, state=state)
+
+    if job.exists():
+        driver = Driver.resume(job, make_backend, stall_s=rt.stall_s)
+    else:
+        driver = Driver(sched, make_backend(sched), stall_s=rt.stall_s, checkpoint=job)
+    backend = driver.backend
     try:
-        stats = Driver(sched, backend, stall_s=rt.stall_s).run()
+        stats = driver.run()
         summary = {"schedule": rt.schedule, "cells": rt.cells, **stats.metrics(),
                    **{f"runtime/{k}": v for k, v in backend.idle().items()},
                    **{f"runtime/{k}": v for k, v in backend.counts.items()}}
@@ -121,6 +138,23 @@ def train_rl_runtime(cfg: "RLConfig", progress: bool = True) -> Path:
         load_weights(model, str(out / "runtime" / "weights" / f"v{cfg.steps}.safetensors"))
         save_exported(model, tmp, export_dtype(cfg.model_path))
         load_tokenizer(cfg.model_path).save_pretrained(str(tmp))
-        store.save(tmp / "experience.json")
+        backend.store.save(tmp / "experience.json")
 
     return atomic_dir(out / "final", write_final)
+
+
+def _keep_metrics(path: Path, steps: int) -> None:
+    """Keep the records of steps 1..`steps` of ``metrics.jsonl`` (atomically; a torn last line goes too)."""
+    from evoharness.train.checkpoint import atomic_write_text
+
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("step", 0) <= steps:
+            keep.append(line + "\n")
+    atomic_write_text(path, "".join(keep))

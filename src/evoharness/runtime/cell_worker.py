@@ -2,7 +2,8 @@
 
 The process main of `local_backend.LocalModelBackend`. One cell holds one
 copy of the policy (a Hugging Face causal LM, fp32 on CPU) and serves jobs
-from its inbox, one at a time, in arrival order:
+from its inbox, one at a time, in arrival order (policy calls queued back to
+back are decoded as one batch):
 
 - ``call``: decode a prompt with the in-process `engine.Engine` and return the
   completion ids, their behaviour log-probs and the weights' version. With a
@@ -46,6 +47,9 @@ from typing import Any
 
 def _weights(work: Path, version: int) -> Path:
     return work / "weights" / f"v{version}.safetensors"
+
+
+MAX_CALL_BATCH = 64    # policy calls one cell decodes together
 
 
 def _optim(work: Path, version: int) -> Path:
@@ -141,12 +145,25 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
         result: Any = None
         t0 = time.perf_counter()
         if kind == "call" and isinstance(payload, dict):
+            # decode this call with the policy calls queued right behind it (up to the next
+            # job of another kind, which may change the weights) as one batch
+            batch = [(token, payload)]
+            cancelled |= {m[1] for m in pending if m[0] == "cancel"}
+            while (pending and len(batch) < MAX_CALL_BATCH and
+                   (pending[0][0] == "cancel" or pending[0][0] == "call" and isinstance(pending[0][2], dict))):
+                m = pending.popleft()
+                if m[0] == "call" and m[1] in cancelled:
+                    cancelled.discard(m[1])
+                elif m[0] == "call":
+                    batch.append((m[1], m[2]))
             policy.policy_version = version
-            req = PolicyRequest(payload["messages"], payload["episode_id"], payload["turn"],
-                                list(payload["admissible_commands"]),
-                                harness=SimpleNamespace(meta_verbs=tuple(payload["meta_verbs"])))
-            result = dataclasses.asdict(policy.act([req])[0])
-            result["seconds"] = time.perf_counter() - t0
+            reqs = [PolicyRequest(p["messages"], p["episode_id"], p["turn"], list(p["admissible_commands"]),
+                                  harness=SimpleNamespace(meta_verbs=tuple(p["meta_verbs"]))) for _, p in batch]
+            comps = policy.act(reqs)
+            share = (time.perf_counter() - t0) / len(batch)      # cell-seconds per call
+            for (tok_i, _), comp in zip(batch[1:], comps[1:]):
+                outbox.put((cell, pid, kind, tok_i, {**dataclasses.asdict(comp), "seconds": share}))
+            result = {**dataclasses.asdict(comps[0]), "seconds": share}
         elif kind == "call":
             prompt_ids, max_new, seed = payload
             r = engine.generate([GenRequest(list(prompt_ids), seed=seed)], max_new_tokens=max_new,

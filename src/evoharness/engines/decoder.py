@@ -221,10 +221,10 @@ class StaticKVDecoder:
             vc[:, :, col0:end] = v.transpose(1, 2)
             att = F.scaled_dot_product_attention(qk[:, :Hq], kc[:, :, :end], vc[:, :, :end], attn_mask=mask,
                                                  enable_gqa=self.G > 1)
-            x = x + F.linear(att.transpose(1, 2).reshape(B, L, Hq * D), w.wo, w.bo)
+            x = x.add_(F.linear(att.transpose(1, 2).reshape(B, L, Hq * D), w.wo, w.bo))
             h = F.rms_norm(x, (H,), w.ln2, self.eps)
             g, u = F.linear(h, w.wgu).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, w.wd)
+            x = x.add_(F.linear(F.silu(g, inplace=True).mul_(u), w.wd))  # in place: big activations
         return x[:, -1]
 
     def prefill(self, prompts: list[list[int]], max_new_tokens: int, min_shared_prefix: int = 32,

@@ -65,3 +65,18 @@ def test_update_weights_bumps_version_and_changes_outputs(model_dir):
     assert all(c.policy_version == 1 for c in after)
     assert [c.completion_token_ids for c in after] != [c.completion_token_ids for c in before]
     assert pol.update_weights(sd, version=7) == 7
+
+
+def test_policy_config_selects_the_decoder_and_both_answer_alike(model_dir):
+    from evoharness.engine import Engine
+    from evoharness.engines import StaticEngine
+    from evoharness.policies.factory import PolicyConfig, make_policy
+
+    made = {d: make_policy(PolicyConfig(kind="hf", model_path=str(model_dir), max_tokens=10, decoder=d))
+            for d in ("auto", "hf")}
+    assert isinstance(made["auto"].engine, StaticEngine) and isinstance(made["hf"].engine, Engine)
+    reqs = requests(2)
+    fast, ref = (made[d].act(reqs) for d in ("auto", "hf"))
+    assert [c.completion_token_ids for c in fast] == [c.completion_token_ids for c in ref]  # greedy: same tokens
+    for a, b in zip(fast, ref):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)

@@ -29,6 +29,7 @@ class PolicyConfig(Strict):
     timeout_s: float = 120.0
     max_retries: int = 3
     concurrency: int = 16
+    constraint_format: Literal["gateway", "vllm"] = "gateway"  # how `constrained` is sent (policies.openai_policy)
     # sampling (openai and hf)
     temperature: float = 0.0
     top_p: float = 1.0
@@ -40,6 +41,7 @@ class PolicyConfig(Strict):
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with sft and rl (harness.prompt)
     constrained: bool = False
     num_threads: int | None = None  # torch CPU threads while decoding (1 suits tiny models)
+    decoder: Literal["auto", "static", "hf"] = "auto"  # in-process engine (evoharness.engines.make_engine)
 
 
 def make_policy(cfg: PolicyConfig):
@@ -73,7 +75,7 @@ def make_policy(cfg: PolicyConfig):
             base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env, timeout_s=cfg.timeout_s,
             max_retries=cfg.max_retries, concurrency=cfg.concurrency, temperature=cfg.temperature,
             top_p=cfg.top_p, max_tokens=cfg.max_tokens, seed=cfg.seed, constrained=cfg.constrained,
-            max_prompt_tokens=cfg.max_prompt_tokens,
+            max_prompt_tokens=cfg.max_prompt_tokens, constraint_format=cfg.constraint_format,
         )
     if cfg.kind == "hf":
         from evoharness.policies.local import LocalHFPolicy
@@ -83,6 +85,6 @@ def make_policy(cfg: PolicyConfig):
         return LocalHFPolicy(
             model_path=cfg.model_path, device=cfg.device, dtype=cfg.dtype, temperature=cfg.temperature,
             top_p=cfg.top_p, max_new_tokens=cfg.max_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-            constrained=cfg.constrained, seed=cfg.seed, num_threads=cfg.num_threads,
+            constrained=cfg.constrained, seed=cfg.seed, num_threads=cfg.num_threads, engine=cfg.decoder,
         )
     raise ValueError(f"unknown policy kind {cfg.kind!r}")

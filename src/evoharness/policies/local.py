@@ -4,7 +4,8 @@ Each `act` call renders every request's messages with the model's chat
 template (``add_generation_prompt=True``), fits it to ``max_prompt_tokens``
 as SFT fits its examples (`harness.prompt.fit_prompt_ids`: oldest history
 first, never the system prompt or OBJECTIVE), and decodes the whole batch at
-once with `engine.Engine`. Sampling
+once with an in-process engine (`engines.make_engine`: the static-KV engine for
+Qwen/Llama-family models, else the module-forward `engine.Engine`). Sampling
 seeds are derived from (policy seed, episode id, turn), so an episode's samples
 do not depend on which other episodes share the batch. With
 ``constrained=True`` the action is restricted to the request's admissible
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from evoharness.engine import GenRequest
+from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.engines import make_engine
 from evoharness.harness.base import META_VERBS
 from evoharness.harness.prompt import fit_prompt_ids
@@ -80,7 +82,7 @@ class LocalHFPolicy:
 
     def __init__(self, model_path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None,
                  temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
-                 max_prompt_tokens: int = 4096, constrained: bool = False, seed: int = 0,
+                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS, constrained: bool = False, seed: int = 0,
                  policy_version: int = 0, meta_verbs: tuple[str, ...] = META_VERBS, num_threads: int | None = None,
                  engine: str | None = None):
         self.model_path = str(model_path)

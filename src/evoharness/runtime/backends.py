@@ -290,14 +290,14 @@ class LocalBackend(Backend):
 
     @classmethod
     def from_model_path(cls, model_path: str | Path, device: str = "cpu", dtype: str | None = None,
-                        **kw: Any) -> "LocalBackend":
-        """Load a local HF model directory into the project's engine."""
-        from evoharness.engine import Engine
+                        decoder: str = "auto", **kw: Any) -> "LocalBackend":
+        """Load a local HF model directory into an in-process engine (`engines.make_engine` name `decoder`)."""
+        from evoharness.engines import make_engine
         from evoharness.models.init import load_model, load_tokenizer
 
         model = load_model(model_path, device, dtype)
         tok = load_tokenizer(model_path)
-        return cls(Engine(model, tok), tok, **kw)
+        return cls(make_engine(decoder, model, tok), tok, **kw)
 
     @classmethod
     def from_policy(cls, policy, name: str = "local", **kw: Any) -> "LocalBackend":

@@ -25,7 +25,11 @@ Per call the gateway
 
 Streaming (``stream: true``) is served from the finished answer, as SSE
 chunks with keep-alive comments while waiting: a retried call must reach the
-client as one answer, never as two half-streams.
+client as one answer, never as two half-streams. A call that fails within the
+first keep-alive period gets its error status, not a 200 stream. A client that
+disconnects before its answer cancels the call (streaming or not, as vLLM
+aborts it): nothing is recorded, a queued call never runs and an HTTP
+backend sees its connection close (a batch already generating finishes).
 
 HTTP surface:
     POST /v1/chat/completions, POST /x/{execution}/v1/chat/completions
@@ -53,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from evoharness.rollout.records import AGENT_ROLES, CallAttempt, CallRecord
 from evoharness.runtime.backends import (
@@ -63,6 +67,7 @@ from evoharness.runtime.record_store import RecordStore
 from evoharness.runtime.wire import ChatRequest, GatewayError, completion_body, new_call_id, stream_chunks
 
 MAX_BODY_BYTES = 8 << 20
+STREAM_KEEPALIVE_S = 5.0  # a waiting stream sends an SSE comment this often
 
 
 class Gateway:
@@ -98,7 +103,7 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self._tool_cache: OrderedDict[str, dict[str, dict]] = OrderedDict()
         self.max_tool_cache = max_tool_cache
-        self.stats = {"calls": 0, "retries": 0, "rejected": 0, "failed": 0}
+        self.stats = {"calls": 0, "retries": 0, "rejected": 0, "failed": 0, "cancelled": 0}
         self._n_added = 0
 
     # -- lifecycle / admin -------------------------------------------------------------
@@ -292,6 +297,26 @@ def create_app(gw: Gateway):
             raise GatewayError(400, f"invalid field `{loc}`: {first['msg']} ({e.error_count()} error(s))",
                                code="invalid_value", param=loc) from e
 
+    async def until_done_or_gone(request: Request, task: asyncio.Future, timeout: float | None = None) -> bool:
+        """Wait for `task`; True once it is done. If the client disconnects first, cancel it (no
+        record: the agent never saw the answer, as vLLM aborts such requests) and return False;
+        also False after `timeout`."""
+        async def gone() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        listener = asyncio.ensure_future(gone())
+        try:
+            done, _ = await asyncio.wait({task, listener}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            listener.cancel()
+        if task in done:
+            return True
+        if listener in done:
+            task.cancel()
+            gw.stats["cancelled"] += 1
+        return False
+
     async def chat(request: Request, execution_id: str | None = None):
         req = parse_chat(await read_json(request))
         gw.check_model(req)
@@ -300,15 +325,22 @@ def create_app(gw: Gateway):
         if role not in AGENT_ROLES:
             raise GatewayError(400, f"X-Agent-Role must be one of {list(AGENT_ROLES)}, got {role!r}",
                                code="invalid_value", param="X-Agent-Role")
-        if not req.stream:
-            return JSONResponse(await gw.complete(req, eid, role))
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
         task = asyncio.ensure_future(gw.complete(req, eid, role))
+        if not req.stream:
+            if not await until_done_or_gone(request, task):
+                return Response(status_code=499)  # nobody is listening
+            return JSONResponse(task.result())
+        # a call refused early (bad prompt, no backend) gets its 4xx/5xx status, not a 200 stream holding an error
+        if await until_done_or_gone(request, task, STREAM_KEEPALIVE_S) and task.exception() is not None:
+            raise task.exception()
+        if task.cancelled():
+            return Response(status_code=499)
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
 
         async def events():
             try:
                 while True:
-                    done, _ = await asyncio.wait({task}, timeout=5.0)
+                    done, _ = await asyncio.wait({task}, timeout=STREAM_KEEPALIVE_S)
                     if done:
                         break
                     yield b": keep-alive\n\n"

@@ -70,7 +70,7 @@ class ChatRequest(BaseModel):
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, as vLLM: a bigger one failed the engine batch
     stop: str | list[str] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None

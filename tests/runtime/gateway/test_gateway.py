@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import openai
+import pytest
 import torch
 
 from evoharness.engine import Engine, GenRequest
@@ -170,6 +171,28 @@ def test_drain_mid_request_retries_elsewhere_and_resume(gw_model_dir, serve):
     assert srv.gateway.pick(set()) is a  # least loaded: a has served nothing
 
 
+def test_client_that_disconnects_mid_call_cancels_it_and_leaves_no_record(gw_model_dir, serve):
+    """As vLLM aborts a request whose client went away: the agent never saw the answer, so no
+    record (a phantom branch in its tree); streaming and not."""
+    tok = load_tokenizer(gw_model_dir)
+    gated = _GatedEngine(Engine(load_model(gw_model_dir), tok))
+    backend = LocalBackend(gated, tok, name="a")
+    srv = serve(Gateway([backend], served_model=MODEL))
+    for i, stream in enumerate((False, True)):
+        with pytest.raises(httpx.ReadTimeout):
+            with httpx.stream("POST", f"{srv.url}/chat/completions", json=chat_body("open fridge 1", stream=stream),
+                              headers={"X-Execution-Id": f"gone{i}"}, timeout=0.5) as r:
+                r.read()
+        deadline = time.monotonic() + 30
+        while srv.gateway.stats["cancelled"] < i + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.gateway.stats["cancelled"] == i + 1 and backend.in_flight == 0
+    gated.gate.set()  # the batch that was generating finishes; its answers go nowhere
+    r = httpx.post(f"{srv.url}/chat/completions", json=chat_body("look"), headers={"X-Execution-Id": "here"}, timeout=60)
+    assert r.status_code == 200
+    assert srv.gateway.records.executions() == {"here": 1} and srv.gateway.stats["calls"] == 1
+
+
 def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
     backend = local(gw_model_dir)
     srv = serve(Gateway([backend], served_model=MODEL, max_body_bytes=4096))
@@ -196,6 +219,9 @@ def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
          413, "request_too_large"),  # chunked: no Content-Length to check up front
         (dict(json=ok, headers={"X-Agent-Role": "boss"}), 400, "invalid_value"),
         (dict(json={**ok, "max_tokens": 5000}), 400, "context_length_exceeded"),  # rejected by the engine
+        # streamed: still the error status, not a 200 stream carrying an error event
+        (dict(json={**ok, "max_tokens": 5000, "stream": True}), 400, "context_length_exceeded"),
+        (dict(json={**ok, "seed": 2**64}), 400, "invalid_value"),  # was a 503 after 5 engine failures
     ]
     for kw, status, code in cases:
         got_status, err = post(**kw)

@@ -214,6 +214,7 @@ def serve_cmd(
     max_prompt_tokens: Optional[int] = typer.Option(None, help="Left-truncate prompts to this many tokens (engine backends)."),
     max_batch: int = typer.Option(64, help="Calls per engine batch at most."),
     threads: Optional[int] = typer.Option(None, help="Torch CPU threads per engine."),
+    backend_grammar: str = typer.Option("regex", help="How --backend servers get action_grammar: regex (vLLM structured_outputs; not the engine's token masks) | xargs (vllm_xargs for a vLLM server started with --logits-processors evoharness.engines.vllm_grammar:ActionGrammarLogitsProcessor: exact masks and contract log-probs)."),
 ) -> None:
     """OpenAI-compatible gateway: routing, token-in/token-out records, transparent retry (QwenGyre)."""
     from evoharness.runtime.gateway import build_gateway, serve
@@ -222,7 +223,8 @@ def serve_cmd(
         fail("--workers needs --model-path")
     try:
         gw = build_gateway(str(model_path) if model_path else None, list(backend), workers, records,
-                           served_model_name, max_prompt_tokens, max_batch, threads, log_dir=records)
+                           served_model_name, max_prompt_tokens, max_batch, threads, log_dir=records,
+                           backend_grammar=backend_grammar)
     except (ValueError, OSError) as e:
         fail(str(e))
     typer.echo(f"serving model {gw.served_model!r} at http://{host}:{port}/v1 "

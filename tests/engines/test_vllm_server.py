@@ -107,3 +107,47 @@ def test_served_grammar_constrains_and_logprobs_follow_the_contract(server, toke
         ref = torch.log_softmax(logits.masked_fill(~torch.stack(masks), float("-inf")), -1)
         ref = ref.gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(lps), ref, atol=1e-4), (lps, ref.tolist())
+
+
+def test_gateway_in_front_of_vllm_records_contract_logprobs(server, tokenizer, tmp_path):
+    """``evoharness serve --backend URL --backend-grammar xargs``: the gateway sends ``action_grammar``
+    as the processor's ``vllm_xargs``; each CallRecord holds the engine's prompt ids, the completion
+    ids, the constraint, and log-probs equal to a forward under the replayed grammar masks (the
+    ``regex`` form's masks are the regex's, which the trainer cannot replay)."""
+    from evoharness.engine import ActionGrammar, Vocab
+    from evoharness.models.init import load_model
+    from evoharness.runtime.backends import HTTPBackend
+    from evoharness.runtime.gateway import Gateway, GatewayServer
+    base, d = server
+    model = load_model(d)
+    vocab = Vocab(tokenizer, model.config.vocab_size, torch.device("cpu"))
+    N, T = 40, 1.2
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "You are in the kitchen. Find an apple."}]
+    with GatewayServer(Gateway([HTTPBackend(base + "/v1", grammar="xargs")], served_model="m",
+                               records=tmp_path)) as srv:
+        for seed in range(2):
+            out = _post(srv.url + "/chat/completions", {
+                "model": "m", "messages": msgs, "max_tokens": N, "temperature": T, "seed": seed, "logprobs": True,
+                "return_token_ids": True, "user": f"x{seed}",
+                "action_grammar": {"commands": COMMANDS, "meta_verbs": list(META_VERBS)}})
+            (rec,) = srv.gateway.records.read(f"x{seed}")
+            assert rec.prompt_token_ids == out["prompt_token_ids"] and rec.completion_token_ids == out["choices"][0]["token_ids"]
+            assert rec.constraint == {"commands": COMMANDS, "meta_verbs": list(META_VERBS), "max_new_tokens": N}
+            ids, lps = rec.completion_token_ids, rec.logprobs
+            assert len(lps) == len(ids) > 0 and rec.policy_version == 0 and rec.retries == 0
+            g, masks = ActionGrammar(vocab, COMMANDS, META_VERBS), []
+            for step, t in enumerate(ids):
+                if g.done:
+                    assert t == tokenizer.eos_token_id and abs(lps[step]) < 1e-6
+                    ids, lps = ids[:step], lps[:step]
+                    break
+                masks.append(g.allowed(N - step))
+                g.advance(t)
+            assert g.done and parse_completion(out["choices"][0]["message"]["content"], COMMANDS, META_VERBS).kind in ("env", "meta")
+            prompt = rec.prompt_token_ids
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1] / T
+            logits[:, len(tokenizer):] = float("-inf")
+            ref = torch.log_softmax(logits.masked_fill(~torch.stack(masks), float("-inf")), -1)
+            ref = ref.gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+            assert torch.allclose(torch.tensor(lps), ref, atol=1e-4), (lps, ref.tolist())

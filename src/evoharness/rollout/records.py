@@ -203,6 +203,9 @@ class CallRecord:
         tool_calls: the raw tool-call payloads returned (OpenAI format), cached by id so a
             harness that re-renders history still matches.
         messages: the request's messages as sent (for audit and replay).
+        constraint: the grammar the completion was sampled under, the shared constraint record
+            ``{"commands", "meta_verbs", "max_new_tokens"}`` (None: unconstrained): the
+            behaviour log-probs are of the masked distribution, so a trainer replays it.
     """
 
     execution_id: str
@@ -219,6 +222,7 @@ class CallRecord:
     attempts: list[CallAttempt] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    constraint: dict[str, Any] | None = None
 
     @property
     def retries(self) -> int:

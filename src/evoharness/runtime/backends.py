@@ -100,6 +100,7 @@ class GenOutput:
     policy_version: int | None
     tokens: list[str] | None = None
     prompt_fit: dict[str, int] | None = None  # how an over-budget prompt was shortened (`harness.prompt.PromptFit`)
+    max_new_tokens: int | None = None  # the completion cap applied (the grammar's budget); None: unknown
 
 
 class Backend:
@@ -449,7 +450,8 @@ class LocalBackend(Backend):
             finish = "stop" if hit else finish
         content, calls = parse_tool_calls(text) if p.tools else (text, [])
         tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if p.want_token_text else None
-        return GenOutput(prompt_ids, ids, lps, content, calls, "tool_calls" if calls else finish, version, tokens, fit)
+        return GenOutput(prompt_ids, ids, lps, content, calls, "tool_calls" if calls else finish, version, tokens, fit,
+                         p.max_tokens or self.default_max_tokens)
 
     def _apply_stops(self, ids, lps, text, stops):
         """vLLM semantics: cut the text before the first stop string; keep the tokens that produced it."""
@@ -488,6 +490,9 @@ def _template_message(m: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- HTTP backends
 
 
+GRAMMAR_FORMATS = ("regex", "xargs")
+
+
 class HTTPBackend(Backend):
     """Any OpenAI-compatible chat-completions server.
 
@@ -497,17 +502,26 @@ class HTTPBackend(Backend):
         api_key: sent as ``Bearer`` (local servers ignore it).
         timeout_s: per-call read timeout.
         capacity: routing weight (calls in flight at which it counts as full).
+        grammar: how ``action_grammar`` reaches a non-evoharness server: ``regex``
+            (vLLM ``structured_outputs.regex``, any vLLM/SGLang: the same strings, but not the
+            same token paths or masks, so its log-probs do not follow the shared contract) or
+            ``xargs`` (the flat ``vllm_xargs`` keys of `engines.vllm_grammar`, for a vLLM
+            server started with ``--logits-processors
+            evoharness.engines.vllm_grammar:ActionGrammarLogitsProcessor``: exact masks).
 
     On `start` it reads ``/models``; a model card with ``owned_by == "evoharness"``
     marks an evoharness worker, which takes ``action_grammar`` natively and reloads
-    weights over HTTP. Others get the grammar as vLLM ``structured_outputs``.
+    weights over HTTP.
     """
 
     kind = "http"
 
     def __init__(self, base_url: str, name: str | None = None, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 600.0, capacity: int = 64):
+                 timeout_s: float = 600.0, capacity: int = 64, grammar: str = "regex"):
+        if grammar not in GRAMMAR_FORMATS:
+            raise ValueError(f"grammar must be one of {GRAMMAR_FORMATS}, got {grammar!r}")
         super().__init__(name or base_url, capacity)
+        self.grammar = grammar
         self.base_url = base_url.rstrip("/")
         self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
         self.evoharness = False
@@ -555,6 +569,12 @@ class HTTPBackend(Backend):
         if p.grammar is not None:
             if self.evoharness:
                 body["action_grammar"] = p.grammar.model_dump()
+            elif self.grammar == "xargs":
+                xargs = {"action_grammar_commands": list(p.grammar.commands),
+                         "action_grammar_meta_verbs": list(p.grammar.meta_verbs)}
+                if p.max_tokens is not None:
+                    xargs["action_grammar_max_new_tokens"] = p.max_tokens
+                body["vllm_xargs"] = {**(body.get("vllm_xargs") or {}), **xargs}
             else:
                 body["structured_outputs"] = {"regex": action_regex(p.grammar.commands, p.grammar.meta_verbs)}
         return body
@@ -593,7 +613,7 @@ class HTTPBackend(Backend):
                 finish_reason=choice.get("finish_reason") or "stop",
                 policy_version=int(version) if version is not None else self._version,
                 tokens=[x.get("token", "") for x in lp] if lp else None,
-                prompt_fit=data.get("prompt_fit"),
+                prompt_fit=data.get("prompt_fit"), max_new_tokens=p.max_tokens,
             )
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(f"malformed response from {self.name}: {type(e).__name__}: {e}") from e
@@ -612,7 +632,8 @@ class HTTPBackend(Backend):
         return self._version
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "url": self.base_url, "model": self.model, "evoharness": self.evoharness}
+        return {**super().info(), "url": self.base_url, "model": self.model, "evoharness": self.evoharness,
+                "grammar": self.grammar}
 
 
 READY = "EVOHARNESS_WORKER_READY"

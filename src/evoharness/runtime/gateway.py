@@ -35,7 +35,7 @@ HTTP surface:
     POST /v1/chat/completions, POST /x/{execution}/v1/chat/completions
     GET  /v1/models, GET /health
     GET  /v1/executions, GET /v1/executions/{id}/records?offset=N
-    GET  /admin/backends, POST /admin/backends {"url": …} | {"worker": true}
+    GET  /admin/backends, POST /admin/backends {"url": …, "grammar": "regex"|"xargs"?} | {"worker": true}
     DELETE /admin/backends/{name}
     POST /admin/backends/{name}/drain {"cancel_inflight": true}, POST /admin/backends/{name}/resume
     POST /admin/backends/{name}/weights {"path": dir, "version": n?}, POST /admin/weights (every backend)
@@ -61,7 +61,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from evoharness.rollout.records import AGENT_ROLES, CallAttempt, CallRecord
 from evoharness.runtime.backends import (
-    Backend, BackendError, BackendRejected, GenOutput, GenParams, HTTPBackend, WorkerBackend,
+    GRAMMAR_FORMATS, Backend, BackendError, BackendRejected, GenOutput, GenParams, HTTPBackend, WorkerBackend,
 )
 from evoharness.runtime.record_store import RecordStore
 from evoharness.runtime.wire import ChatRequest, GatewayError, completion_body, new_call_id, stream_chunks
@@ -237,6 +237,9 @@ class Gateway:
             policy_version=out.policy_version if out.policy_version is not None else -1,
             finish_reason=out.finish_reason, t_start=t_start, t_end=time.time(), attempts=attempts,
             tool_calls=out.tool_calls, messages=messages,
+            constraint=None if req.action_grammar is None else {
+                "commands": list(req.action_grammar.commands), "meta_verbs": list(req.action_grammar.meta_verbs),
+                "max_new_tokens": out.max_new_tokens},
         )
         if self.records is not None:
             self.records.append(rec)
@@ -416,8 +419,11 @@ def create_app(gw: Gateway):
                 raise GatewayError(400, "this gateway was started without --model-path: cannot start workers")
             b = WorkerBackend(name=body.get("name") or gw.new_backend_name("worker"), **gw.worker_args)
         elif isinstance(body.get("url"), str):
+            if body.get("grammar", "regex") not in GRAMMAR_FORMATS:
+                raise GatewayError(400, f"grammar must be one of {list(GRAMMAR_FORMATS)}", param="grammar")
             b = HTTPBackend(body["url"], name=body.get("name") or gw.new_backend_name("http"),
-                            model=body.get("model"), capacity=int(body.get("capacity", 64)))
+                            model=body.get("model"), capacity=int(body.get("capacity", 64)),
+                            grammar=body.get("grammar", "regex"))
         else:
             raise GatewayError(400, 'give {"url": "http://host:port/v1"} or {"worker": true}', param="url")
         return (await gw.add_backend(b)).info()
@@ -560,12 +566,13 @@ class GatewayServer:
 def build_gateway(model_path: str | None = None, backend_urls: list[str] | None = None, workers: int = 0,
                   records: str | Path | None = None, served_model: str | None = None,
                   max_prompt_tokens: int | None = None, max_batch: int = 64, num_threads: int | None = None,
-                  log_dir: str | Path | None = None) -> Gateway:
+                  log_dir: str | Path | None = None, backend_grammar: str = "regex") -> Gateway:
     """The gateway ``evoharness serve`` runs.
 
     `model_path` with ``workers == 0`` loads the engine in this process; with
     ``workers = N`` it starts N worker processes instead. Each `backend_urls`
-    entry adds an OpenAI-compatible server. Backends start with the app.
+    entry adds an OpenAI-compatible server, sent ``action_grammar`` as `backend_grammar`
+    (`HTTPBackend`'s ``grammar``). Backends start with the app.
 
     Raises:
         ValueError: no backend at all.
@@ -591,7 +598,7 @@ def build_gateway(model_path: str | None = None, backend_urls: list[str] | None 
             backends.append(LocalBackend.from_model_path(model_path, max_prompt_tokens=max_prompt_tokens,
                                                          max_batch=max_batch, num_threads=num_threads))
     for i, url in enumerate(backend_urls or []):
-        backends.append(HTTPBackend(url, name=f"http{i}"))
+        backends.append(HTTPBackend(url, name=f"http{i}", grammar=backend_grammar))
     name = served_model or (Path(model_path).name if model_path else "evoharness")
     return Gateway(backends, served_model=name, records=records, worker_args=worker_args)
 

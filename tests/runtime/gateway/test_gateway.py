@@ -311,6 +311,32 @@ def test_tool_calls_pass_through_and_raw_payloads_are_restored(serve):
         vllm.shutdown()
 
 
+def test_action_grammar_is_recorded_and_reaches_vllm_as_xargs(gw_model_dir, serve):
+    """The constraint a call was sampled under is in its record (the trainer replays it); a vLLM
+    backend with ``grammar="xargs"`` gets it as the `engines.vllm_grammar` processor's flat keys."""
+    vllm, url = start_http(_ToolServer)
+    grammar = {"commands": ["look", "go to fridge 1"], "meta_verbs": ["note"]}
+    try:
+        srv = serve(Gateway([HTTPBackend(url, name="vllm", grammar="xargs")], served_model=MODEL))
+        httpx.post(f"{srv.url}/chat/completions", json=chat_body("x", user="v", action_grammar=grammar,
+                                                                    max_tokens=12), timeout=30).raise_for_status()
+        sent = vllm.bodies[0]
+        assert "structured_outputs" not in sent and "action_grammar" not in sent
+        assert sent["vllm_xargs"] == {"action_grammar_commands": grammar["commands"],
+                                      "action_grammar_meta_verbs": ["note"], "action_grammar_max_new_tokens": 12}
+        assert srv.gateway.records.read("v")[0].constraint == {**grammar, "max_new_tokens": 12}
+    finally:
+        vllm.shutdown()
+    srv = serve(Gateway([local(gw_model_dir)], served_model=MODEL))
+    r = httpx.post(f"{srv.url}/chat/completions", json=chat_body("x", user="l", action_grammar=grammar,
+                                                                 temperature=1.0, seed=3, max_tokens=40), timeout=60)
+    (rec,) = srv.gateway.records.read("l")
+    assert rec.constraint == {**grammar, "max_new_tokens": 40}
+    assert r.json()["choices"][0]["message"]["content"].startswith("<think>")
+    httpx.post(f"{srv.url}/chat/completions", json=chat_body("x", user="u"), timeout=60).raise_for_status()
+    assert srv.gateway.records.read("u")[0].constraint is None
+
+
 def test_parse_tool_calls_qwen_format():
     text = 'Let me check.<tool_call>\n{"name": "ls", "arguments": {"dir": "src"}}\n</tool_call>'
     content, calls = parse_tool_calls(text)

@@ -181,7 +181,9 @@ class ElasticAsync(Scheduler):
         return True
 
     def _to_rollout(self, out: list[Command]) -> bool:
-        if self.mb_queue or not (self._gate_open() and not self._room()):
+        # rollout is short of room when dispatchable work waits for it, or when dispatched
+        # executions wait for a cell (every satellite may have left; the gate may be shut)
+        if self.mb_queue or not (self.queue or (self._gate_open() and not self._room())):
             return False
         idle = [c for c in self.idle_train if c != 0]
         if not idle:

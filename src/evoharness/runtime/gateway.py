@@ -582,13 +582,14 @@ def build_gateway(model_path: str | None = None, backend_urls: list[str] | None 
     backends: list[Backend] = []
     worker_args: dict[str, Any] = {}
     if model_path:
+        args = ["--max-batch", str(max_batch)]
+        if max_prompt_tokens:
+            args += ["--max-prompt-tokens", str(max_prompt_tokens)]
+        if num_threads:
+            args += ["--num-threads", str(num_threads)]
+        # also without --workers: POST /admin/backends {"worker": true} adds engine processes later
+        worker_args = {"model_path": str(model_path), "args": args}
         if workers > 0:
-            args = ["--max-batch", str(max_batch)]
-            if max_prompt_tokens:
-                args += ["--max-prompt-tokens", str(max_prompt_tokens)]
-            if num_threads:
-                args += ["--num-threads", str(num_threads)]
-            worker_args = {"model_path": str(model_path), "args": args}
             for i in range(workers):
                 log = Path(log_dir) / f"worker{i}.log" if log_dir else None
                 backends.append(WorkerBackend(name=f"worker{i}", log_path=log, **worker_args))

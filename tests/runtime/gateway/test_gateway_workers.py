@@ -100,3 +100,23 @@ def test_serve_workers_sigkill_mid_request(gw_model_dir, tmp_path):
             proc.kill()
     # the gateway stopped its remaining worker on shutdown
     assert proc.returncode is not None
+
+
+def test_in_process_serve_adds_and_removes_worker_processes(gw_model_dir, tmp_path):
+    """``evoharness serve --model-path DIR`` (engine in-process) can still grow worker processes at
+    ``POST /admin/backends {"worker": true}`` (it answered 'started without --model-path'), and
+    ``DELETE`` stops the process."""
+    from evoharness.runtime.gateway import GatewayServer, build_gateway
+
+    gw = build_gateway(str(gw_model_dir), records=tmp_path, served_model="micro", num_threads=1)
+    with GatewayServer(gw) as srv:
+        root = srv.url.removesuffix("/v1")
+        r = httpx.post(f"{root}/admin/backends", json={"worker": True, "name": "w"}, timeout=240)
+        assert r.status_code == 200 and r.json()["alive"], r.text
+        worker = gw.backends["w"]
+        httpx.post(f"{root}/admin/backends/local/drain", json={"cancel_inflight": False}).raise_for_status()
+        r = httpx.post(f"{srv.url}/chat/completions", json={"model": "micro", "max_tokens": 4, "user": "e",
+                                                            "messages": [{"role": "user", "content": "go"}]}, timeout=60)
+        assert r.status_code == 200 and [a.backend for a in gw.records.read("e")[0].attempts] == ["w"]
+        assert httpx.delete(f"{root}/admin/backends/w", timeout=60).json() == {"removed": "w"}
+        assert worker.proc.poll() is not None and "w" not in gw.backends

@@ -128,9 +128,10 @@ def test_gateway_in_front_of_vllm_records_contract_logprobs(server, tokenizer, t
         for seed in range(2):
             out = _post(srv.url + "/chat/completions", {
                 "model": "m", "messages": msgs, "max_tokens": N, "temperature": T, "seed": seed, "logprobs": True,
-                "return_token_ids": True, "user": f"x{seed}",
+                "return_token_ids": True, "user": f"x{seed}", "top_logprobs": 2,
                 "action_grammar": {"commands": COMMANDS, "meta_verbs": list(META_VERBS)}})
             (rec,) = srv.gateway.records.read(f"x{seed}")
+            assert all(len(c["top_logprobs"]) == 2 for c in out["choices"][0]["logprobs"]["content"])  # passed through
             assert rec.prompt_token_ids == out["prompt_token_ids"] and rec.completion_token_ids == out["choices"][0]["token_ids"]
             assert rec.constraint == {"commands": COMMANDS, "meta_verbs": list(META_VERBS), "max_new_tokens": N}
             ids, lps = rec.completion_token_ids, rec.logprobs

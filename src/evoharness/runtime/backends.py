@@ -66,6 +66,7 @@ class GenParams:
         truncate_prompt_tokens: keep only the last N prompt tokens.
         tools / tool_choice: passed to the chat template or the HTTP backend as is.
         want_token_text: fill `GenOutput.tokens` (for ``logprobs.content[].token``).
+        top_logprobs: alternatives per token to return (HTTP backends only; None/0: none).
         passthrough: other request fields, forwarded to HTTP backends only.
     """
 
@@ -80,6 +81,7 @@ class GenParams:
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     want_token_text: bool = False
+    top_logprobs: int | None = None
     passthrough: dict[str, Any] = field(default_factory=dict)
 
 
@@ -101,6 +103,7 @@ class GenOutput:
     tokens: list[str] | None = None
     prompt_fit: dict[str, int] | None = None  # how an over-budget prompt was shortened (`harness.prompt.PromptFit`)
     max_new_tokens: int | None = None  # the completion cap applied (the grammar's budget); None: unknown
+    top_logprobs: list[list[dict[str, Any]]] | None = None  # per token, as the backend returned them
 
 
 class Backend:
@@ -405,6 +408,7 @@ class LocalBackend(Backend):
         groups: dict[tuple[float, float, int], list[tuple[int, GenRequest]]] = {}
         for i, p in enumerate(batch):
             try:
+                unsupported_by_engine(p)
                 ids, fit = self._prompt_ids(p)
                 fits[i] = fit
                 if not ids:
@@ -479,11 +483,40 @@ class LocalBackend(Backend):
         return {**super().info(), "queued": self._queue.qsize() if self._queue else 0, "batches": self.batches}
 
 
+# request fields the project's engine cannot honour, with the values that mean "off": anything else
+# is refused rather than ignored (the client would believe it sampled from another distribution)
+_ENGINE_OFF: dict[str, tuple[Any, ...]] = {
+    "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1), "top_k": (None, -1, 0), "min_p": (None, 0), "min_tokens": (None, 0),
+    "response_format": (None, {"type": "text"}), "structured_outputs": (None,), "guided_json": (None,),
+    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "vllm_xargs": (None, {}),
+    "best_of": (None, 1), "use_beam_search": (None, False), "prompt_logprobs": (None, 0),
+}
+
+
+def unsupported_by_engine(p: GenParams) -> None:
+    """Raise `BackendRejected` (400) for a setting the in-process engine would silently ignore."""
+    for key, off in _ENGINE_OFF.items():
+        if key in p.passthrough and p.passthrough[key] not in off:
+            raise BackendRejected(400, f"`{key}` is not supported by the evoharness engine "
+                                       "(use action_grammar to constrain the output)", "unsupported_parameter")
+    if p.top_logprobs:
+        raise BackendRejected(400, "`top_logprobs` is not supported by the evoharness engine "
+                                   "(logprobs: true gives each sampled token's log-prob)", "unsupported_parameter")
+
+
 def _template_message(m: dict[str, Any]) -> dict[str, Any]:
-    """A message a plain chat template can render: content parts joined, None content as ''."""
+    """A message a plain chat template can render: text parts joined, None content as ''.
+
+    Raises:
+        ValueError: a non-text content part (image, audio, file): the model reads text only.
+    """
     c = m.get("content")
     if isinstance(c, list):
-        c = "".join(part.get("text", "") for part in c if isinstance(part, dict))
+        kinds = {part.get("type") if isinstance(part, dict) else type(part).__name__ for part in c} - {"text"}
+        if kinds:
+            raise ValueError(f"content parts of type {sorted(map(str, kinds))} are not supported (text only)")
+        c = "".join(part.get("text", "") for part in c)
     return {**m, "content": c or ""}
 
 
@@ -562,6 +595,7 @@ class HTTPBackend(Backend):
         body = {**p.passthrough, "model": self.model, "messages": p.messages, "stream": False,
                 "temperature": p.temperature, "top_p": p.top_p, "logprobs": True, "return_token_ids": True}
         for key, val in (("max_tokens", p.max_tokens), ("seed", p.seed), ("stop", p.stops or None),
+                         ("top_logprobs", p.top_logprobs or None),
                          ("tools", p.tools), ("tool_choice", p.tool_choice),
                          ("truncate_prompt_tokens", p.truncate_prompt_tokens)):
             if val is not None:
@@ -614,6 +648,7 @@ class HTTPBackend(Backend):
                 policy_version=int(version) if version is not None else self._version,
                 tokens=[x.get("token", "") for x in lp] if lp else None,
                 prompt_fit=data.get("prompt_fit"), max_new_tokens=p.max_tokens,
+                top_logprobs=[list(x.get("top_logprobs") or []) for x in lp] if p.top_logprobs else None,
             )
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(f"malformed response from {self.name}: {type(e).__name__}: {e}") from e

@@ -203,6 +203,7 @@ class Gateway:
             top_p=1.0 if req.top_p is None else req.top_p, max_tokens=req.max_new_tokens, seed=req.seed,
             stops=req.stops, grammar=req.action_grammar, truncate_prompt_tokens=req.truncate_prompt_tokens,
             tools=req.tools, tool_choice=req.tool_choice, want_token_text=req.logprobs,
+            top_logprobs=req.top_logprobs if req.logprobs else None,
             passthrough=dict(req.model_extra or {}),
         )
         attempts: list[CallAttempt] = []
@@ -245,7 +246,8 @@ class Gateway:
             self.records.append(rec)
         self._cache_tool_calls(execution_id, out.tool_calls)
         return completion_body(call_id, req.model, out.content, out.tool_calls, out.finish_reason, out.prompt_ids,
-                               out.completion_ids, out.logprobs, out.policy_version, req, out.tokens, out.prompt_fit)
+                               out.completion_ids, out.logprobs, out.policy_version, req, out.tokens, out.prompt_fit,
+                               out.top_logprobs)
 
     def health(self) -> dict[str, Any]:
         live = sum(b.routable for b in self.backends.values())

@@ -160,14 +160,15 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 def completion_body(call_id: str, model: str, content: str | None, tool_calls: list[dict[str, Any]],
                     finish_reason: str, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
                     policy_version: int | None, req: ChatRequest, tokens: list[str] | None = None,
-                    prompt_fit: dict[str, int] | None = None) -> dict[str, Any]:
+                    prompt_fit: dict[str, int] | None = None,
+                    top_logprobs: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """A ``chat.completion`` response body, with the token-in/token-out extensions the request asked for."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
     if req.logprobs:
-        choice["logprobs"] = {"content": _logprob_content(completion_ids, logprobs, tokens)}
+        choice["logprobs"] = {"content": _logprob_content(completion_ids, logprobs, tokens, top_logprobs)}
     body: dict[str, Any] = {
         "id": call_id, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [choice],
@@ -183,10 +184,12 @@ def completion_body(call_id: str, model: str, content: str | None, tool_calls: l
     return body
 
 
-def _logprob_content(ids: list[int], logprobs: list[float], tokens: list[str] | None) -> list[dict[str, Any]]:
+def _logprob_content(ids: list[int], logprobs: list[float], tokens: list[str] | None,
+                     top: list[list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     toks = tokens or [f"token_id:{i}" for i in ids]
-    return [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-            for t, lp in zip(toks, logprobs)]
+    top = top if top and len(top) == len(logprobs) else [[] for _ in logprobs]
+    return [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": alts}
+            for t, lp, alts in zip(toks, logprobs, top)]
 
 
 def stream_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:

@@ -222,6 +222,13 @@ def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
         # streamed: still the error status, not a 200 stream carrying an error event
         (dict(json={**ok, "max_tokens": 5000, "stream": True}), 400, "context_length_exceeded"),
         (dict(json={**ok, "seed": 2**64}), 400, "invalid_value"),  # was a 503 after 5 engine failures
+        # settings the engine cannot honour are refused, not silently ignored
+        (dict(json={**ok, "logit_bias": {"5": 100}}), 400, "unsupported_parameter"),
+        (dict(json={**ok, "presence_penalty": 1.5}), 400, "unsupported_parameter"),
+        (dict(json={**ok, "response_format": {"type": "json_object"}}), 400, "unsupported_parameter"),
+        (dict(json={**ok, "top_logprobs": 3}), 400, "unsupported_parameter"),
+        (dict(json={**ok, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}), 400, None),
     ]
     for kw, status, code in cases:
         got_status, err = post(**kw)
@@ -229,6 +236,11 @@ def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
         assert err["message"] and err["type"] == "invalid_request_error"
     assert srv.gateway.records.executions() == {} and backend.served == 0
     assert httpx.post(url, json=ok).status_code == 200  # and the server still serves
+    # the same settings at their "off" values, and text content parts, are fine
+    text_parts = [{"role": "user", "content": [{"type": "text", "text": "go to "}, {"type": "text", "text": "desk 1"}]}]
+    r = httpx.post(url, json={**ok, "presence_penalty": 0, "logit_bias": {}, "response_format": {"type": "text"},
+                              "top_logprobs": 0, "messages": text_parts})
+    assert r.status_code == 200, r.text
 
 
 def test_streaming_with_the_openai_client(gw_model_dir, serve):

@@ -16,8 +16,9 @@ workload runs in the simulator and here and the two can be compared. A call
 lasts its decode work at ``gen_tps_single`` (no processor sharing in a cell:
 the process serves its calls in parallel), a micro-batch ``micro_batch_s``.
 This backend exercises the control plane with real processes and real time;
-the model itself (the in-process engine in rollout cells, trainer replicas
-with torch.distributed gloo) is the next piece: see docs/simulator.md.
+`LocalModelBackend` below puts a real model in the cells (`runtime.cell_worker`),
+and `runtime.alfworld_backend` runs the ALFWorld RL workload on it
+(``evoharness rl --schedule``).
 """
 
 from __future__ import annotations

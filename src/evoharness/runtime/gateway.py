@@ -17,7 +17,8 @@ Per call the gateway
    5xx, or is drained mid-request, the call is re-issued on another backend
    (up to ``max_attempts``; while no backend is routable it waits up to
    ``wait_for_backend_s``). The client gets one normal answer;
-5. appends one `CallRecord` (prompt ids as the engine tokenised them,
+5. appends one `CallRecord` per choice (``n > 1``: n independent samples, seeds
+   ``seed + i``, each routed and retried on its own) (prompt ids as the engine tokenised them,
    completion ids, behaviour log-probs, policy version, timestamps, finish
    reason, every attempt) to the `RecordStore` (`record_store`: one JSONL per
    execution). A backend that reports no token ids (a server without
@@ -53,6 +54,7 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,9 @@ from evoharness.runtime.backends import (
     GRAMMAR_FORMATS, Backend, BackendError, BackendRejected, GenOutput, GenParams, HTTPBackend, WorkerBackend,
 )
 from evoharness.runtime.record_store import RecordStore
-from evoharness.runtime.wire import ChatRequest, GatewayError, completion_body, new_call_id, stream_chunks
+from evoharness.runtime.wire import (
+    ChatRequest, GatewayError, choice_body, completion_body, new_call_id, stream_chunks,
+)
 
 MAX_BODY_BYTES = 8 << 20
 STREAM_KEEPALIVE_S = 5.0  # a waiting stream sends an SSE comment this often
@@ -206,6 +210,41 @@ class Gateway:
             top_logprobs=req.top_logprobs if req.logprobs else None,
             passthrough=dict(req.model_extra or {}),
         )
+        # n > 1: n independent calls (each routed and retried on its own; seeds seed, seed+1, ...),
+        # one record each, so every sample is a branch of the execution's tree
+        ps = [params] if req.n == 1 else [
+            replace(params, seed=None if req.seed is None else (req.seed + i + 2**63) % 2**64 - 2**63)
+            for i in range(req.n)]
+        tasks = [asyncio.ensure_future(self._run_one(p)) for p in ps]
+        try:
+            results = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:  # a sibling failed, or the client went away
+                t.cancel()
+        choices, n_completion = [], 0
+        for i, (out, attempts) in enumerate(results):
+            rec = CallRecord(
+                execution_id=execution_id, call_id=call_id if req.n == 1 else f"{call_id}-{i}", role=role,
+                model=req.model, prompt_token_ids=out.prompt_ids, completion_token_ids=out.completion_ids,
+                logprobs=out.logprobs, policy_version=out.policy_version if out.policy_version is not None else -1,
+                finish_reason=out.finish_reason, t_start=t_start, t_end=time.time(), attempts=attempts,
+                tool_calls=out.tool_calls, messages=messages,
+                constraint=None if req.action_grammar is None else {
+                    "commands": list(req.action_grammar.commands), "meta_verbs": list(req.action_grammar.meta_verbs),
+                    "max_new_tokens": out.max_new_tokens},
+            )
+            if self.records is not None:
+                self.records.append(rec)
+            self._cache_tool_calls(execution_id, out.tool_calls)
+            choices.append(choice_body(i, out.content, out.tool_calls, out.finish_reason, out.completion_ids,
+                                       out.logprobs, req, out.tokens, out.top_logprobs))
+            n_completion += len(out.completion_ids)
+        first = results[0][0]
+        return completion_body(call_id, req.model, choices, first.prompt_ids, n_completion, first.policy_version,
+                               req, first.prompt_fit)
+
+    async def _run_one(self, params: GenParams) -> tuple[GenOutput, list[CallAttempt]]:
+        """One completion, retried across backends; its answer and every attempt."""
         attempts: list[CallAttempt] = []
         tried: set[str] = set()
         out: GenOutput | None = None
@@ -232,22 +271,7 @@ class Gateway:
             why = attempts[-1].error if attempts else "no backend is available"
             raise GatewayError(503, f"no backend answered after {len(attempts)} attempt(s): {why}",
                                "service_unavailable", "backend_unavailable")
-        rec = CallRecord(
-            execution_id=execution_id, call_id=call_id, role=role, model=req.model,
-            prompt_token_ids=out.prompt_ids, completion_token_ids=out.completion_ids, logprobs=out.logprobs,
-            policy_version=out.policy_version if out.policy_version is not None else -1,
-            finish_reason=out.finish_reason, t_start=t_start, t_end=time.time(), attempts=attempts,
-            tool_calls=out.tool_calls, messages=messages,
-            constraint=None if req.action_grammar is None else {
-                "commands": list(req.action_grammar.commands), "meta_verbs": list(req.action_grammar.meta_verbs),
-                "max_new_tokens": out.max_new_tokens},
-        )
-        if self.records is not None:
-            self.records.append(rec)
-        self._cache_tool_calls(execution_id, out.tool_calls)
-        return completion_body(call_id, req.model, out.content, out.tool_calls, out.finish_reason, out.prompt_ids,
-                               out.completion_ids, out.logprobs, out.policy_version, req, out.tokens, out.prompt_fit,
-                               out.top_logprobs)
+        return out, attempts
 
     def health(self) -> dict[str, Any]:
         live = sum(b.routable for b in self.backends.values())

@@ -58,7 +58,7 @@ class ActionGrammarSpec(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """A ``POST /v1/chat/completions`` body. Only ``n == 1`` is served."""
+    """A ``POST /v1/chat/completions`` body (``n`` up to 128 choices: independent samples)."""
 
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
@@ -67,7 +67,7 @@ class ChatRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=128)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, as vLLM: a bigger one failed the engine batch
@@ -157,30 +157,36 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     return (rest.strip() or None), calls
 
 
-def completion_body(call_id: str, model: str, content: str | None, tool_calls: list[dict[str, Any]],
-                    finish_reason: str, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
-                    policy_version: int | None, req: ChatRequest, tokens: list[str] | None = None,
-                    prompt_fit: dict[str, int] | None = None,
-                    top_logprobs: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
-    """A ``chat.completion`` response body, with the token-in/token-out extensions the request asked for."""
+def choice_body(index: int, content: str | None, tool_calls: list[dict[str, Any]], finish_reason: str,
+                completion_ids: list[int], logprobs: list[float], req: ChatRequest, tokens: list[str] | None = None,
+                top_logprobs: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """One ``choices[i]`` of a ``chat.completion``, with the extensions the request asked for."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+    choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
     if req.logprobs:
         choice["logprobs"] = {"content": _logprob_content(completion_ids, logprobs, tokens, top_logprobs)}
+    if req.return_token_ids:
+        choice["token_ids"] = completion_ids
+    return choice
+
+
+def completion_body(call_id: str, model: str, choices: list[dict[str, Any]], prompt_ids: list[int],
+                    completion_tokens: int, policy_version: int | None, req: ChatRequest,
+                    prompt_fit: dict[str, int] | None = None) -> dict[str, Any]:
+    """A ``chat.completion`` response body (`choice_body` choices); `completion_tokens` over all choices."""
     body: dict[str, Any] = {
         "id": call_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [choice],
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
-                  "total_tokens": len(prompt_ids) + len(completion_ids)},
+        "choices": choices,
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+                  "total_tokens": len(prompt_ids) + completion_tokens},
         "policy_version": policy_version,
     }
     if prompt_fit:
         body["prompt_fit"] = prompt_fit
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
-        choice["token_ids"] = completion_ids
     return body
 
 
@@ -193,38 +199,38 @@ def _logprob_content(ids: list[int], logprobs: list[float], tokens: list[str] | 
 
 
 def stream_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
-    """The ``chat.completion.chunk`` events for a finished completion `body`: a role chunk, one
-    content (and tool-call) delta, a finish chunk, and a usage chunk when asked.
+    """The ``chat.completion.chunk`` events for a finished completion `body`: per choice a role
+    chunk, one content (and tool-call) delta, a finish chunk; then a usage chunk when asked.
 
     The gateway streams a finished answer (see `gateway`): a retried call must
     reach the client as one normal answer, never as two half-streams.
     """
-    choice = body["choices"][0]
-    msg = choice["message"]
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-        c = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        c = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
         return {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
                 "model": body["model"], "choices": [c]}
 
-    out = [chunk({"role": "assistant", "content": ""})]
-    delta: dict[str, Any] = {}
-    if msg.get("content"):
-        delta["content"] = msg["content"]
-    if msg.get("tool_calls"):
-        delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])]
-    extra: dict[str, Any] = {}
-    if "token_ids" in choice:
-        extra["token_ids"] = choice["token_ids"]
-    if delta or extra:
-        c = chunk(delta, **extra)
-        if choice.get("logprobs"):
-            c["choices"][0]["logprobs"] = choice["logprobs"]
-        if "prompt_token_ids" in body:
-            c["prompt_token_ids"] = body["prompt_token_ids"]
-        out.append(c)
-    out.append(chunk({}, choice["finish_reason"]))
-    out[-1]["policy_version"] = body.get("policy_version")
+    out = []
+    for choice in body["choices"]:
+        k, msg = choice["index"], choice["message"]
+        out.append(chunk(k, {"role": "assistant", "content": ""}))
+        delta: dict[str, Any] = {}
+        if msg.get("content"):
+            delta["content"] = msg["content"]
+        if msg.get("tool_calls"):
+            delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])]
+        extra: dict[str, Any] = {}
+        if "token_ids" in choice:
+            extra["token_ids"] = choice["token_ids"]
+        if delta or extra:
+            c = chunk(k, delta, **extra)
+            if choice.get("logprobs"):
+                c["choices"][0]["logprobs"] = choice["logprobs"]
+            if "prompt_token_ids" in body:
+                c["prompt_token_ids"] = body["prompt_token_ids"]
+            out.append(c)
+        out.append(chunk(k, {}, choice["finish_reason"]))
+        out[-1]["policy_version"] = body.get("policy_version")
     if include_usage:
         out.append({"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
                     "model": body["model"], "choices": [], "usage": body["usage"]})

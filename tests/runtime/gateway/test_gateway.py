@@ -171,6 +171,31 @@ def test_drain_mid_request_retries_elsewhere_and_resume(gw_model_dir, serve):
     assert srv.gateway.pick(set()) is a  # least loaded: a has served nothing
 
 
+def test_n_choices_are_independent_samples_each_recorded(gw_model_dir, serve):
+    """``n > 1`` (GRPO-style groups from one prompt): n choices, one record each (a branch of the
+    execution's tree), seeds seed+i; streamed too, through the official client."""
+    srv = serve(Gateway([local(gw_model_dir)], served_model=MODEL))
+    client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0)
+    kw = oai_kwargs("go to fridge 1", temperature=1.0, max_tokens=12)
+    r = client.chat.completions.create(**kw, n=4, seed=7, extra_headers={"X-Execution-Id": "g"})
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    recs = srv.gateway.records.read("g")
+    assert [x.call_id for x in recs] == [f"{r.id}-{i}" for i in range(4)]
+    ids = [c.model_extra["token_ids"] for c in r.choices]
+    assert [x.completion_token_ids for x in recs] == ids and len({tuple(t) for t in ids}) > 1
+    assert all(x.prompt_token_ids == r.model_extra["prompt_token_ids"] for x in recs)
+    assert all([lp.logprob for lp in c.logprobs.content] == x.logprobs for c, x in zip(r.choices, recs))
+    assert r.usage.completion_tokens == sum(map(len, ids))
+    single = client.chat.completions.create(**kw, seed=9)  # choice i is the n=1 sample with seed 7+i
+    assert single.choices[0].model_extra["token_ids"] == ids[2]
+    text = {0: "", 1: ""}
+    for ch in client.chat.completions.create(**kw, n=2, seed=7, stream=True, extra_headers={"X-Execution-Id": "s"}):
+        for c in ch.choices:
+            text[c.index] += c.delta.content or ""
+    assert [text[0], text[1]] == [c.message.content for c in r.choices[:2]]
+    assert len(srv.gateway.records.read("s")) == 2
+
+
 def test_client_that_disconnects_mid_call_cancels_it_and_leaves_no_record(gw_model_dir, serve):
     """As vLLM aborts a request whose client went away: the agent never saw the answer, so no
     record (a phantom branch in its tree); streaming and not."""
@@ -212,7 +237,7 @@ def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
         (dict(json={**ok, "messages": [{"role": "robot", "content": "hi"}]}), 400, "invalid_value"),
         (dict(json={**ok, "temperature": "hot"}), 400, "invalid_value"),
         (dict(json={**ok, "max_tokens": 0}), 400, "invalid_value"),
-        (dict(json={**ok, "n": 3}), 400, "invalid_value"),
+        (dict(json={**ok, "n": 129}), 400, "invalid_value"),
         (dict(json={k: v for k, v in ok.items() if k != "model"}), 400, "invalid_value"),
         (dict(json={**ok, "messages": [{"role": "user", "content": "x" * 5000}]}), 413, "request_too_large"),
         (dict(content=iter([b'{"model": "micro", "messages": [{"role": "user", "content": "', b"y" * 5000, b'"}]}'])),

@@ -152,3 +152,19 @@ def test_gateway_in_front_of_vllm_records_contract_logprobs(server, tokenizer, t
             ref = torch.log_softmax(logits.masked_fill(~torch.stack(masks), float("-inf")), -1)
             ref = ref.gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
             assert torch.allclose(torch.tensor(lps), ref, atol=1e-4), (lps, ref.tolist())
+
+
+def test_openai_policy_sends_the_exact_grammar_to_vllm(server):
+    """``constraint_format="vllm_xargs"``: every sampled completion is a legal action under the
+    engine's grammar, with one behaviour log-prob per token and its constraint recorded."""
+    from evoharness.policies.base import PolicyRequest
+    from evoharness.policies.openai_policy import OpenAIPolicy
+    base, d = server
+    policy = OpenAIPolicy(base_url=base + "/v1", model=str(d), temperature=1.2, max_tokens=40, seed=0,
+                          constrained=True, constraint_format="vllm_xargs", max_retries=0)
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "You are in the kitchen. Find an apple."}]
+    reqs = [PolicyRequest(messages=msgs, episode_id=f"e{i}", turn=0, admissible_commands=COMMANDS) for i in range(3)]
+    for c in policy.act(reqs):
+        assert c.error is None and parse_completion(c.text, COMMANDS, META_VERBS).kind in ("env", "meta"), c.text
+        assert len(c.logprobs) == len(c.completion_token_ids) > 0 and c.extra["constraint"]["max_new_tokens"] == 40
+    policy.close()

@@ -67,6 +67,13 @@ def test_token_ids_logprobs_seed_and_grammar_requested(chat_server):
     # vLLM's truncate_prompt_tokens keeps the last N tokens, cutting the system prompt and OBJECTIVE
     # first (issue 10 fault 4): only the gateway, which fits prompts the harness's way, is asked to truncate
     assert "truncate_prompt_tokens" not in calls[1][2]
+    # a vLLM server running the project's grammar processor gets the grammar itself (exact masks)
+    OpenAIPolicy(base_url=server, model="m", constrained=True, constraint_format="vllm_xargs", max_tokens=30,
+                 max_prompt_tokens=100).act([req])
+    assert calls[2][2]["vllm_xargs"] == {"action_grammar_commands": ["look", "go to fridge 1"],
+                                         "action_grammar_meta_verbs": ["track", "commit", "recall", "note"],
+                                         "action_grammar_max_new_tokens": 30}
+    assert not {"structured_outputs", "action_grammar", "truncate_prompt_tokens"} & set(calls[2][2])
 
 
 def test_endpoint_rejecting_extensions_falls_back_to_text_only(chat_server):

@@ -17,9 +17,12 @@ gateway and vLLM do), else None. Each request also carries
   samples through the gateway as in-process;
 - the header ``X-Execution-Id: <episode id>`` (the gateway's execution key);
 - with ``constrained``, the ``action_grammar`` extension (admissible commands
-  and the harness's meta verbs; see `runtime.wire`), or for a plain vLLM
-  server (``constraint_format="vllm"``) the equivalent
-  ``structured_outputs.regex``;
+  and the harness's meta verbs; see `runtime.wire`); for a plain vLLM server
+  (``constraint_format="vllm"``) the equivalent ``structured_outputs.regex``
+  (same strings, but the regex's token masks: its log-probs are not the ones the
+  trainer replays); for a vLLM server started with the project's logits processor
+  (``constraint_format="vllm_xargs"``, `engines.vllm_grammar`) the grammar itself in
+  ``vllm_xargs``: exact masks and contract log-probs;
 - with ``max_prompt_tokens`` and the gateway format, ``truncate_prompt_tokens``: the gateway
   fits an over-long prompt the harness's way (history dropped first, system prompt and
   OBJECTIVE kept; `harness.prompt.fit_prompt_ids`). It is never sent in the ``vllm`` format:
@@ -65,8 +68,9 @@ class OpenAIPolicy:
         constrained: restrict the action to admissible commands / meta-actions
             (needs a server that understands ``constraint_format``).
         constraint_format: ``gateway`` (the ``action_grammar`` extension; exact
-            token-level grammar on the project's engine) or ``vllm``
-            (``structured_outputs.regex``).
+            token-level grammar on the project's engine), ``vllm``
+            (``structured_outputs.regex``) or ``vllm_xargs`` (the `engines.vllm_grammar`
+            processor's ``vllm_xargs`` keys; exact grammar on vLLM).
         max_prompt_tokens: sent as ``truncate_prompt_tokens`` to the gateway only (None: not sent).
         meta_verbs: meta verbs allowed under `constrained` when a request has no harness.
         extensions: ask for token ids / log-probs and send the extension fields
@@ -76,7 +80,8 @@ class OpenAIPolicy:
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 120.0,
                  max_retries: int = 3, concurrency: int = 16, temperature: float = 0.0, top_p: float = 1.0,
                  max_tokens: int = 256, seed: int | None = 0, constrained: bool = False,
-                 constraint_format: Literal["gateway", "vllm"] = "gateway", max_prompt_tokens: int | None = None,
+                 constraint_format: Literal["gateway", "vllm", "vllm_xargs"] = "gateway",
+                 max_prompt_tokens: int | None = None,
                  meta_verbs: tuple[str, ...] = META_VERBS, extensions: bool = True) -> None:
         import openai
 
@@ -110,6 +115,10 @@ class OpenAIPolicy:
                 from evoharness.runtime.wire import action_regex
 
                 extra["structured_outputs"] = {"regex": action_regex(constraint["commands"], constraint["meta_verbs"])}
+            elif self.constraint_format == "vllm_xargs":
+                extra["vllm_xargs"] = {"action_grammar_commands": constraint["commands"],
+                                       "action_grammar_meta_verbs": constraint["meta_verbs"],
+                                       "action_grammar_max_new_tokens": constraint["max_new_tokens"]}
             else:
                 extra["action_grammar"] = {"commands": constraint["commands"], "meta_verbs": constraint["meta_verbs"]}
         return extra

@@ -60,6 +60,12 @@ def _same_run(out, final, inprocess, model_dir):
         moved = (ref_w[k] - w0[k]).abs().max()
         assert (w[k] - ref_w[k]).abs().max() <= 1e-3 * moved + 1e-7, k
     assert (final / "experience.json").is_file() and (out / "report.md").is_file()
+    # the call trace replays in the simulator: each of the 2 x 4 episodes once, its calls in order
+    from evoharness.runtime.workload import load_trace
+    trace = [json.loads(ln) for ln in (out / "runtime" / "trace.jsonl").read_text().splitlines()]
+    assert sorted(t["episode_id"] for t in trace) == sorted({t["episode_id"] for t in trace}) and len(trace) == 8
+    assert all(a["end"] <= b["start"] for t in trace for a, b in zip(t["turns"], t["turns"][1:]))
+    assert len(load_trace(out / "runtime" / "trace.jsonl")) == 8
     return json.loads((out / "runtime.json").read_text())
 
 

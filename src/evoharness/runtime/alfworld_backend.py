@@ -93,6 +93,8 @@ class AlfworldBackend(LocalModelBackend):
         self._rewards: dict[int, Any] = {}         # execution -> RewardBreakdown
         self._adv_stats: dict[int, dict] = {}      # step -> GiGPO counters
         self._trained: dict[int, set[int]] = {}    # version -> executions trained on it
+        self._t0 = time.monotonic()
+        self._call_t: dict[int, list[list[float]]] = {}   # execution -> [first issue, reply] s per turn
         self._env_s: dict[int, list[float]] = {}  # execution -> seconds in env reset/step (driver process)
         self._gen_s: dict[int, float] = {}        # execution -> seconds its calls decoded (cell process)
         self._last_sync = time.monotonic()
@@ -143,6 +145,8 @@ class AlfworldBackend(LocalModelBackend):
             self._start_tool(e, 0.0)            # ends at once (`_last_turn`)
             return
         lv = self.live[e]
+        if len(self._call_t.setdefault(e, [])) == len(lv.traj.turns):   # a new turn (not a re-issue)
+            self._call_t[e].append([time.monotonic() - self._t0, 0.0])
         if e not in self._req:
             self._req[e] = PolicyRequest(lv.harness.messages(), lv.spec.episode_id, len(lv.traj.turns),
                                          list(lv.harness.admissible))
@@ -157,6 +161,7 @@ class AlfworldBackend(LocalModelBackend):
         lv, req = self.live[e], self._req.pop(e)
         self._gen_s[e] += result.pop("seconds")
         self._comps.setdefault(e, []).append(result)
+        self._call_t[e][-1][1] = time.monotonic() - self._t0
         if not _advance(lv, req, Completion(**result), self.env_timeout_s, self.rl.max_steps):
             lv.traj.wall_s = time.perf_counter() - lv.t0
             _safe_close(lv.env)
@@ -178,7 +183,7 @@ class AlfworldBackend(LocalModelBackend):
         return dict(self.traj)
 
     # ---- job checkpoints ---------------------------------------------------------------
-    _BOOKS = ("traj", "_samples", "_rewards", "_adv_stats", "_trained", "_env_s", "_gen_s", "newest")
+    _BOOKS = ("traj", "_samples", "_rewards", "_adv_stats", "_trained", "_env_s", "_gen_s", "_call_t", "newest")
 
     def _extra_state(self) -> dict[str, Any]:
         """Taken at a weight sync (`Driver`): finished trajectories not yet recorded, the
@@ -276,6 +281,7 @@ class AlfworldBackend(LocalModelBackend):
         rec = step_record([self.traj[e] for e in execs], [self._rewards[e] for e in execs], train, step,
                           self.N / max(1, sum(1 for e in execs if self._samples.get(e))))
         self.train_stats = [r for r in self.train_stats if r.get("version") != version - 1]
+        self._write_trace(execs, version)
         for e in execs:
             self._samples.pop(e, None)
         now = time.monotonic()
@@ -300,6 +306,25 @@ class AlfworldBackend(LocalModelBackend):
         self.records.append(rec)
         if self.on_step is not None:
             self.on_step(rec)
+
+    def _write_trace(self, execs: list[int], step: int) -> None:
+        """Append the executions' call trace to ``work_dir/trace.jsonl``, one trajectory a line in
+        the simulator's trace format (docs/simulator.md: prompt/completion tokens and start/end
+        seconds per call), so `evoharness simulate --workload` can replay this run."""
+        import json
+        from pathlib import Path
+
+        Path(self.work_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(self.work_dir) / "trace.jsonl", "a") as f:
+            for e in execs:
+                t, times = self.traj[e], self._call_t.pop(e, [])
+                if not t.turns:
+                    continue
+                turns = [{"prompt_tokens": x.prompt_tokens, "completion_tokens": x.completion_tokens,
+                          "start": round(a, 4), "end": round(b, 4), "policy_version": x.policy_version}
+                         for x, (a, b) in zip(t.turns, times)]
+                f.write(json.dumps({"step": step, "task_id": f"{t.task_id}#u{e // self.N}", "episode_id": t.episode_id,
+                                    "wall_s": t.wall_s, "turns": turns}) + "\n")
 
     def close(self) -> None:
         for lv in self.live.values():

@@ -6,7 +6,9 @@ with `runtime.driver.Driver` until the last weight sync, write one metrics
 record per step (``metrics.jsonl``, `train.rl`'s names), the run's runtime
 measurements (``runtime.json``: wall time per step, idle ratio per role,
 switches and their latency, aborted turns, staleness, cells lost) and the
-final model. ``schedule = "inprocess"`` (the default) keeps `train.rl`'s
+final model, and the run's call trace (``runtime/trace.jsonl``, the
+simulator's trace format: ``evoharness simulate --workload`` replays it).
+``schedule = "inprocess"`` (the default) keeps `train.rl`'s
 single-process loop.
 
 A job checkpoint (``runtime/job.pkl``, `Driver`) is written at every weight
@@ -113,7 +115,8 @@ def train_rl_runtime(cfg: "RLConfig", progress: bool = True) -> Path:
 
     def make_backend(sched, state=None) -> AlfworldBackend:
         roles = [c.role for c in sched.pool.cells] if state else sched.initial_roles()
-        _keep_metrics(metrics_path, state["alf"]["newest"] if state else 0)   # steps past the checkpoint redo
+        for path in (metrics_path, out / "runtime" / "trace.jsonl"):       # steps past the checkpoint redo
+            _keep_steps(path, state["alf"]["newest"] if state else 0)
         bar.update(state["alf"]["newest"] if state else 0)
         return AlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), on_step, state=state)
 
@@ -143,8 +146,9 @@ def train_rl_runtime(cfg: "RLConfig", progress: bool = True) -> Path:
     return atomic_dir(out / "final", write_final)
 
 
-def _keep_metrics(path: Path, steps: int) -> None:
-    """Keep the records of steps 1..`steps` of ``metrics.jsonl`` (atomically; a torn last line goes too)."""
+def _keep_steps(path: Path, steps: int) -> None:
+    """Keep the JSONL records of steps 1..`steps` (their ``step`` field) of `path`
+    (atomically; a torn last line goes too)."""
     from evoharness.train.checkpoint import atomic_write_text
 
     if not path.exists():

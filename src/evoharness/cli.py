@@ -211,7 +211,7 @@ def serve_cmd(
     port: int = typer.Option(8000, help="Port."),
     records: Optional[Path] = typer.Option(None, help="Directory of per-execution call records (JSONL); default: in memory."),
     served_model_name: Optional[str] = typer.Option(None, help="Model name clients use (default: the model directory's name)."),
-    max_prompt_tokens: Optional[int] = typer.Option(None, help="Left-truncate prompts to this many tokens (engine backends)."),
+    max_prompt_tokens: Optional[int] = typer.Option(None, help="Prompt budget of engine backends: a longer prompt drops its oldest history first, as LocalHFPolicy does."),
     max_batch: int = typer.Option(64, help="Calls per engine batch at most."),
     threads: Optional[int] = typer.Option(None, help="Torch CPU threads per engine."),
     backend_grammar: str = typer.Option("regex", help="How --backend servers get action_grammar: regex (vLLM structured_outputs; not the engine's token masks) | xargs (vllm_xargs for a vLLM server started with --logits-processors evoharness.engines.vllm_grammar:ActionGrammarLogitsProcessor: exact masks and contract log-probs)."),

@@ -5,7 +5,8 @@ string is a safe file name; ids longer than 150 characters are shortened with
 a SHA-1 suffix). Every record also carries its ``execution_id``, so files can
 be concatenated. Each record is one line written with a single ``write`` on a
 file opened ``O_APPEND``: concurrent appends never interleave, and a crash can
-at worst leave a torn last line, which `read` skips. Without a directory the
+at worst leave a torn last line, which `read` skips (and the next store to
+append to the file ends it first). Without a directory the
 records live in memory only (tests, throwaway gateways).
 """
 
@@ -44,6 +45,7 @@ class RecordStore:
         self._mem: dict[str, list[dict]] = {}
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._opened: set[str] = set()  # files this store has checked for a torn last line
 
     def append(self, rec: CallRecord) -> None:
         d = rec.to_dict()
@@ -53,8 +55,14 @@ class RecordStore:
                 self._mem.setdefault(rec.execution_id, []).append(d)
                 return
             line = (json.dumps(d, separators=(",", ":")) + "\n").encode()
-            fd = os.open(self.directory / execution_file_name(rec.execution_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            name = execution_file_name(rec.execution_id)
+            fd = os.open(self.directory / name, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
+                if name not in self._opened:  # after a crash: end the torn line, or this record would join it
+                    self._opened.add(name)
+                    size = os.fstat(fd).st_size
+                    if size and os.pread(fd, 1, size - 1) != b"\n":
+                        line = b"\n" + line
                 os.write(fd, line)
                 if self.fsync:
                     os.fsync(fd)
@@ -78,12 +86,30 @@ class RecordStore:
         return [CallRecord.from_dict(r) for r in rows[offset:]]
 
     def executions(self) -> dict[str, int]:
-        """Execution id -> number of records (this process's appends plus files found on disk)."""
-        with self._lock:
-            out = dict(self._counts)
-        if self.directory is not None:
-            for f in self.directory.glob("*.jsonl"):
-                eid = unquote(f.name[:-len(".jsonl")])
-                if eid not in out and "~" not in f.name:
-                    out[eid] = sum(1 for _ in f.open())
+        """Execution id -> number of records (on disk: every file there, earlier runs' appends included)."""
+        if self.directory is None:
+            with self._lock:
+                return dict(self._counts)
+        out: dict[str, int] = {}
+        for f in self.directory.glob("*.jsonl"):
+            eid = unquote(f.name[:-len(".jsonl")]) if "~" not in f.name else _first_execution_id(f)
+            if eid is not None:  # lines that parse: a torn line after a crash is no record
+                out[eid] = sum(1 for line in f.open() if _parses(line))
         return out
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def _first_execution_id(path: Path) -> str | None:
+    """The execution id inside a file whose name was shortened (ids over 150 characters)."""
+    with path.open() as fh:
+        try:
+            return json.loads(fh.readline())["execution_id"]
+        except (ValueError, KeyError, TypeError):
+            return None

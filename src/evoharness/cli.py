@@ -214,9 +214,11 @@ def serve_cmd(
     max_prompt_tokens: Optional[int] = typer.Option(None, help="Prompt budget of engine backends: a longer prompt drops its oldest history first, as LocalHFPolicy does."),
     max_batch: int = typer.Option(64, help="Calls per engine batch at most."),
     threads: Optional[int] = typer.Option(None, help="Torch CPU threads per engine."),
+    wait_backends: float = typer.Option(60.0, help="Seconds to wait for each --backend server to answer /models before giving up."),
     backend_grammar: str = typer.Option("regex", help="How --backend servers get action_grammar: regex (vLLM structured_outputs; not the engine's token masks) | xargs (vllm_xargs for a vLLM server started with --logits-processors evoharness.engines.vllm_grammar:ActionGrammarLogitsProcessor: exact masks and contract log-probs)."),
 ) -> None:
     """OpenAI-compatible gateway: routing, token-in/token-out records, transparent retry (QwenGyre)."""
+    from evoharness.runtime.backends import BackendError, wait_for_server
     from evoharness.runtime.gateway import build_gateway, serve
 
     if workers and not model_path:
@@ -227,6 +229,15 @@ def serve_cmd(
                            backend_grammar=backend_grammar)
     except (ValueError, OSError) as e:
         fail(str(e))
+    for url in backend:  # a clear error, not a lifespan traceback; a server still starting is waited for
+        try:
+            wait_for_server(url, 0)
+        except BackendError:
+            typer.echo(f"waiting up to {wait_backends:.0f} s for {url} to serve ...", err=True)
+            try:
+                wait_for_server(url, wait_backends)
+            except BackendError as e:
+                fail(f"backend {e}")
     typer.echo(f"serving model {gw.served_model!r} at http://{host}:{port}/v1 "
                f"({len(gw.backends)} backend(s); records: {records or 'in memory'})", err=True)
     serve(gw, host, port)

@@ -671,6 +671,27 @@ class HTTPBackend(Backend):
                 "grammar": self.grammar}
 
 
+def wait_for_server(base_url: str, timeout_s: float, api_key: str | None = None) -> None:
+    """Block until ``GET {base_url}/models`` answers 200 (a vLLM server takes ~35 s to come up on CPU).
+
+    Raises:
+        BackendError: not serving within `timeout_s` (the last failure named).
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline, why = time.monotonic() + timeout_s, "no answer"
+    while True:
+        try:
+            r = httpx.get(f"{base_url.rstrip('/')}/models", headers=headers, timeout=5.0)
+            if r.status_code == 200:
+                return
+            why = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            why = f"{type(e).__name__}: {e}"
+        if time.monotonic() >= deadline:
+            raise BackendError(f"{base_url} did not answer /models within {timeout_s:.0f} s ({why})")
+        time.sleep(1.0)
+
+
 READY = "EVOHARNESS_WORKER_READY"
 
 

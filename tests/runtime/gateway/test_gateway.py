@@ -446,3 +446,7 @@ def test_serve_cli_needs_a_backend():
     assert res.exit_code == 2 and "--model-path and/or --backend" in res.output
     res = CliRunner().invoke(app, ["serve", "--workers", "2"])
     assert res.exit_code == 2 and "--workers needs --model-path" in res.output
+    # an unreachable --backend: one clear line after the wait (was an 80-line lifespan traceback)
+    res = CliRunner().invoke(app, ["serve", "--backend", "http://127.0.0.1:9/v1", "--wait-backends", "1", "--port", "0"])
+    assert res.exit_code == 2 and "http://127.0.0.1:9/v1 did not answer /models within 1 s" in res.output, res.output
+    assert "Traceback" not in res.output

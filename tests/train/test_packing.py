@@ -4,6 +4,7 @@ the model itself, packed log-probs, losses and gradients equal those of unpacked
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -290,3 +291,35 @@ def test_packed_sft_micro_batches_match_one_unpacked_step(model_dir, episodes):
     assert total == pytest.approx(float(loss.detach()), rel=1e-5)
     assert ran < sum(len(r[0]) for r in rows)
     _assert_grads_close(_grads(model), want)
+
+
+def test_rl_with_packing_makes_the_turn_trainers_update(model_dir, tmp_path):
+    """`evoharness rl` with grpo.packing (J_max uncapped) takes the same step as turn rows; with
+    J_max it trains fewer paths; packing refuses the turn sampler's cap and the cell runtime."""
+    from safetensors.torch import load_file
+
+    from evoharness.train.rl import RLConfig, train_rl
+
+    def cfg(out, **grpo):
+        c = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=1, max_steps=3, max_new_tokens=10,
+                     max_prompt_tokens=1024, decode_threads=1, seed=3)
+        c.grpo.group_size, c.grpo.prompts_per_step, c.grpo.lr, c.grpo.kl_beta = 2, 1, 1e-3, 0.0
+        for k, v in grpo.items():
+            setattr(c.grpo, k, v)
+        return c
+
+    runs = {name: train_rl(cfg(tmp_path / name, **kw), progress=False)
+            for name, kw in (("rows", {}), ("packed", {"packing": True}))}
+    a, b = load_file(str(runs["rows"] / "model.safetensors")), load_file(str(runs["packed"] / "model.safetensors"))
+    assert any(not torch.equal(a[k], load_file(str(model_dir / "model.safetensors"))[k]) for k in a)  # it moved
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5), k
+    rows, packed = (json.loads((tmp_path / n / "metrics.jsonl").read_text().splitlines()[0]) for n in ("rows", "packed"))
+    assert packed["train/paths"] == 6 and packed["train/n_tokens"] == rows["train/n_tokens"] > 0
+    assert packed["train/loss"] == pytest.approx(rows["train/loss"], rel=1e-4, abs=1e-7)
+    with pytest.raises(ValueError, match="j_max"):
+        GRPOConfig(packing=True, max_train_turns=2)
+    bad = cfg(tmp_path / "cells", packing=True)
+    bad.runtime.schedule = "colocate"
+    with pytest.raises(ValueError, match="inprocess"):
+        train_rl(bad, progress=False)

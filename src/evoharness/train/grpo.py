@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from evoharness.config import Strict
 from evoharness.rollout.records import Trajectory
@@ -75,12 +75,23 @@ class GRPOConfig(Strict):
     entropy_coef: float = 0.0
     grad_clip: float = 1.0
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature the behaviour log-probs used")
-    micro_batch_size: int = Field(8, gt=0, description="turns per forward/backward")
+    micro_batch_size: int = Field(8, gt=0, description="turns (with packing: packed rows) per forward/backward")
     mini_batches: int = Field(1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); "
                                                     "groups are kept whole")
     max_train_turns: int | None = Field(None, gt=0, description="turns trained per trajectory (sampled); None: all")
+    packing: bool = Field(False, description="train on tree-packed trajectory trees (train/tree_loss.py): "
+                                             "shared prompt prefixes run once, QwenGyre dedup sampling")
+    j_max: int | None = Field(None, gt=0, description="with packing: root-to-leaf paths trained per trajectory "
+                                                      "(role-priority dedup sampling); None: all")
+    pack_tokens: int = Field(4096, gt=0, description="with packing: token budget of one packed row")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+
+    @model_validator(mode="after")
+    def _one_work_cap(self) -> "GRPOConfig":
+        if self.packing and self.max_train_turns is not None:
+            raise ValueError("grpo.max_train_turns samples turn rows; with grpo.packing cap the work with grpo.j_max")
+        return self
 
 
 @dataclass
@@ -290,6 +301,37 @@ def logprobs_of(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids:
     return logp.masked_fill(~mask, 0.0)
 
 
+def token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
+                ref: torch.Tensor | None, cfg: GRPOConfig) -> dict[str, torch.Tensor]:
+    """The per-token terms of the module docstring, elementwise over any shape ``[...]``
+    (turn rows here, packed tree tokens in `tree_loss`).
+
+    Args:
+        logp: log π_θ of the trained tokens; logp_all: their log-softmax ``[..., V]``
+            (masked ids −∞); old: behaviour log-probs; adv: advantages (broadcast);
+            ref: log π_ref (None when ``cfg.kl_beta == 0``).
+
+    Returns:
+        ``per_tok`` (ℓ_k), ``pg``, ``kl``, ``ent``, ``ratio`` and ``clipped`` (bool:
+        the clipped branch of the PPO min is the active one).
+    """
+    ratio = torch.exp((logp - old).clamp(-20.0, 20.0))
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    pg = torch.maximum(pg1, pg2)
+    kl = torch.zeros_like(logp)
+    if cfg.kl_beta > 0:
+        if ref is None:
+            raise ValueError("kl_beta > 0 needs reference log-probs")
+        d = (ref - logp).clamp(-20.0, 20.0)
+        kl = (torch.exp(d) - d - 1.0).clamp(max=10.0)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coef != 0):
+        # masked ids: p = 0 and log p = −∞; count them as 0 (0 · −∞ would be NaN)
+        ent = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)
+    per_tok = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent
+    return {"per_tok": per_tok, "pg": pg, "kl": kl, "ent": ent, "ratio": ratio, "clipped": pg2 > pg1}
+
+
 def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
                     ref_model: Any = None, masks: TokenMasks | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ_k w_k ℓ_k over the completion tokens of ``samples`` (weights already set).
@@ -320,12 +362,7 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=dev)[:, None]
     w = torch.tensor([s.weight for s in samples], dtype=torch.float32, device=dev)[:, None] * mask
 
-    ratio = torch.exp((logp - old).clamp(-20.0, 20.0))
-    pg1 = -adv * ratio
-    pg2 = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    pg = torch.maximum(pg1, pg2)
-
-    kl = torch.zeros_like(logp)
+    ref = None
     if cfg.kl_beta > 0:
         if all(s.ref_logprobs is not None for s in samples):
             ref = _pad([s.ref_logprobs for s in samples], width).to(dev)
@@ -334,14 +371,8 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
         else:
             with torch.no_grad():
                 ref = logprobs_of(ref_model, prompts, comps, cfg.temperature, allowed).to(dev)
-        d = (ref - logp).clamp(-20.0, 20.0)
-        kl = (torch.exp(d) - d - 1.0).clamp(max=10.0)
-
-    with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coef != 0):
-        # masked ids: p = 0 and log p = −∞; count them as 0 (0 · −∞ would be NaN)
-        ent = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # [B, C]
-
-    per_tok = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent
+    t = token_terms(logp, logp_all, old, adv, ref, cfg)  # [B, C] each
+    pg, kl, ent, ratio, per_tok = t["pg"], t["kl"], t["ent"], t["ratio"], t["per_tok"]
     zero = torch.zeros_like(per_tok)
     loss = torch.where(mask, per_tok * w, zero).sum()
 
@@ -351,7 +382,7 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
     r = ratio.detach()[mask]
     stats = {
         "loss": float(loss.detach()), "pg_loss": wsum(pg), "kl": wsum(kl), "entropy": wsum(ent),
-        "n_tokens": int(mask.sum()), "n_clipped": int(((pg2 > pg1) & mask).sum()),
+        "n_tokens": int(mask.sum()), "n_clipped": int((t["clipped"] & mask).sum()),
         "ratio_sum": float(r.sum()), "ratio_max": float(r.max()) if r.numel() else 0.0,
         "n_forced": int(((allowed.sum(-1) == 1) & mask).sum()) if allowed is not None else 0,
     }

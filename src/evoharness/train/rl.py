@@ -48,6 +48,7 @@ from evoharness.train.checkpoint import (
     load_trainer_state, restore_metrics, set_rng_state, snapshot_metrics, check_resume_config,
 )
 from evoharness.train.grpo import GRPOConfig, TokenMasks, grpo_step, make_optimizer, turn_samples
+from evoharness.train.tree_loss import trajectory_trees, tree_grpo_step
 from evoharness.train.precision import autocast, compute_dtype, export_dtype, save_exported
 from evoharness.train.rewards import trajectory_reward
 
@@ -187,6 +188,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
 
     if not cfg.model_path:
         raise ValueError("rl needs model_path (the SFT model directory)")
+    if cfg.runtime.schedule != "inprocess" and cfg.grpo.packing:
+        raise ValueError("grpo.packing runs with runtime.schedule = 'inprocess' only (cells train turn rows)")
     if cfg.runtime.schedule != "inprocess":
         from evoharness.runtime.rl_job import train_rl_runtime
 
@@ -262,12 +265,18 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         valid = valid_members(groups)  # episodes an environment error ended take no part in the baseline
         adv_stats: dict[str, int] = {}  # GiGPO: step groups with a spread, and those the std floor set
         adv = turn_advantages(groups, rewards, g.advantage, stats=adv_stats)
-        samples = turn_samples(trajs, [a for ga in adv for a in ga], max_turns=g.max_train_turns, seed=step,
-                               group_size=g.group_size)
+        flat_adv = [a for ga in adv for a in ga]
         t1 = time.perf_counter()
         policy.model.train()
-        upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref, group_size=g.group_size,
-                        masks=masks, amp=amp) if samples else {}
+        if g.packing:  # trajectory trees, dedup-sampled and tree-packed (train/tree_loss.py)
+            trees, call_adv = trajectory_trees(trajs, flat_adv)
+            upd = tree_grpo_step(policy.model, optimizer, trees, call_adv, g, group_size=g.group_size, j_max=g.j_max,
+                                 seed=step, max_tokens=g.pack_tokens, rows_per_micro=g.micro_batch_size,
+                                 ref_model=ref, masks=masks, amp=amp) if any(t.n_trainable for t in trees) else {}
+        else:
+            samples = turn_samples(trajs, flat_adv, max_turns=g.max_train_turns, seed=step, group_size=g.group_size)
+            upd = grpo_step(policy.model, optimizer, samples, g, ref_model=ref, group_size=g.group_size,
+                            masks=masks, amp=amp) if samples else {}
         policy.policy_version += 1
         t_train = time.perf_counter() - t1
         store.unfreeze()

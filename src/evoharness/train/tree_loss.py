@@ -5,7 +5,7 @@ root-to-leaf paths; the trained tokens of j are the trainable tokens on those
 paths, each once (``N_j`` of them). Every trained token takes its execution's
 group-relative advantage (or, with per-call advantages such as GiGPO's, the
 advantage of the call that generated it) and the per-token loss ℓ_k of
-`grpo.microbatch_loss` (PPO clip with the recorded behaviour log-prob, k3 KL to
+`grpo.token_terms` (PPO clip with the recorded behaviour log-prob, k3 KL to
 the reference, entropy bonus). Two-level averaging (tokens within an execution,
 then executions), with M executions that have trained tokens:
 
@@ -27,38 +27,8 @@ import torch
 
 from evoharness.rollout.records import Trajectory
 from evoharness.rollout.tree import PathSelection, TrajectoryTree, all_paths, has_tokens, select_paths
-from evoharness.train.grpo import GRPOConfig, TokenMasks
+from evoharness.train.grpo import GRPOConfig, TokenMasks, token_terms
 from evoharness.train.packing import PackedBatch, collate, linear_cost, pack_trees, target_logprobs
-
-
-def ppo_token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
-                    ref: torch.Tensor | None, cfg: GRPOConfig) -> dict[str, torch.Tensor]:
-    """Per-token GRPO terms, elementwise over any shape ``[...]`` (see `grpo` module docstring).
-
-    Args:
-        logp: log π_θ of the trained tokens ``[...]``; logp_all: their full
-            log-softmax ``[..., V]`` (for the entropy).
-        old: behaviour log-probs; adv: advantages; ref: reference log-probs
-            (None when ``cfg.kl_beta == 0``).
-
-    Returns:
-        ``per_tok`` (ℓ_k), ``pg``, ``kl``, ``ent``, ``ratio``, ``clipped`` (bool).
-    """
-    ratio = torch.exp((logp - old).clamp(-20.0, 20.0))
-    pg1 = -adv * ratio
-    pg2 = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    pg = torch.maximum(pg1, pg2)
-    kl = torch.zeros_like(logp)
-    if cfg.kl_beta > 0:
-        if ref is None:
-            raise ValueError("kl_beta > 0 needs reference log-probs")
-        d = (ref - logp).clamp(-20.0, 20.0)
-        kl = (torch.exp(d) - d - 1.0).clamp(max=10.0)
-    with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coef != 0):
-        # masked ids: p = 0 and log p = −∞; count them as 0 (0 · −∞ would be NaN)
-        ent = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)
-    per_tok = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent
-    return {"per_tok": per_tok, "pg": pg, "kl": kl, "ent": ent, "ratio": ratio, "clipped": pg2 > pg1}
 
 
 def execution_weights(selections: Sequence[PathSelection]) -> list[float]:
@@ -149,7 +119,7 @@ def packed_grpo_loss(model: Any, batch: PackedBatch, advantages: Sequence[float 
         with torch.no_grad():
             ref, _ = target_logprobs(ref_model, batch, cfg.temperature, allowed)
             ref = ref.to(dev)
-    t = ppo_token_terms(logp, logp_all, old, adv, ref, cfg)
+    t = token_terms(logp, logp_all, old, adv, ref, cfg)
     loss = (t["per_tok"] * w).sum()
     r = t["ratio"].detach()
     stats = {

@@ -326,10 +326,9 @@ def create_app(gw: Gateway):
             raise GatewayError(400, f"invalid field `{loc}`: {first['msg']} ({e.error_count()} error(s))",
                                code="invalid_value", param=loc) from e
 
-    async def until_done_or_gone(request: Request, task: asyncio.Future, timeout: float | None = None) -> bool:
-        """Wait for `task`; True once it is done. If the client disconnects first, cancel it (no
-        record: the agent never saw the answer, as vLLM aborts such requests) and return False;
-        also False after `timeout`."""
+    async def until_done_or_gone(request: Request, task: asyncio.Future, timeout: float | None = None) -> str:
+        """Wait for `task`: ``done``; or the client disconnected first: the task is cancelled (no record:
+        the agent never saw the answer, as vLLM aborts such requests), ``gone``; or ``timeout``."""
         async def gone() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
@@ -340,11 +339,12 @@ def create_app(gw: Gateway):
         finally:
             listener.cancel()
         if task in done:
-            return True
+            return "done"
         if listener in done:
             task.cancel()
             gw.stats["cancelled"] += 1
-        return False
+            return "gone"
+        return "timeout"
 
     async def chat(request: Request, execution_id: str | None = None):
         req = parse_chat(await read_json(request))
@@ -356,14 +356,15 @@ def create_app(gw: Gateway):
                                code="invalid_value", param="X-Agent-Role")
         task = asyncio.ensure_future(gw.complete(req, eid, role))
         if not req.stream:
-            if not await until_done_or_gone(request, task):
+            if await until_done_or_gone(request, task) == "gone":
                 return Response(status_code=499)  # nobody is listening
             return JSONResponse(task.result())
         # a call refused early (bad prompt, no backend) gets its 4xx/5xx status, not a 200 stream holding an error
-        if await until_done_or_gone(request, task, STREAM_KEEPALIVE_S) and task.exception() is not None:
-            raise task.exception()
-        if task.cancelled():
+        waited = await until_done_or_gone(request, task, STREAM_KEEPALIVE_S)
+        if waited == "gone":
             return Response(status_code=499)
+        if waited == "done" and task.exception() is not None:
+            raise task.exception()
         include_usage = bool((req.stream_options or {}).get("include_usage"))
 
         async def events():

@@ -323,3 +323,26 @@ def test_rl_with_packing_makes_the_turn_trainers_update(model_dir, tmp_path):
     bad.runtime.schedule = "colocate"
     with pytest.raises(ValueError, match="inprocess"):
         train_rl(bad, progress=False)
+
+
+def test_sft_with_packing_reaches_the_same_weights(model_dir, episodes, tmp_path):
+    from safetensors.torch import load_file
+
+    from evoharness.train.sft import SFTConfig, train_sft
+
+    examples = [{"messages": t.messages, "completion": t.completion or "<action>look</action>"}
+                for tr in episodes for t in tr.turns]
+    finals = {}
+    for packing in (False, True):
+        cfg = SFTConfig(lr=1e-3, max_steps=2, batch_tokens=6000, warmup_steps=0, progress=False, ckpt_every=0,
+                        packing=packing, micro_batch_tokens=2500 if packing else None)
+        finals[packing] = load_file(str(train_sft(cfg, examples, model_dir, tmp_path / str(packing)) / "model.safetensors"))
+    ran = [json.loads(ln)["tokens"] for ln in (tmp_path / "True" / "metrics.jsonl").read_text().splitlines()
+           if "tokens" in json.loads(ln)]
+    padded = [json.loads(ln)["tokens"] for ln in (tmp_path / "False" / "metrics.jsonl").read_text().splitlines()
+              if "tokens" in json.loads(ln)]
+    assert len(ran) == len(padded) == 2 and sum(ran) < sum(padded)
+    start = load_file(str(model_dir / "model.safetensors"))
+    assert any(not torch.equal(start[k], finals[True][k]) for k in start)  # it trained
+    for k, v in finals[False].items():
+        assert torch.allclose(v, finals[True][k], atol=1e-5), k

@@ -57,6 +57,7 @@ from evoharness.models.init import load_model, load_tokenizer
 from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, check_resume_config,
                                          get_rng_state, load_checkpoint,
                                          load_model_weights, load_trainer_state, set_rng_state, truncate_metrics)
+from evoharness.train.packing import packed_sft_micro
 from evoharness.train.precision import autocast as precision_autocast
 from evoharness.train.precision import check_master_weights, export_dtype, save_exported
 
@@ -77,6 +78,8 @@ class SFTConfig(Strict):
     max_steps: int | None = None       # overrides epochs (cycles through epochs)
     batch_tokens: int = 8192           # padded tokens per optimizer step
     micro_batch_tokens: int | None = None  # split a step into micro-batches of this many padded tokens
+    packing: bool = False              # tree-pack each step's rows (micro_batch_tokens: row budget); a row
+                                       # duplicated within a step then trains once
     warmup_steps: int = 10
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with rl and eval (harness.prompt)
     max_completion_tokens: int = 256
@@ -396,7 +399,7 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
         epoch, k = divmod(step, steps_per_epoch)
         batch = [rows[i] for i in batches_of(epoch)[k]]
         t0 = time.perf_counter()
-        micro = split_micro(batch, cfg.micro_batch_tokens)
+        micro = split_micro(batch, cfg.micro_batch_tokens) if not cfg.packing else []
         n_target = sum(len(r[0]) - r[1] for r in batch)
         opt.zero_grad(set_to_none=True)
         loss_sum, n_tok = 0.0, 0
@@ -407,6 +410,11 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
                 loss, _ = completion_loss(model, ids.to(dev), labels.to(dev))
             (loss / max(1, n_target)).backward()
             loss_sum += float(loss.detach())
+        if cfg.packing:  # the step's rows as one tree: shared prompt prefixes run once (train/packing.py)
+            for loss, n in packed_sft_micro(model, batch, cfg.micro_batch_tokens, pad_id, autocast):
+                n_tok += n
+                (loss / max(1, n_target)).backward()
+                loss_sum += float(loss.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         lr = sched.get_last_lr()[0]
         opt.step()

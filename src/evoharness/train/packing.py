@@ -19,7 +19,12 @@ tokens attend to themselves only, so no softmax row is empty.
 A tree larger than ``max_tokens`` is spread over several rows by whole
 root-to-leaf paths (a path is never cut: it needs all its context). A node that
 lands in several rows is context in all but the first, where its tokens carry
-loss, so gradients summed over rows equal those of one unbounded row.
+loss, so gradients summed over rows equal those of one unbounded row. With a
+cost model (`linear_cost`) a path also starts a new row when sharing would not
+pay for the longer row's attention (the dense mask makes a row of L tokens cost
+∝ α·L + L²): tiny CPU models pack little, Qwen3-8B packs up to the budget.
+
+Measured: benchmarks/bench_tree.py (results/bench_tree.txt).
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ class Agent:
             execution_id=self.eid, call_id=f"chatcmpl-{self.eid}-{n}", role=role, model="m",
             prompt_token_ids=prompt, completion_token_ids=comp,
             logprobs=[-0.01 * (n + 1) - 0.001 * j for j in range(len(comp))], policy_version=3 + n % 2,
-            finish_reason="stop", t_start=self.t, t_end=self.t + 0.5))
+            finish_reason="stop", t_start=self.t, t_end=self.t + 0.5,
+            constraint={"commands": ["look"], "meta_verbs": [], "max_new_tokens": 64} if n % 3 == 0 else None))
         return answer
 
 
@@ -78,6 +79,7 @@ def test_each_call_is_stored_once_and_reads_back_exactly(tok):
         assert tree.call_sequence(i) == (rec.prompt_token_ids, rec.completion_token_ids)
         assert tree.calls[i].call_id == rec.call_id and tree.calls[i].role == rec.role
         assert tree.calls[i].policy_version == rec.policy_version
+        assert tree.calls[i].constraint == rec.constraint
     # Only new suffixes are stored: the tree holds the distinct prefix-trie positions.
     distinct = {tuple(r.prompt_token_ids + r.completion_token_ids)[:k] for r in a.records
                 for k in range(1, len(r.prompt_token_ids) + len(r.completion_token_ids) + 1)}

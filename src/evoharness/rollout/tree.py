@@ -221,7 +221,7 @@ class TrajectoryTree:
         tree = cls(recs[0].execution_id)
         for r in recs:
             tree.add_call(r.prompt_token_ids, r.completion_token_ids, r.logprobs, call_id=r.call_id, role=r.role,
-                          policy_version=r.policy_version)
+                          policy_version=r.policy_version, constraint=r.constraint)
         return tree
 
     @classmethod

@@ -1,5 +1,5 @@
 """Decode throughput side by side: HF `generate`, the module-forward engine
-(``hf``, `evoharness.engine.Engine`), the static-cache engine (``static``,
+(``hf``, `evoharness.engines.hf.Engine`), the static-cache engine (``static``,
 `evoharness.engines.StaticEngine`) and vLLM (when a vLLM python is given).
 
 Prompts: ~300-token chat prompts (ALFWorld text) behind one shared ~120-token
@@ -35,7 +35,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from evoharness.engine import Engine, GenRequest  # noqa: E402
+from evoharness.engines.grammar import GenRequest  # noqa: E402
+from evoharness.engines.hf import Engine
 from evoharness.engines import StaticEngine  # noqa: E402
 from evoharness.models.init import count_params, init_model, save_model  # noqa: E402
 from evoharness.models.tokenizer import train_tokenizer  # noqa: E402

@@ -40,7 +40,9 @@ if SRC not in sys.path:
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
-from evoharness.engine import Engine, GenRequest  # noqa: E402
+from evoharness.engines.grammar import GenRequest  # noqa: E402
+
+from evoharness.engines.hf import Engine
 from evoharness.envs.alfworld import make_env  # noqa: E402
 from evoharness.envs.alfworld.games import discover_games  # noqa: E402
 from evoharness.harness.bpe import BPEHarness, ExperienceStore  # noqa: E402

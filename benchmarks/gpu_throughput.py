@@ -34,7 +34,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from evoharness.engine import Engine, GenRequest  # noqa: E402  (torch + transformers only)
+from evoharness.engines.grammar import GenRequest  # noqa: E402  (torch + transformers only)
+from evoharness.engines.hf import Engine
 from evoharness.models.tokenizer import train_tokenizer  # noqa: E402
 
 # Public Qwen3 layouts (hidden, layers, heads, kv heads, intermediate, tied embeddings).

@@ -25,7 +25,7 @@ def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     import torch
 
-    from evoharness.engine import GenRequest
+    from evoharness.engines.grammar import GenRequest
     from evoharness.engines.vllm_engine import VLLMEngine
     from evoharness.models.init import load_model
 

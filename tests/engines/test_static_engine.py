@@ -9,7 +9,9 @@ import torch
 from engine_helpers import COMMANDS, chat_prompts
 from model_helpers import MICRO
 
-from evoharness.engine import ActionGrammar, Engine, GenRequest
+from evoharness.engines.grammar import ActionGrammar, GenRequest
+
+from evoharness.engines.hf import Engine
 from evoharness.engines import StaticEngine, make_engine
 from evoharness.engines.masks import MaskCache, state_key
 from evoharness.harness.base import META_VERBS, parse_completion

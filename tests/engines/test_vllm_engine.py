@@ -13,7 +13,7 @@ import torch
 from engine_helpers import COMMANDS, chat_prompts
 from model_helpers import MICRO
 
-from evoharness.engine import ActionGrammar, GenRequest
+from evoharness.engines.grammar import ActionGrammar, GenRequest
 from evoharness.engines.static import StaticEngine
 from evoharness.engines.vllm_engine import vllm_available
 from evoharness.harness.base import META_VERBS, parse_completion

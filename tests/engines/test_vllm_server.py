@@ -75,7 +75,7 @@ def server(tmp_path_factory, tokenizer):
 def test_served_grammar_constrains_and_logprobs_follow_the_contract(server, tokenizer):
     """Over HTTP the grammar goes in ``vllm_xargs``; every completion parses, and the returned
     log-probs equal a teacher-forced forward under the replayed grammar masks."""
-    from evoharness.engine import ActionGrammar, Vocab
+    from evoharness.engines.grammar import ActionGrammar, Vocab
     from evoharness.models.init import load_model
     base, d = server
     model = load_model(d)
@@ -114,7 +114,7 @@ def test_gateway_in_front_of_vllm_records_contract_logprobs(server, tokenizer, t
     as the processor's ``vllm_xargs``; each CallRecord holds the engine's prompt ids, the completion
     ids, the constraint, and log-probs equal to a forward under the replayed grammar masks (the
     ``regex`` form's masks are the regex's, which the trainer cannot replay)."""
-    from evoharness.engine import ActionGrammar, Vocab
+    from evoharness.engines.grammar import ActionGrammar, Vocab
     from evoharness.models.init import load_model
     from evoharness.runtime.backends import HTTPBackend
     from evoharness.runtime.gateway import Gateway, GatewayServer

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evoharness.engine import Engine, GenRequest
+from evoharness.engines.grammar import GenRequest
+
+from evoharness.engines.hf import Engine
 from evoharness.harness.base import META_VERBS, parse_completion
 
 from model_helpers import alfworld_corpus
@@ -88,7 +90,7 @@ def test_logprobs_match_a_full_forward_pass(model, tokenizer):
 def test_constrained_logprobs_are_those_of_the_masked_distribution(model, tokenizer, temperature):
     """Under a grammar the recorded log-prob is log_softmax over the allowed ids (T = 0 counts as 1);
     `ActionGrammar.replay` rebuilds those masks from the recorded constraint."""
-    from evoharness.engine import ActionGrammar
+    from evoharness.engines.grammar import ActionGrammar
 
     prompts = chat_prompts(tokenizer, 3, True)
     eng = Engine(model, tokenizer)

@@ -68,7 +68,7 @@ def test_update_weights_bumps_version_and_changes_outputs(model_dir):
 
 
 def test_policy_config_selects_the_decoder_and_both_answer_alike(model_dir):
-    from evoharness.engine import Engine
+    from evoharness.engines.hf import Engine
     from evoharness.engines import StaticEngine
     from evoharness.policies.factory import PolicyConfig, make_policy
 

@@ -108,7 +108,7 @@ def test_unconstrained_turns_mask_only_ids_beyond_the_tokenizer(model_dir):
 
 
 def test_replay_refuses_a_completion_the_grammar_never_allowed(model_dir):
-    from evoharness.engine import ActionGrammar
+    from evoharness.engines.grammar import ActionGrammar
 
     policy, _, samples, masks = _rollout(model_dir, constrained=True)
     s = samples[0]

@@ -4,7 +4,7 @@ and ``stop_ids``.
 
 - ``static`` (`StaticEngine`, the default): lean Qwen3-family forward over a
   pre-allocated KV cache; the fast in-process engine.
-- ``hf`` (`evoharness.engine.Engine`): the module-forward engine with a
+- ``hf`` (`evoharness.engines.hf.Engine`): the module-forward engine with a
   transformers `DynamicCache`; runs any HF causal LM.
 
 `make_engine` builds one by name; ``auto`` is ``static`` where the model is
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evoharness.engine import Engine
+from evoharness.engines.hf import Engine
 from evoharness.engines.decoder import StaticKVDecoder
 from evoharness.engines.static import StaticEngine
 

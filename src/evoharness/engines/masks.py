@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from evoharness.engine import ACTION_CLOSE, ActionGrammar
+from evoharness.engines.grammar import ACTION_CLOSE, ActionGrammar
 
 
 def state_key(g: ActionGrammar, remaining: int, memo: dict[int, tuple]) -> tuple:

@@ -14,7 +14,7 @@ vector per step. A request's samples therefore do not depend on which other
 requests share its batch. The uniforms are drawn ``chunk`` steps at a time
 (one generator call per request per chunk instead of per step); torch's CPU
 generator yields the same numbers either way, so the stream equals the
-per-step one of `evoharness.engine.Engine`.
+per-step one of `evoharness.engines.hf.Engine`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`StaticEngine`: the in-process engine at the CPU's limit.
 
-Same interface and contracts as `evoharness.engine.Engine` (``generate``,
+Same interface and contracts as `evoharness.engines.hf.Engine` (``generate``,
 ``grammar``, ``vocab``, ``stop_ids``), faster:
 
 - the forward is `StaticKVDecoder` (lean Qwen3-family forward over a
@@ -34,7 +34,7 @@ import time
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evoharness.engine import ACTION_CLOSE, ActionGrammar, GenRequest, GenResult, Vocab
+from evoharness.engines.grammar import ACTION_CLOSE, ActionGrammar, GenRequest, GenResult, Vocab
 from evoharness.engines.decoder import StaticKVDecoder
 from evoharness.engines.masks import MaskCache
 from evoharness.engines.sampling import Sampler

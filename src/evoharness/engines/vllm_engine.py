@@ -9,7 +9,7 @@ Behaviour log-probs (the shared contract): vLLM runs with
 every logits processor and the temperature (T = 0 counts as 1). The engine's
 own logits processor (`evoharness.engines.vllm_grammar`) adds -inf to ids beyond the
 tokenizer for every request and, for a constrained request, to the ids
-`evoharness.engine.ActionGrammar` disallows -- the very masks the trainer
+`evoharness.engines.grammar.ActionGrammar` disallows -- the very masks the trainer
 rebuilds by replaying the grammar, so the trainer recomputes the same
 distribution. top-p: vLLM's processed log-probs are renormalised over the
 nucleus; the contract excludes top-p, so log-probs equal the trainer's only at
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from evoharness.engine import GenRequest, GenResult
+from evoharness.engines.grammar import GenRequest, GenResult
 
 ACTION_GRAMMAR_KEY = "action_grammar"  # SamplingParams.extra_args key of a request's constraint
 

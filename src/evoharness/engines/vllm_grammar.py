@@ -1,4 +1,4 @@
-"""`ActionGrammarLogitsProcessor`: `evoharness.engine.ActionGrammar` inside vLLM.
+"""`ActionGrammarLogitsProcessor`: `evoharness.engines.grammar.ActionGrammar` inside vLLM.
 
 Imports vllm: load it only where vllm is installed. A vLLM (v1) logits
 processor, so it also plugs into an OpenAI-compatible server:
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from evoharness.engine import ActionGrammar, Vocab
+from evoharness.engines.grammar import ActionGrammar, Vocab
 from evoharness.engines.masks import MaskCache
 from evoharness.engines.vllm_engine import ACTION_GRAMMAR_KEY
 from evoharness.models.init import load_tokenizer

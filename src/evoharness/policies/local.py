@@ -5,11 +5,11 @@ template (``add_generation_prompt=True``), fits it to ``max_prompt_tokens``
 as SFT fits its examples (`harness.prompt.fit_prompt_ids`: oldest history
 first, never the system prompt or OBJECTIVE), and decodes the whole batch at
 once with an in-process engine (`engines.make_engine`: the static-KV engine for
-Qwen/Llama-family models, else the module-forward `engine.Engine`). Sampling
+Qwen/Llama-family models, else the module-forward `engines.hf.Engine`). Sampling
 seeds are derived from (policy seed, episode id, turn), so an episode's samples
 do not depend on which other episodes share the batch. With
 ``constrained=True`` the action is restricted to the request's admissible
-commands and the harness's meta verbs (`engine.ActionGrammar`).
+commands and the harness's meta verbs (`engines.grammar.ActionGrammar`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from evoharness.engine import GenRequest
+from evoharness.engines.grammar import GenRequest
 from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.engines import make_engine
 from evoharness.harness.base import META_VERBS

@@ -15,7 +15,7 @@ Behaviour log-probs: ``logprobs[i]`` is the natural-log probability the
 sampling policy (version ``policy_version``) gave ``completion_token_ids[i]``
 at sampling time: log_softmax of the distribution actually sampled from
 (temperature-scaled; under constrained decoding, disallowed ids masked, see
-``engine.py``). ``constraint`` records that mask's source (None: only ids
+``engines/grammar.py``). ``constraint`` records that mask's source (None: only ids
 beyond the tokenizer were masked), so RL recomputes the same distribution for
 the PPO ratio.
 
@@ -52,7 +52,7 @@ class TurnRecord:
         error: the policy's error for this call, if any.
         constraint: the constrained-decoding grammar the completion was sampled
             under, ``{"commands": [...], "meta_verbs": [...], "max_new_tokens": N}``
-            (`engine.ActionGrammar.constraint`); None when unconstrained.
+            (`engines.grammar.ActionGrammar.constraint`); None when unconstrained.
     """
 
     turn: int

@@ -2,7 +2,7 @@
 
 Three kinds, one interface (`Backend.run(params) -> GenOutput`):
 
-- `LocalBackend`: an engine in this process (`engine.Engine`, or any object
+- `LocalBackend`: an engine in this process (`engines.hf.Engine`, or any object
   with its ``generate(requests, max_new_tokens, temperature, top_p)`` and
   ``grammar(commands, meta_verbs)``). Concurrent requests are gathered into
   one ``generate`` batch per (temperature, top_p, max_tokens); generation runs
@@ -249,7 +249,7 @@ class LocalBackend(Backend):
     """The project's engine in this process, batching concurrent calls.
 
     Args:
-        engine: `engine.Engine` (or the same interface); its ``model`` is reloaded by `load_weights`.
+        engine: `engines.hf.Engine` (or the same interface); its ``model`` is reloaded by `load_weights`.
         tokenizer: the model's tokenizer (chat template applied with ``add_generation_prompt``).
         max_prompt_tokens: prompt budget (None: no cap); a request's ``truncate_prompt_tokens``
             wins. A longer prompt is fitted as `LocalHFPolicy` fits it
@@ -400,7 +400,7 @@ class LocalBackend(Backend):
     def _run_batch(self, batch: list[GenParams]) -> list[GenOutput | BaseException]:
         import torch
 
-        from evoharness.engine import GenRequest
+        from evoharness.engines.grammar import GenRequest
 
         self.batches += 1
         out: list[GenOutput | BaseException | None] = [None] * len(batch)

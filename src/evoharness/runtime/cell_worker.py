@@ -5,7 +5,7 @@ copy of the policy (a Hugging Face causal LM, fp32 on CPU) and serves jobs
 from its inbox, one at a time, in arrival order (policy calls queued back to
 back are decoded as one batch):
 
-- ``call``: decode a prompt with the in-process `engine.Engine` and return the
+- ``call``: decode a prompt with the in-process `engines.hf.Engine` and return the
   completion ids, their behaviour log-probs and the weights' version. With a
   ``policy`` option the cell serves a `policies.local.LocalHFPolicy` instead and
   a call is one `PolicyRequest` (as a dict: ``messages``, ``episode_id``,
@@ -79,7 +79,9 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
     from safetensors.torch import load_model as load_weights
     from safetensors.torch import save_model as save_weights
 
-    from evoharness.engine import Engine, GenRequest
+    from evoharness.engines.grammar import GenRequest
+
+    from evoharness.engines.hf import Engine
     from evoharness.models.init import load_model, load_tokenizer
     from evoharness.train.grpo import GRPOConfig, TokenMasks, TurnSample, microbatch_loss
 

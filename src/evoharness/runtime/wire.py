@@ -12,7 +12,7 @@ and forwarded to HTTP backends, as vLLM does. Extensions beyond the OpenAI API
   project's engine fits the prompt as `LocalHFPolicy` does (oldest history dropped first);
 - ``action_grammar: {"commands": [...], "meta_verbs": [...]}`` (this project):
   constrain the completion to ``<think>…</think><action>A</action>`` with A an
-  admissible command or ``verb text`` for a meta verb (`engine.ActionGrammar`).
+  admissible command or ``verb text`` for a meta verb (`engines.grammar.ActionGrammar`).
   The gateway's own engine applies it exactly; for a vLLM/SGLang backend it is
   translated into vLLM's ``structured_outputs: {"regex": …}`` (`action_regex`),
   which accepts the same strings but not the same token paths (the engine's
@@ -116,7 +116,7 @@ def new_call_id() -> str:
 
 
 def action_regex(commands: list[str], meta_verbs: list[str] | tuple[str, ...]) -> str:
-    """A regex (vLLM ``structured_outputs.regex``) accepting the strings `engine.ActionGrammar` accepts:
+    """A regex (vLLM ``structured_outputs.regex``) accepting the strings `engines.grammar.ActionGrammar` accepts:
     ``<think>`` free text without ``<`` ``</think><action>`` then an admissible command, a meta verb
     followed by free text holding a non-space character, or bare ``track``, then ``</action>``."""
     alts = [re.escape(c) for c in commands]

@@ -30,7 +30,7 @@ Numerics follow verl: log-ratios clamped to [−20, 20] before ``exp``; k3 clamp
 to ≤ 10.
 
 The distribution trained is the one that acted (engine <-> trainer contract,
-``engine.py``): log π_θ, log π_ref and the entropy are taken over
+``engines/grammar.py``): log π_θ, log π_ref and the entropy are taken over
 ``logits / T`` with the ids ``>= len(tokenizer)`` and, for a turn sampled
 under constrained decoding, every id its grammar disallowed at that position
 set to −∞ (`TokenMasks` replays the grammar recorded with the turn). So at
@@ -133,7 +133,7 @@ class TokenMasks:
         vocab_size: the model's output rows (``>= len(tokenizer)``).
 
     `__call__` returns a [B, C, V] bool mask for a micro-batch (True = allowed),
-    replaying each constrained turn's grammar (`engine.ActionGrammar.replay`);
+    replaying each constrained turn's grammar (`engines.grammar.ActionGrammar.replay`);
     padding positions allow everything (no all −∞ rows). The grammar's token
     classes (`engine.Vocab`) are built on first use (~1 s for 150k ids).
     """
@@ -143,7 +143,7 @@ class TokenMasks:
         self._vocab = None
 
     def vocab(self, device: torch.device):
-        from evoharness.engine import Vocab
+        from evoharness.engines.grammar import Vocab
 
         if self._vocab is None or self._vocab.free.device != device:
             self._vocab = Vocab(self.tokenizer, self.vocab_size, device)
@@ -151,7 +151,7 @@ class TokenMasks:
 
     def __call__(self, samples: Sequence["TurnSample"], width: int, device: torch.device) -> torch.Tensor | None:
         """[B, width, V] bool, or None when nothing is masked (no constraint, no padding rows)."""
-        from evoharness.engine import ActionGrammar
+        from evoharness.engines.grammar import ActionGrammar
 
         if self.n_valid >= self.vocab_size and all(s.constraint is None for s in samples):
             return None

@@ -60,8 +60,8 @@ def target_masks(masks: TokenMasks, trees: Sequence[TrajectoryTree], batch: Pack
     """[K, V] bool: the allowed ids each target was sampled under (the behaviour log-prob
     contract, as `grpo.TokenMasks` for turn rows): ids ``>= len(tokenizer)`` never, and
     for a constrained call the mask its grammar applied at that completion position
-    (`engine.ActionGrammar.replay`, once per call). None when nothing is masked."""
-    from evoharness.engine import ActionGrammar
+    (`engines.grammar.ActionGrammar.replay`, once per call). None when nothing is masked."""
+    from evoharness.engines.grammar import ActionGrammar
 
     keys = list(zip(batch.tree.tolist(), batch.gen_call.tolist(), batch.node.tolist(), batch.offset.tolist()))
     constrained = {(t, g) for t, g, _, _ in keys if trees[t].calls[g].constraint is not None}

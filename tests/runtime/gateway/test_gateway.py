@@ -13,7 +13,9 @@ import openai
 import pytest
 import torch
 
-from evoharness.engine import Engine, GenRequest
+from evoharness.engines.grammar import GenRequest
+
+from evoharness.engines.hf import Engine
 from evoharness.models.init import load_model, load_tokenizer, save_model
 from evoharness.runtime.backends import HTTPBackend, LocalBackend
 from evoharness.runtime.gateway import Gateway

@@ -16,7 +16,7 @@ from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS, chat_ids
 from evoharness.models.init import init_model, load_tokenizer
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.policies.base import PolicyRequest
-from evoharness.policies.factory import PolicyConfig, make_policy
+from evoharness.policies.factory import make_policy
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.collect import bpe_harness_factory, collect_traces, read_jsonl, traces_to_sft
 from evoharness.train.rl import RLConfig

@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 

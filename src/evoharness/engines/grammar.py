@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 THINK_OPEN, THINK_CLOSE, ACTION_OPEN, ACTION_CLOSE = "<think>", "</think>", "<action>", "</action>"
 
@@ -232,3 +232,39 @@ class ActionGrammar:
         else:  # free text (entered from a meta-verb node with a space token)
             self.node = None
             self.has_text = self.has_text or bool(self.v.text[token])
+
+
+def default_stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's and generation config's eos ids, ``<|im_end|>``, and ``</action>``
+    when it is a single token."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    for s in ("<|im_end|>", ACTION_CLOSE):
+        enc = tokenizer.encode(s, add_special_tokens=False)
+        if len(enc) == 1:
+            ids.add(enc[0])
+    return sorted(i for i in ids if i is not None)
+
+
+class GrammarMixin:
+    """What an engine needs for constrained decoding: `vocab` (token classes, built on
+    first use: ~1 s for a 150k vocabulary) and a fresh `grammar` per request. The
+    engine sets ``tokenizer``, ``vocab_size``, ``device`` and ``_vocab = None``."""
+
+    tokenizer: PreTrainedTokenizerBase
+    vocab_size: int
+    device: torch.device
+    _vocab: "Vocab | None"
+
+    @property
+    def vocab(self) -> Vocab:
+        if self._vocab is None:
+            self._vocab = Vocab(self.tokenizer, self.vocab_size, self.device)
+        return self._vocab
+
+    def grammar(self, commands: list[str], meta_verbs: tuple[str, ...] = ()) -> ActionGrammar | None:
+        """An `ActionGrammar` for one request; None (unconstrained) when there is nothing to allow."""
+        if not commands and not meta_verbs:
+            return None
+        return ActionGrammar(self.vocab, commands, meta_verbs)

@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from evoharness.engines.grammar import ACTION_CLOSE, ActionGrammar, GenRequest, GenResult, Vocab
+from evoharness.engines.grammar import GenRequest, GenResult, GrammarMixin, Vocab, default_stop_ids
 
 
-class Engine:
+class Engine(GrammarMixin):
     """Batched KV-cache decoding for a Hugging Face causal LM.
 
     Args:
@@ -44,33 +44,13 @@ class Engine:
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         if stop_ids is None:
-            ids = {tokenizer.eos_token_id}
-            gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-            ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-            for s in ("<|im_end|>", ACTION_CLOSE):
-                enc = tokenizer.encode(s, add_special_tokens=False)
-                if len(enc) == 1:
-                    ids.add(enc[0])
-            stop_ids = sorted(i for i in ids if i is not None)
+            stop_ids = default_stop_ids(model, tokenizer)
         self.stop_ids = set(stop_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
         self.invalid = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
         self.invalid[len(tokenizer):] = True
         self._vocab: Vocab | None = None
         self.min_shared_prefix = 32  # shorter common prefixes are not worth a separate prefill
-
-    @property
-    def vocab(self) -> Vocab:
-        """Token classes for `ActionGrammar` (built on first use: ~1 s for a 150k vocabulary)."""
-        if self._vocab is None:
-            self._vocab = Vocab(self.tokenizer, self.vocab_size, self.device)
-        return self._vocab
-
-    def grammar(self, commands: list[str], meta_verbs: tuple[str, ...] = ()) -> ActionGrammar | None:
-        """An `ActionGrammar` for one request; None (unconstrained) when there is nothing to allow."""
-        if not commands and not meta_verbs:
-            return None
-        return ActionGrammar(self.vocab, commands, meta_verbs)
 
     @torch.inference_mode()
     def generate(self, requests: list[GenRequest], max_new_tokens: int = 64, temperature: float = 0.0,

@@ -34,26 +34,13 @@ import time
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evoharness.engines.grammar import ACTION_CLOSE, ActionGrammar, GenRequest, GenResult, Vocab
+from evoharness.engines.grammar import GenRequest, GenResult, GrammarMixin, Vocab, default_stop_ids
 from evoharness.engines.decoder import StaticKVDecoder
 from evoharness.engines.masks import MaskCache
 from evoharness.engines.sampling import Sampler
 
 
-def default_stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's and generation config's eos ids, ``<|im_end|>``, and ``</action>``
-    when it is a single token."""
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    for s in ("<|im_end|>", ACTION_CLOSE):
-        enc = tokenizer.encode(s, add_special_tokens=False)
-        if len(enc) == 1:
-            ids.add(enc[0])
-    return sorted(i for i in ids if i is not None)
-
-
-class StaticEngine:
+class StaticEngine(GrammarMixin):
     """Batched decoding with a static KV cache for a Qwen3-family HF causal LM.
 
     Args:
@@ -85,19 +72,6 @@ class StaticEngine:
         self._lock = threading.Lock()  # one call at a time: the KV buffer and mask cache are shared
         # cumulative counters (seconds are wall time): where generation time goes
         self.stats = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0}
-
-    @property
-    def vocab(self) -> Vocab:
-        """Token classes for `ActionGrammar` (built on first use)."""
-        if self._vocab is None:
-            self._vocab = Vocab(self.tokenizer, self.vocab_size, self.device)
-        return self._vocab
-
-    def grammar(self, commands: list[str], meta_verbs: tuple[str, ...] = ()) -> ActionGrammar | None:
-        """An `ActionGrammar` for one request; None (unconstrained) when there is nothing to allow."""
-        if not commands and not meta_verbs:
-            return None
-        return ActionGrammar(self.vocab, commands, meta_verbs)
 
     @torch.inference_mode()
     def generate(self, requests: list[GenRequest], max_new_tokens: int = 64, temperature: float = 0.0,

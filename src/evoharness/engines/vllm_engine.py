@@ -112,7 +112,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        from evoharness.engines.static import default_stop_ids
+        from evoharness.engines.grammar import default_stop_ids
         from evoharness.models.init import load_model, load_tokenizer
 
         self.model_path, self.constrain, self.policy_version = str(model_path), constrain, policy_version

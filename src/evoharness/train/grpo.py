@@ -402,21 +402,37 @@ def accumulate_gradients(model: Any, samples: Sequence[TurnSample], cfg: GRPOCon
     ``forced_fraction`` (tokens the constraint forced)."""
     set_token_weights(samples)
     order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-    tot: dict[str, float] = defaultdict(float)
-    ratio_max = 0.0
+    stats = StepStats()
     for k in range(0, len(order), cfg.micro_batch_size):
         with amp():
             loss, st = microbatch_loss(model, order[k : k + cfg.micro_batch_size], cfg, ref_model, masks)
         loss.backward()
-        ratio_max = max(ratio_max, st.pop("ratio_max"))
+        stats.add(st)
+    return stats.metrics()
+
+
+class StepStats:
+    """Sums `microbatch_loss` statistics over a step's micro-batches into its metrics."""
+
+    def __init__(self) -> None:
+        self.tot: dict[str, float] = defaultdict(float)
+        self.ratio_max = 0.0
+
+    def add(self, st: dict[str, float]) -> None:
+        st = dict(st)
+        self.ratio_max = max(self.ratio_max, st.pop("ratio_max"))
         for key, v in st.items():
-            tot[key] += v
-    n = max(tot["n_tokens"], 1)
-    return {
-        "loss": tot["loss"], "pg_loss": tot["pg_loss"], "kl": tot["kl"], "entropy": tot["entropy"],
-        "clip_fraction": tot["n_clipped"] / n, "ratio_mean": tot["ratio_sum"] / n, "ratio_max": ratio_max,
-        "n_tokens": int(tot["n_tokens"]), "forced_fraction": tot["n_forced"] / n,
-    }
+            self.tot[key] += v
+
+    def metrics(self) -> dict[str, float]:
+        """``loss``, ``pg_loss``, ``kl``, ``entropy`` (weighted like the loss), ``clip_fraction``,
+        ``ratio_mean`` (token means), ``ratio_max``, ``n_tokens``, ``forced_fraction``."""
+        tot, n = self.tot, max(self.tot["n_tokens"], 1)
+        return {
+            "loss": tot["loss"], "pg_loss": tot["pg_loss"], "kl": tot["kl"], "entropy": tot["entropy"],
+            "clip_fraction": tot["n_clipped"] / n, "ratio_mean": tot["ratio_sum"] / n, "ratio_max": self.ratio_max,
+            "n_tokens": int(tot["n_tokens"]), "forced_fraction": tot["n_forced"] / n,
+        }
 
 
 def mini_batch_slices(samples: Sequence[TurnSample], mini_batches: int, group_size: int = 1) -> list[list[TurnSample]]:

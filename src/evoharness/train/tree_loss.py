@@ -18,7 +18,6 @@ loss of `grpo.accumulate_gradients` (tested), while shared prefixes run once.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -27,7 +26,7 @@ import torch
 
 from evoharness.rollout.records import Trajectory
 from evoharness.rollout.tree import PathSelection, TrajectoryTree, all_paths, has_tokens, select_paths
-from evoharness.train.grpo import GRPOConfig, TokenMasks, token_terms
+from evoharness.train.grpo import GRPOConfig, StepStats, TokenMasks, token_terms
 from evoharness.train.packing import PackedBatch, collate, linear_cost, pack_trees, target_logprobs
 
 
@@ -167,8 +166,7 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
     rows = pack_trees(trees, sels, max_tokens, linear_cost(model.config) if cost_model else None)
     rows.sort(key=lambda r: r.n_tokens)  # rows of a micro-batch pad to the longest
     device = next(model.parameters()).device
-    tot: dict[str, float] = defaultdict(float)
-    ratio_max = 0.0
+    stats = StepStats()
     for k in range(0, len(rows), rows_per_micro):
         batch = collate(trees, rows[k:k + rows_per_micro])
         if batch.n_targets == 0:
@@ -177,16 +175,9 @@ def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
         with amp():
             loss, st = packed_grpo_loss(model, batch, advantages, weights, cfg, ref_model, allowed)
         loss.backward()
-        ratio_max = max(ratio_max, st.pop("ratio_max"))
-        for key, v in st.items():
-            tot[key] += v
-    n = max(tot["n_tokens"], 1)
-    return {
-        "loss": tot["loss"], "pg_loss": tot["pg_loss"], "kl": tot["kl"], "entropy": tot["entropy"],
-        "clip_fraction": tot["n_clipped"] / n, "ratio_mean": tot["ratio_sum"] / n, "ratio_max": ratio_max,
-        "n_tokens": int(tot["n_tokens"]), "forced_fraction": tot["n_forced"] / n,
-        "paths": sum(len(s.leaves) for s in sels), "packed_tokens": sum(r.n_tokens for r in rows), "rows": len(rows),
-    }
+        stats.add(st)
+    return {**stats.metrics(), "paths": sum(len(s.leaves) for s in sels),
+            "packed_tokens": sum(r.n_tokens for r in rows), "rows": len(rows)}
 
 
 def tree_grpo_step(model: Any, optimizer: torch.optim.Optimizer, trees: Sequence[TrajectoryTree],

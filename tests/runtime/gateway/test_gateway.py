@@ -77,6 +77,19 @@ def test_64_concurrent_executions_get_their_own_records(gw_model_dir, serve):
             assert len(rec.logprobs) == len(rec.completion_token_ids) == ans["usage"]["completion_tokens"]
         # the second prompt extends the first prompt + the first completion's text
         assert recs[1].prompt_token_ids[:len(recs[0].prompt_token_ids)] == recs[0].prompt_token_ids
+    # each execution's records fold into its own trajectory tree: the second call's prompt
+    # shares the first call's path, only its new suffix is stored, only completions train
+    from evoharness.rollout.tree import trees_from_records
+
+    trees = trees_from_records(r for k in range(64) for r in store.read(f"exec-{k}"))
+    assert sorted(trees) == sorted(f"exec-{k}" for k in range(64))
+    for k in (0, 17, 63):
+        tree, recs = trees[f"exec-{k}"], store.read(f"exec-{k}")
+        assert tree.execution_id == f"exec-{k}" and len(tree.calls) == 2
+        for i, rec in enumerate(recs):
+            assert tree.call_sequence(i) == (rec.prompt_token_ids, rec.completion_token_ids)
+        assert tree.n_tokens < tree.n_call_tokens()  # the shared prefix is stored once
+        assert tree.n_trainable == sum(len(r.completion_token_ids) for r in recs)
     for k in (0, 31, 63):  # the records are the engine's own greedy output and log-probs
         rec = store.read(f"exec-{k}")[0]
         (ref,) = engine.generate([GenRequest(rec.prompt_token_ids)], 8, 0.0)

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from evoharness.envs.repo import sandbox as sandbox_mod
-from evoharness.envs.repo.sandbox import Sandbox, SandboxUnavailable, _proc_uid_stats
+from evoharness.envs.repo.sandbox import Limits, Sandbox, SandboxUnavailable, _proc_uid_stats
 from evoharness.envs.repo.task import PACK_DIR
 
 
@@ -191,3 +191,19 @@ def test_no_host_secrets_abstract_sockets_or_shared_memory(sandbox, monkeypatch)
     assert "sk-host-secret" not in r.output and "OPENAI" not in r.output
     assert "ConnectionRefusedError" in r.output and "/dev/shm/x: Permission denied" in r.output
     assert int(r.output.split()[-1]) < 10  # only the sandbox's own few processes
+
+
+def test_read_only_binds_under_the_hosts_tmp_stay_visible(tmp_path):
+    """The sandbox's /tmp is a fresh tmpfs; a host directory under /tmp (a CI checkout's venv,
+    here a tool directory) bound read-only must land on top of it, not vanish beneath it."""
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    (tool / "hello.txt").write_text("hi from the host\n")
+    assert str(tool).startswith("/tmp/")
+    sb = Sandbox(tmp_path / "ws", limits=Limits(wall_s=20, cpu_s=20), ro_binds={str(tool): str(tool)})
+    try:
+        r = sb.run(f"cat {tool}/hello.txt; touch {tool}/x 2>&1; touch /tmp/scratch && echo tmp-writable")
+    finally:
+        sb.close()
+    assert "hi from the host" in r.output and "Read-only file system" in r.output and "tmp-writable" in r.output
+    assert not (tool / "x").exists()

@@ -415,14 +415,15 @@ class Sandbox:
             argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
             argv += ["--unshare-user"]
+        # /tmp first: mounts are stacked in order, so a venv or project under the host's /tmp
+        # (a CI checkout, say) must be bound on top of the tmpfs, not hidden beneath it
+        argv += ["--size", str(limits.tmp_mb * _MB), "--perms", "1777", "--tmpfs", "/tmp"]
         for p in parents:  # bwrap would create them 0700: the sandbox's uid could not traverse them
             argv += ["--perms", "0755", "--dir", p]
         argv += self._system_mounts()
         for src, dst in binds.items():
             argv += ["--ro-bind", src, dst]
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--size", str(limits.tmp_mb * _MB), "--perms", "1777", "--tmpfs", "/tmp",
-                 "--bind", str(self.workspace), WORKSPACE]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.workspace), WORKSPACE]
         for src, dst in extra_rw.items():
             argv += ["--bind", src, dst]
         for h in self._hidden_paths(binds):

@@ -20,7 +20,8 @@ import shutil
 from pathlib import Path
 
 from evoharness.eval.report import plot_success
-from evoharness.eval.run_report import _plot_curves, _read_jsonl, _smooth, _trend, rl_section, success_table
+from evoharness.eval.run_report import _plot_curves, _smooth, _trend, rl_section, success_table
+from evoharness.jsonl import read_jsonl
 
 
 def _pairs(items: list[str]) -> list[tuple[str, Path]]:
@@ -87,17 +88,17 @@ def main() -> None:
         if systems:
             plot_success(systems, out / f"success_{split}.png", title)
             md += [f"## Success: {title}", ""] + success_table(systems) + ["", f"![success](success_{split}.png)", ""]
-    sft = [r for r in _read_jsonl(Path(args.sft_metrics)) if "loss" in r] if args.sft_metrics else []
+    sft = [r for r in read_jsonl(Path(args.sft_metrics)) if "loss" in r] if args.sft_metrics else []
     if sft:
         xs = [r["step"] for r in sft]
         _plot_curves(out / "sft_loss.png", [("SFT loss (assistant tokens)", [
             ("loss", xs, [r["loss"] for r in sft]), ("smoothed", xs, _smooth([r["loss"] for r in sft], 50))])])
         md += ["## Stage 1: SFT", "", f"{len(sft)} steps; final loss {sft[-1]['loss']:.4f}.", "", "![sft loss](sft_loss.png)", ""]
-    runs = {label: _read_jsonl(run / "metrics.jsonl") for label, run in _pairs(args.run)}
+    runs = {label: read_jsonl(run / "metrics.jsonl") for label, run in _pairs(args.run)}
     if args.control:
         md += paired_section(out, runs, args.control)
     for i, (label, run) in enumerate(_pairs(args.run)):
-        md += rl_section(out, _read_jsonl(run / "metrics.jsonl"), name=f"rl_curves_{i}.png", title=f"Stage 2 GRPO: {label}")
+        md += rl_section(out, read_jsonl(run / "metrics.jsonl"), name=f"rl_curves_{i}.png", title=f"Stage 2 GRPO: {label}")
         shutil.copy(run / "rl_config.json", out / f"rl_config_{i}.json")
     (out / "report.md").write_text("\n".join(md))
     print(out / "report.md")

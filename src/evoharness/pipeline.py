@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from evoharness.config import Strict
 from evoharness.eval.evaluate import EnvConfig, EvalConfig, evaluate
 from evoharness.harness.factory import HarnessConfig
+from evoharness.jsonl import read_jsonl
 from evoharness.policies.factory import PolicyConfig
 from evoharness.train.rl import RLConfig, train_rl
 from evoharness.train.sft import SFTConfig
@@ -179,7 +180,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         from evoharness.models.init import count_params, init_model
         from evoharness.models.tokenizer import build_tokenizer
 
-        examples = _read_jsonl(sft_data)
+        examples = read_jsonl(sft_data)
         corpus = [m["content"] for ex in examples for m in ex["messages"]] + [ex["completion"] for ex in examples]
         tok = build_tokenizer(corpus, model_dir, vocab_size=cfg.vocab_size)
         model = init_model(cfg.model_preset, tok, out_dir=model_dir, seed=cfg.seed)
@@ -234,6 +235,3 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
 def _slug(name: str) -> str:
     return name.replace(" ", "_")
 
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]

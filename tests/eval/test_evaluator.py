@@ -4,8 +4,9 @@ import json
 import subprocess
 import sys
 
-from evoharness.eval.evaluate import EvalConfig, evaluate, read_episodes
+from evoharness.eval.evaluate import EvalConfig, evaluate
 from evoharness.eval.panel import build_episodes
+from evoharness.jsonl import read_jsonl
 
 
 def _cfg(tmp_path, name, **kw):
@@ -16,7 +17,7 @@ def _cfg(tmp_path, name, **kw):
 
 
 def _per_game(out):
-    return {d["episode_id"]: (d["won"], [t["action"] for t in d["turns"]]) for d in read_episodes(out / "episodes.jsonl")}
+    return {d["episode_id"]: (d["won"], [t["action"] for t in d["turns"]]) for d in read_jsonl(out / "episodes.jsonl")}
 
 
 def test_same_results_with_one_and_two_workers(tmp_path):
@@ -26,7 +27,7 @@ def test_same_results_with_one_and_two_workers(tmp_path):
     assert g1 == g2 and len(g1) == 4
     assert s1["overall"] == s2["overall"]
     # episodes.jsonl is in panel order whatever order workers finished in
-    ids = [d["episode_id"] for d in read_episodes(tmp_path / "w2" / "episodes.jsonl")]
+    ids = [d["episode_id"] for d in read_jsonl(tmp_path / "w2" / "episodes.jsonl")]
     assert ids == sorted(ids)
     for f in ("report.md", "summary.json", "success.png"):
         assert (tmp_path / "w2" / f).stat().st_size > 0
@@ -41,7 +42,7 @@ def test_resume_skips_finished_episodes(tmp_path):
     path.write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])  # killed mid-write
     first = json.loads(lines[0])
     summary = evaluate(cfg, progress=False)
-    again = read_episodes(path)
+    again = read_jsonl(path)
     assert [d["episode_id"] for d in again] == [first["episode_id"], json.loads(lines[1])["episode_id"]]
     assert again[0] == first  # kept, not replayed
     assert summary["overall"]["n"] == 2

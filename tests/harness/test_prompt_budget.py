@@ -13,12 +13,13 @@ from evoharness.envs.alfworld.games import discover_games
 from evoharness.eval.evaluate import EvalConfig
 from evoharness.harness.factory import HarnessConfig
 from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS, chat_ids
+from evoharness.jsonl import read_jsonl
 from evoharness.models.init import init_model, load_tokenizer
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.policies.base import PolicyRequest
 from evoharness.policies.factory import make_policy
 from evoharness.policies.teacher import TeacherPolicy
-from evoharness.rollout.collect import bpe_harness_factory, collect_traces, read_jsonl, traces_to_sft
+from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft
 from evoharness.train.rl import RLConfig
 from evoharness.train.sft import SFTConfig, tokenize_examples
 

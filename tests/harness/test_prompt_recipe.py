@@ -17,13 +17,14 @@ from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.harness.prompt import PromptTooLong, chat_ids, drop_oldest_history, fit_prompt_ids
 from evoharness.harness.react import ReActHarness
+from evoharness.jsonl import read_jsonl
 from evoharness.models.init import init_model, load_tokenizer
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.pipeline import RunConfig, eval_config, model_policy, rl_config
 from evoharness.policies.base import Completion, PolicyRequest
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.policies.teacher import TeacherPolicy
-from evoharness.rollout.collect import bpe_harness_factory, collect_traces, read_jsonl, traces_to_sft
+from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.distill import distill, parse_log
 from evoharness.train.rl import RLConfig

@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from evoharness.train.checkpoint import FAILPOINT_ENV, checkpoint_candidates, load_trainer_state, read_jsonl
+from evoharness.jsonl import read_jsonl
+from evoharness.train.checkpoint import FAILPOINT_ENV, checkpoint_candidates, load_trainer_state
 
 pytestmark = pytest.mark.slow  # a dozen real RL processes: ~1-2 min on 2 cores
 

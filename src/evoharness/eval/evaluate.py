@@ -28,6 +28,7 @@ from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import TASK_TYPES, discover_games
 from evoharness.eval.panel import build_episodes, protocol_step_cap
 from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.jsonl import read_jsonl
 from evoharness.policies.factory import PolicyConfig, make_policy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.records import Trajectory
@@ -116,16 +117,6 @@ def _play_chunk(specs: list[EpisodeSpec]) -> list[dict]:
     return [t.to_dict() for t in trajs]
 
 
-def read_episodes(path: Path) -> list[dict]:
-    """Episodes of a JSONL file; a torn last line (a killed run) is skipped."""
-    out = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
 
 
 def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
@@ -150,7 +141,7 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
         check_resumable(out, cfg)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     jsonl = out / "episodes.jsonl"
-    have = {d["episode_id"]: d for d in read_episodes(jsonl)} if cfg.resume else {}
+    have = {d["episode_id"]: d for d in read_jsonl(jsonl)} if cfg.resume else {}
     if not cfg.resume and jsonl.exists():
         jsonl.unlink()
     todo = [s for s in specs if s.episode_id not in have]

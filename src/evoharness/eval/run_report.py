@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
 from evoharness.eval.report import plot_success
 from evoharness.harness.base import META_VERBS
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+from evoharness.jsonl import read_jsonl
 
 
 def _plot_curves(path: Path, panels: list[tuple[str, list[tuple[str, list[float], list[float]]]]]) -> None:
@@ -81,7 +75,7 @@ def write_run_report(out: Path, systems: dict[str, dict[str, Any]], sft_metrics:
             meta = s["overall"].get("meta_per_ep", {})
             md.append(f"| {name} | " + " | ".join(str(meta.get(v, 0)) for v in META_VERBS) + " |")
         md.append("")
-    sft = [r for r in _read_jsonl(sft_metrics) if "loss" in r] if sft_metrics else []
+    sft = [r for r in read_jsonl(sft_metrics) if "loss" in r] if sft_metrics else []
     if sft:
         xs = [r["step"] for r in sft]
         _plot_curves(out / "sft_loss.png", [("SFT loss (assistant tokens)", [("loss", xs, [r["loss"] for r in sft]),
@@ -89,7 +83,7 @@ def write_run_report(out: Path, systems: dict[str, dict[str, Any]], sft_metrics:
         md += ["## Stage 1: SFT", "", f"{len(sft)} steps; final loss {sft[-1]['loss']:.4f}.", "",
                "![sft loss](sft_loss.png)", ""]
     if rl_metrics:
-        md += rl_section(out, _read_jsonl(rl_metrics))
+        md += rl_section(out, read_jsonl(rl_metrics))
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     path = out / "report.md"
@@ -170,7 +164,7 @@ def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: st
 
 def write_rl_report(out: Path, rl_metrics: Path) -> Path:
     """``report.md`` + ``rl_curves.png`` for a stand-alone ``evoharness rl`` run."""
-    lines = rl_section(out, _read_jsonl(rl_metrics))
+    lines = rl_section(out, read_jsonl(rl_metrics))
     path = out / "report.md"
     path.write_text("\n".join(["# EvoHarness RL run", ""] + (lines or ["No completed steps yet.", ""])))
     return path

@@ -45,6 +45,7 @@ from tqdm import tqdm
 from evoharness.envs.base import Env, TaskSpec
 from evoharness.harness.base import Harness, split_completion
 from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.jsonl import read_jsonl
 from evoharness.policies.base import Policy, format_action
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
@@ -81,18 +82,6 @@ class CollectStats:
         return self.won / self.played if self.played else 0.0
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Records of a JSONL file; a torn last line (a killed run) is skipped."""
-    path = Path(path)
-    out = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return out
 
 
 def _trim_torn_tail(path: Path) -> None:

@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from evoharness.jsonl import read_jsonl
+
 T = TypeVar("T")
 FAILPOINT_ENV = "EVOHARNESS_FAILPOINT"
 METRICS_COPY = "metrics.jsonl"
@@ -254,20 +256,6 @@ def append_jsonl(path: Path, record: dict[str, Any], step: int | None = None) ->
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSONL file; a line that does not parse (torn by a kill
-    mid-write) is skipped with a warning."""
-    if not path.is_file():
-        return []
-    out = []
-    for n, ln in enumerate(path.read_text().splitlines(), 1):
-        if not ln.strip():
-            continue
-        try:
-            out.append(json.loads(ln))
-        except json.JSONDecodeError:
-            warnings.warn(f"{path}:{n}: dropped a torn line ({ln[:60]!r}...)", stacklevel=2)
-    return out
 
 
 def truncate_metrics(path: Path, step: int) -> None:

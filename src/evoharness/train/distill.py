@@ -87,9 +87,10 @@ from evoharness.envs.alfworld.wording import parse_place
 from evoharness.envs.base import StepResult, TaskSpec
 from evoharness.harness.base import META_VERBS, normalize_command, split_completion
 from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.jsonl import read_jsonl
 from evoharness.policies.base import estimate_tokens, format_action
 from evoharness.policies.teacher import current_subgoal, decide, parse_prompt
-from evoharness.rollout.collect import read_jsonl, traces_to_sft, write_jsonl_atomic
+from evoharness.rollout.collect import traces_to_sft, write_jsonl_atomic
 from evoharness.rollout.records import Trajectory, TurnRecord
 
 MAX_META_RUN = 4  # meta-actions inserted in a row at most (the teacher never needs more than 3)

@@ -26,6 +26,7 @@ from evoharness.envs.repo.sandbox import require_bwrap
 from evoharness.envs.repo.scaffold import AgentConfig, run_repo_episode
 from evoharness.envs.repo.task import load_tasks
 from evoharness.envs.repo.trace import TraceWriter
+from evoharness.jsonl import read_jsonl
 
 
 class RepoEvalError(RuntimeError):
@@ -60,15 +61,6 @@ class RepoEvalConfig(Strict):
     policy: RepoPolicyConfig = RepoPolicyConfig()
 
 
-def _read(path: Path) -> list[dict]:
-    out = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # torn last line of a killed run
-    return out
 
 
 def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
@@ -102,7 +94,7 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
     if not cfg.resume:
         for f in (jsonl, out / "trace.jsonl"):
             f.unlink(missing_ok=True)
-    have = {d["task_id"]: d for d in _read(jsonl)}
+    have = {d["task_id"]: d for d in read_jsonl(jsonl)}
     todo = [t for t in tasks if t.task_id not in have]
     trace = TraceWriter(out / "trace.jsonl")
     t0 = time.perf_counter()

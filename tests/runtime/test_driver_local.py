@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 
@@ -119,6 +121,82 @@ def test_other_schedules_refuse_a_lost_cell_clearly(make_cfg):
     sched.start()
     with pytest.raises(RuntimeError, match="does not handle a lost cell"):
         sched.handle(CellLost(1))
+
+
+def _dies_mid_reply(cell, inbox, outbox):
+    """A cell process that dies half-way through writing a reply larger than its
+    pipe holds (nobody reads it yet), as a SIGKILL or the OOM killer can land."""
+    threading.Thread(target=outbox.put, args=((cell, os.getpid(), "call", 0, b"x" * (1 << 20)),),
+                     daemon=True).start()
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DiesMidReply(LocalBackend):
+    """Cell 1's first process is `_dies_mid_reply`; its replacement is a normal cell."""
+
+    def _process(self, cell):
+        if cell == 1 and not getattr(self, "_died", False):
+            self._died = True
+            return _dies_mid_reply, (cell, self.inboxes[cell], self.outboxes[cell])
+        return super()._process(cell)
+
+
+def test_a_cell_killed_mid_reply_does_not_silence_the_others(make_cfg):
+    """Regression: the cells shared one reply queue, whose writers share a lock;
+    a cell killed while its reply was being written held it for good and no
+    other cell was heard again (the killed-cell test stalled now and then). Each
+    cell now replies on a pipe of its own: after cell 1 died mid-reply, cells 0
+    and 2 still answer, and cell 1 is reported lost and its replacement answers."""
+    from evoharness.runtime.cells import Role
+    from evoharness.runtime.events import CellLost, RoleSwitchDone, SwitchRole
+    cfg = make_cfg(cluster={"cells": 3})
+    be = DiesMidReply(cfg, [Role.ROLLOUT] * 3, time_scale=SCALE)
+    try:
+        be.procs[1].join(timeout=60)
+        assert be.procs[1].exitcode == -signal.SIGKILL     # died with its reply half in the pipe
+        be.apply(SwitchRole(0, Role.TRAIN))
+        be.apply(SwitchRole(2, Role.TRAIN))
+        want = {CellLost(1), RoleSwitchDone(0, Role.TRAIN), RoleSwitchDone(2, Role.TRAIN),
+                RoleSwitchDone(1, Role.ROLLOUT)}
+        seen: list = []
+        deadline = time.monotonic() + 30
+        while not want <= set(seen) and time.monotonic() < deadline:
+            seen += be.poll(0.5)
+    finally:
+        be.close()
+    assert want <= set(seen), f"heard only {seen}"
+    assert seen.count(CellLost(1)) == 1
+
+
+def test_a_migrate_or_bind_of_an_execution_that_just_finished_is_ignored(make_cfg):
+    """Regression: a scheduler decides on the events it has handled, so it may
+    migrate (or bind) an execution whose ExecutionFinished is still pending;
+    the backend re-bound it, and when that cell left rollout the finished
+    execution came back orphaned and was bound again (elastic then saw more
+    executions on its cells than outstanding work and failed its room check)."""
+    from evoharness.runtime.cells import Role
+    from evoharness.runtime.events import Dispatch, ExecutionFinished, ExecutionOrphaned, Migrate, SwitchRole
+    cfg = make_cfg(cluster={"cells": 2})
+    be = LocalBackend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
+    try:
+        be.apply(Dispatch(0, 0))
+        members = [ev.execution for ev in be.poll(1.0)]
+        for e in members:
+            be.apply(Bind(e, 0))
+        done = None
+        deadline = time.monotonic() + 60
+        while done is None and time.monotonic() < deadline:
+            done = next((ev for ev in be.poll(0.5) if isinstance(ev, ExecutionFinished)), None)
+        assert done is not None and done.cell == 0
+        # decided before the scheduler saw `done`: the finished execution is moved to cell 1
+        be.apply(Migrate(done.execution, 1))
+        be.apply(Bind(done.execution, 1))
+        be.apply(SwitchRole(1, Role.TRAIN))      # cell 1 leaves rollout: it must hold nothing
+        orphans = [ev for ev in be.poll(1.0) if isinstance(ev, ExecutionOrphaned)]
+    finally:
+        be.close()
+    assert orphans == [] and done.execution not in be.x_cell and be.x_state[done.execution] == "done"
 
 
 JOB = """

@@ -105,7 +105,7 @@ class AlfworldBackend(LocalModelBackend):
 
     def _process(self, cell: int) -> tuple[Any, tuple]:
         from evoharness.runtime.cell_worker import cell_main
-        return cell_main, (cell, self.model_dir, self.work_dir, self.lr, self.inboxes[cell], self.outbox,
+        return cell_main, (cell, self.model_dir, self.work_dir, self.lr, self.inboxes[cell], self.outboxes[cell],
                            self._options)
 
     # ---- executions: real episodes ----------------------------------------------------

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import heapq
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import queue
+import threading
 import time
 from typing import Any
 
@@ -37,7 +39,31 @@ from evoharness.runtime.events import (Bind, CellLost, Command, Dispatch, Event,
 from evoharness.runtime.workload import SimConfig, Workload
 
 
-def _cell_main(cell: int, inbox: Any, outbox: Any) -> None:
+class CellOutbox:
+    """A cell's reply channel: the write end of a pipe of its own, read by the driver.
+
+    One pipe per cell rather than one `multiprocessing.Queue` shared by all:
+    a shared queue's writers share a lock, and a cell killed (SIGKILL, OOM)
+    while its feeder thread held it silenced every other cell for good (the
+    job stalled). A dead cell can now only break its own pipe, which the
+    driver reads as end-of-file and drops; its replacement gets a new one.
+    ``put`` blocks while the pipe is full (the driver drains it)."""
+
+    def __init__(self, conn: Any):
+        self._conn, self._lock = conn, threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"conn": self._conn}     # pickled into the spawned cell (a lock does not travel)
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["conn"])
+
+    def put(self, msg: tuple) -> None:
+        with self._lock:
+            self._conn.send(msg)
+
+
+def _cell_main(cell: int, inbox: Any, outbox: CellOutbox) -> None:
     """A cell process: timed jobs ("call" | "train" | "switch" | "sync", token, payload, seconds)
     run concurrently; ("cancel", token) drops one; ("stop",) ends the process."""
     timers: list[tuple[float, int, tuple]] = []
@@ -134,13 +160,24 @@ class LocalBackend:
 
     # ---- transport: cell processes and queues (a Ray backend swaps these) -------------
     def _start_cells(self, k: int) -> None:
-        ctx = self._ctx = mp.get_context("spawn")
-        self.outbox = ctx.Queue()
-        self.inboxes = [ctx.Queue() for _ in range(k)]
-        self.procs = [ctx.Process(target=target, args=args, daemon=True)
-                      for target, args in (self._process(c) for c in range(k))]
-        for p in self.procs:
-            p.start()
+        self._ctx = mp.get_context("spawn")
+        self.inboxes: list[Any] = [None] * k
+        self.outboxes: list[CellOutbox | None] = [None] * k   # cell c's write end (passed to its process)
+        self._replies: list[Any] = [None] * k                 # cell c's read end (None once it read EOF)
+        self.procs: list[Any] = [None] * k
+        self._next_cell = 0                                    # where `_next_reply` starts looking
+        for c in range(k):
+            self._spawn(c)
+
+    def _spawn(self, c: int) -> None:
+        """Start cell c's process with a fresh inbox and reply pipe."""
+        self.inboxes[c] = self._ctx.Queue()
+        reader, writer = self._ctx.Pipe(duplex=False)
+        self._replies[c], self.outboxes[c] = reader, CellOutbox(writer)
+        target, args = self._process(c)
+        self.procs[c] = self._ctx.Process(target=target, args=args, daemon=True)
+        self.procs[c].start()
+        writer.close()      # only the cell holds its write end now: its death reads as EOF
 
     def _post(self, cell: int, msg: tuple) -> None:
         self.inboxes[cell].put(msg)
@@ -149,20 +186,31 @@ class LocalBackend:
         return [c for c, p in enumerate(self.procs) if not p.is_alive()]
 
     def _next_reply(self, timeout: float) -> tuple | None:
-        try:
-            return self.outbox.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        """One reply from any cell, or None after `timeout` s; cells take turns (none starves)."""
+        k = len(self._replies)
+        order = [(self._next_cell + i) % k for i in range(k)]
+        live = [self._replies[c] for c in order if self._replies[c] is not None]
+        for r in multiprocessing.connection.wait(live, timeout) if live else []:
+            c = self._replies.index(r)
+            self._next_cell = (c + 1) % k
+            try:
+                return r.recv()
+            except (EOFError, OSError):
+                # the cell died (`_dead_cells` reports it): drop its pipe and any half-written reply
+                r.close()
+                self._replies[c] = None
+        if not live:
+            time.sleep(timeout)
+        return None
 
     def _respawn(self, c: int) -> None:
-        self.inboxes[c] = self._ctx.Queue()
-        target, args = self._process(c)
-        self.procs[c] = self._ctx.Process(target=target, args=args, daemon=True)
-        self.procs[c].start()
+        if self._replies[c] is not None:
+            self._replies[c].close()    # the dead cell's replies: its jobs were dropped with it
+        self._spawn(c)
 
     def _process(self, cell: int) -> tuple[Any, tuple]:
         """The target and arguments of cell `cell`'s process."""
-        return _cell_main, (cell, self.inboxes[cell], self.outbox)
+        return _cell_main, (cell, self.inboxes[cell], self.outboxes[cell])
 
     # ---- workload -------------------------------------------------------------
     def _turns(self, e: int) -> tuple[Any, int, int]:
@@ -225,6 +273,10 @@ class LocalBackend:
             for e in range(c.group * self.gs, (c.group + 1) * self.gs):
                 self.x_state[e], self.x_k[e] = "queued", 0
                 self._events.append(ExecutionDispatched(e, c.group))
+        elif isinstance(c, (Bind, Migrate)) and self.x_state[c.execution] == "done":
+            # it finished while the command was decided (its ExecutionFinished is not handled yet):
+            # binding it again would leave a phantom on the cell, orphaned when the cell leaves rollout
+            return
         elif isinstance(c, Bind):
             st = self.x_state[c.execution]
             self.x_cell[c.execution] = c.cell
@@ -393,6 +445,9 @@ class LocalBackend:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+        for r in self._replies:
+            if r is not None:
+                r.close()
 
 
 class LocalModelBackend(LocalBackend):
@@ -438,17 +493,17 @@ class LocalModelBackend(LocalBackend):
                 self.close()
                 raise RuntimeError(f"cells {dead or sorted(set(range(len(roles))) - ready)} did not load the "
                                    f"model ({'process died' if dead else f'{ready_timeout_s:.0f} s timeout'})")
-            try:
-                cell, pid, kind, _, _ = self.outbox.get(timeout=1.0)
-            except queue.Empty:
+            reply = self._next_reply(1.0)
+            if reply is None:
                 continue
+            cell, pid, kind, _, _ = reply
             if kind == "ready":
                 ready.add(cell)
                 self.pids_seen[cell].add(pid)
 
     def _process(self, cell: int) -> tuple[Any, tuple]:
         from evoharness.runtime.cell_worker import cell_main
-        return cell_main, (cell, self.model_dir, self.work_dir, self.lr, self.inboxes[cell], self.outbox)
+        return cell_main, (cell, self.model_dir, self.work_dir, self.lr, self.inboxes[cell], self.outboxes[cell])
 
     # ---- executions with real tokens --------------------------------------------
     def _rng(self, *key: int):

@@ -9,10 +9,9 @@ import torch
 from engine_helpers import COMMANDS, chat_prompts
 from model_helpers import MICRO
 
-from evoharness.engines.grammar import ActionGrammar, GenRequest
-
-from evoharness.engines.hf import Engine
 from evoharness.engines import StaticEngine, make_engine
+from evoharness.engines.grammar import ActionGrammar, GenRequest
+from evoharness.engines.hf import Engine
 from evoharness.engines.masks import MaskCache, state_key
 from evoharness.harness.base import META_VERBS, parse_completion
 
@@ -93,6 +92,7 @@ def test_group_prefixes_are_prefilled_once_with_unchanged_results(model, tokeniz
 def test_greedy_equals_hf_generate_other_architectures(tokenizer, arch):
     """Qwen2 (q/k/v biases, no q/k-norm) and Llama shapes run the same lean forward."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
     from evoharness.models.init import padded_vocab
     cfg_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     cfg = cfg_cls(vocab_size=padded_vocab(len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
@@ -177,9 +177,11 @@ def test_seeded_sampling_does_not_depend_on_the_batch_and_matches_engine(model, 
     assert eng.generate([GenRequest(prompts[2], seed=5)], 24, temperature=1.0, top_p=1e-9)[0].token_ids == greedy.token_ids
 
 
-def test_constrained_decoding_always_yields_a_valid_action(model, tokenizer):
+@pytest.mark.parametrize("kind", ["static", "hf"])
+def test_constrained_decoding_always_yields_a_valid_action(model, tokenizer, kind):
+    """On a random model every completion parses as an admissible command or a meta-action."""
     prompts = chat_prompts(tokenizer, 4, True)
-    eng = StaticEngine(model, tokenizer)
+    eng = make_engine(kind, model, tokenizer)
     kinds = set()
     for verbs in (META_VERBS, ()):
         for temp in (0.0, 1.5):
@@ -190,14 +192,18 @@ def test_constrained_decoding_always_yields_a_valid_action(model, tokenizer):
                 assert r.finish_reason == "stop" and text.startswith("<think>") and text.endswith("</action>"), text
                 assert parsed.kind in ("env", "meta"), (text, parsed)
                 kinds.add(parsed.kind)
+                if parsed.kind == "meta":
+                    assert parsed.command in verbs
     assert kinds == {"env", "meta"}
-    assert eng.masks.hits > 10 * eng.masks.misses  # masks recur across rows and steps
+    if kind == "static":
+        assert eng.masks.hits > 10 * eng.masks.misses  # masks recur across rows and steps
 
 
-def test_constrained_decoding_fits_a_tight_budget(model, tokenizer):
+@pytest.mark.parametrize("kind", ["static", "hf"])
+def test_constrained_decoding_fits_a_tight_budget(model, tokenizer, kind):
     prompt = chat_prompts(tokenizer, 1, True)[0]
-    eng = StaticEngine(model, tokenizer)
-    budget = max(len(tokenizer.encode(c, add_special_tokens=False)) for c in COMMANDS) + 5
+    eng = make_engine(kind, model, tokenizer)
+    budget = max(len(tokenizer.encode(c, add_special_tokens=False)) for c in COMMANDS) + 5  # markers + command
     reqs = [GenRequest(prompt, seed=s, grammar=eng.grammar(COMMANDS)) for s in range(6)]
     for r in eng.generate(reqs, budget, temperature=2.0):
         assert parse_completion(tokenizer.decode(r.token_ids, skip_special_tokens=False), COMMANDS).kind == "env"

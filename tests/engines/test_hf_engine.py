@@ -4,30 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import COMMANDS, chat_prompts
 
 from evoharness.engines.grammar import GenRequest
-
 from evoharness.engines.hf import Engine
-from evoharness.harness.base import META_VERBS, parse_completion
-
-from model_helpers import alfworld_corpus
-
-SYSTEM = ("You are an agent in a household. Reply with <think>your reasoning</think> then "
-          "<action>one admissible command</action>. Use track, commit, recall and note to manage your plan.")
-COMMANDS = ["go to fridge 1", "go to cabinet 12", "go to countertop 2", "open fridge 1", "close fridge 1",
-            "take apple 1 from countertop 2", "put apple 1 in/on fridge 1", "examine countertop 2",
-            "look", "inventory"]
-
-
-def chat_prompts(tokenizer, n: int, shared_system: bool) -> list[list[int]]:
-    text = "\n".join(alfworld_corpus())
-    out = []
-    for i in range(n):
-        user = text[997 * i: 997 * i + 60 + 90 * i]  # different lengths
-        msgs = ([{"role": "system", "content": SYSTEM}] if shared_system else []) + [{"role": "user", "content": user}]
-        out.append(tokenizer.encode(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
-                                    add_special_tokens=False))
-    return out
+from evoharness.harness.base import META_VERBS
 
 
 def hf_greedy(model, tokenizer, prompts, new, stop_ids):
@@ -128,34 +109,8 @@ def test_seeded_sampling_does_not_depend_on_batch_composition(model, tokenizer):
     assert eng.generate([GenRequest(prompts[2], seed=5)], 20, temperature=1.0, top_p=1e-9)[0].token_ids == greedy.token_ids
 
 
-def test_constrained_decoding_always_yields_a_valid_action(model, tokenizer):
-    """On a random model every completion parses as an admissible command or a meta-action."""
-    prompts = chat_prompts(tokenizer, 4, True)
-    eng = Engine(model, tokenizer)
-    kinds = set()
-    for verbs in (META_VERBS, ()):
-        for temp in (0.0, 1.5):
-            reqs = [GenRequest(p, seed=s, grammar=eng.grammar(COMMANDS, verbs)) for s, p in enumerate(prompts * 3)]
-            for r in eng.generate(reqs, max_new_tokens=40, temperature=temp):
-                text = tokenizer.decode(r.token_ids, skip_special_tokens=False)
-                parsed = parse_completion(text, COMMANDS, verbs)
-                assert r.finish_reason == "stop" and text.startswith("<think>") and text.endswith("</action>"), text
-                assert parsed.kind in ("env", "meta"), (text, parsed)
-                kinds.add(parsed.kind)
-                if parsed.kind == "meta":
-                    assert parsed.command in verbs
-    assert kinds == {"env", "meta"}
 
 
-def test_constrained_decoding_fits_a_tight_budget(model, tokenizer):
-    prompt = chat_prompts(tokenizer, 1, True)[0]
-    eng = Engine(model, tokenizer)
-    longest = max(len(tokenizer.encode(c, add_special_tokens=False)) for c in COMMANDS)
-    budget = longest + 5  # <think> </think> <action> command </action>
-    for s in range(6):
-        r = eng.generate([GenRequest(prompt, seed=s, grammar=eng.grammar(COMMANDS))], budget, temperature=2.0)[0]
-        text = tokenizer.decode(r.token_ids, skip_special_tokens=False)
-        assert parse_completion(text, COMMANDS).kind == "env", text
 
 
 def test_grammar_needs_something_to_allow(model, tokenizer):

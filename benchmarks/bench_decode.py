@@ -35,9 +35,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from evoharness.engines import StaticEngine  # noqa: E402
 from evoharness.engines.grammar import GenRequest  # noqa: E402
 from evoharness.engines.hf import Engine
-from evoharness.engines import StaticEngine  # noqa: E402
 from evoharness.models.init import count_params, init_model, save_model  # noqa: E402
 from evoharness.models.tokenizer import train_tokenizer  # noqa: E402
 

@@ -41,7 +41,6 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 
 from evoharness.engines.grammar import GenRequest  # noqa: E402
-
 from evoharness.engines.hf import Engine
 from evoharness.envs.alfworld import make_env  # noqa: E402
 from evoharness.envs.alfworld.games import discover_games  # noqa: E402

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evoharness.engines.hf import Engine
 from evoharness.engines.decoder import StaticKVDecoder
+from evoharness.engines.hf import Engine
 from evoharness.engines.static import StaticEngine
 
 ENGINES = ("auto", "static", "hf")

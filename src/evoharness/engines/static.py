@@ -34,8 +34,8 @@ import time
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evoharness.engines.grammar import GenRequest, GenResult, GrammarMixin, Vocab, default_stop_ids
 from evoharness.engines.decoder import StaticKVDecoder
+from evoharness.engines.grammar import GenRequest, GenResult, GrammarMixin, Vocab, default_stop_ids
 from evoharness.engines.masks import MaskCache
 from evoharness.engines.sampling import Sampler
 

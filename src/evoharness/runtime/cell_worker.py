@@ -80,7 +80,6 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
     from safetensors.torch import save_model as save_weights
 
     from evoharness.engines.grammar import GenRequest
-
     from evoharness.engines.hf import Engine
     from evoharness.models.init import load_model, load_tokenizer
     from evoharness.train.grpo import GRPOConfig, TokenMasks, TurnSample, microbatch_loss

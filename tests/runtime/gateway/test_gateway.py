@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from evoharness.engines.grammar import GenRequest
-
 from evoharness.engines.hf import Engine
 from evoharness.models.init import load_model, load_tokenizer, save_model
 from evoharness.runtime.backends import HTTPBackend, LocalBackend

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from micro_model import MICRO
 
 from evoharness.runtime.driver import Driver
 from evoharness.runtime.local_backend import LocalModelBackend
@@ -13,8 +14,6 @@ from evoharness.runtime.sim import build_scheduler
 CORPUS = [f"You are in the middle of a room. You see a {o} {i}. > go to {o} {i}\nYou arrive at {o} {i}. "
           f"> take {p} {i} from {o} {i}\nYou pick up the {p} {i}."
           for i in range(1, 12) for o in ("fridge", "cabinet", "drawer", "sinkbasin") for p in ("apple", "mug")]
-MICRO = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from evoharness.envs.alfworld import make_env
-from evoharness.envs.alfworld.games import discover_games
-from evoharness.harness.bpe import BPEHarness, ExperienceStore
-from evoharness.models.init import init_model
-from evoharness.models.tokenizer import build_tokenizer
-
-MICRO = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
+from micro_model import build_micro_model_dir
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """A micro model whose tokenizer is trained on real BPE-harness prompts."""
-    corpus = []
-    for task in discover_games("train")[:12]:
-        env = make_env(task, engine="fast")
-        h = BPEHarness(ExperienceStore())
-        h.reset(task, env.reset())
-        corpus += [m["content"] for m in h.messages()]
-        corpus.append("<think>go</think><action>go to countertop 1</action> track commit recall note")
-    d = tmp_path_factory.mktemp("micro")
-    tok = build_tokenizer(corpus, d, vocab_size=1024)
-    init_model(MICRO, tok, out_dir=d, seed=0)
-    return d
+    return build_micro_model_dir(tmp_path_factory.mktemp("micro"))

@@ -73,6 +73,7 @@ class RLConfig(Strict):
     steps: int = 150
     split: str = "train"
     task_types: list[str] | None = None  # train (and evaluate) on these ALFWorld task types only; None: all six
+    exclude_games: list[str] = []  # task ids never trained on (the main job's development set)
     data_path: str | None = None
     engine: Literal["textworld", "fast"] = "fast"
     # the placing-command wording played (envs/alfworld/wording.py): set it as the data it
@@ -202,7 +203,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         check_resume_config(out / "rl_config.json", json.loads(cfg.model_dump_json()), RESUME_FREE)
     atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
     metrics_path = out / "metrics.jsonl"
-    tasks = select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
+    tasks = [t for t in select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
+             if t.task_id not in set(cfg.exclude_games)]
     g = cfg.grpo
 
     # fp32 master weights; low precision only as autocast compute (issue 10 fault 1)

@@ -137,7 +137,10 @@ def rl_cmd(
     schedule: Optional[str] = typer.Option(None, help="inprocess (default) or a runtime schedule on cell processes: "
                                                       "colocate, async, elastic, elastic-async."),
     cells: Optional[int] = typer.Option(None, help="Runtime cells K (with --schedule)."),
-    backend: Optional[str] = typer.Option(None, help="Runtime backend: local (cell processes on this machine)."),
+    backend: Optional[str] = typer.Option(None, help="Runtime backend: local (cell processes on this machine) or "
+                                                     "ray (Ray actors; needs the ray extra)."),
+    ray_address: Optional[str] = typer.Option(None, help="With --backend ray: the Ray cluster to join "
+                                                         "(default: start a local head on 127.0.0.1)."),
 ) -> None:
     """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
     from evoharness.config import ConfigError, load_config
@@ -145,7 +148,8 @@ def rl_cmd(
     from evoharness.train.rl import RLConfig, train_rl
 
     flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out),
-             "runtime.schedule": schedule, "runtime.cells": cells, "runtime.backend": backend}
+             "runtime.schedule": schedule, "runtime.cells": cells, "runtime.backend": backend,
+             "runtime.ray_address": ray_address}
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
     try:
         cfg = load_config(RLConfig, config, overrides)

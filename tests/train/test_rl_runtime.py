@@ -184,8 +184,8 @@ def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
 
 def test_cli_schedule_flags_reach_the_config(model_dir, tmp_path):
     res = CliRunner().invoke(app, ["rl", "--model-path", str(model_dir), "--out", str(tmp_path / "x"),
-                                   "--schedule", "elastic", "--cells", "2", "--backend", "ray"])
-    assert res.exit_code != 0 and "local backend" in res.output
+                                   "--schedule", "elastic", "--cells", "2", "--backend", "slurm"])
+    assert res.exit_code != 0 and "runtime.backend" in res.output
     res = CliRunner().invoke(app, ["rl", "--model-path", str(model_dir), "--schedule", "streaming"])
     assert res.exit_code != 0 and "runtime.schedule" in res.output
 

@@ -47,7 +47,7 @@ from evoharness.runtime.local_backend import LocalModelBackend
 from evoharness.runtime.workload import SimConfig
 from evoharness.train.advantages import std_floor_active, turn_advantages, valid_members
 from evoharness.train.rewards import trajectory_reward
-from evoharness.train.rl import TimedEnv
+from evoharness.runtime.inprocess import TimedEnv
 
 
 class AlfworldBackend(LocalModelBackend):
@@ -103,10 +103,8 @@ class AlfworldBackend(LocalModelBackend):
         super().__init__(sim, roles, cfg.model_path, work_dir, lr=g.lr, time_scale=1.0,
                          ready_timeout_s=ready_timeout_s, state=state)
 
-    def _process(self, cell: int) -> tuple[Any, tuple]:
-        from evoharness.runtime.cell_worker import cell_main
-        return cell_main, (cell, self.model_dir, self.work_dir, self.lr, self.inboxes[cell], self.outboxes[cell],
-                           self._options)
+    def _cell_args(self, cell: int) -> tuple[str, str, float, dict[str, Any]]:
+        return self.model_dir, self.work_dir, self.lr, self._options
 
     # ---- executions: real episodes ----------------------------------------------------
     def _spec(self, e: int) -> tuple[Any, str, int]:

@@ -439,6 +439,10 @@ class LocalBackend:
                 self._events.append(WeightSyncDone(key))
 
     def close(self) -> None:
+        self._close_cells()
+
+    def _close_cells(self) -> None:
+        """Stop the cells (transport; a Ray backend swaps it)."""
         for q in self.inboxes:
             q.put(("stop",))
         for p in self.procs:
@@ -488,7 +492,7 @@ class LocalModelBackend(LocalBackend):
         ready: set[int] = set()
         deadline = time.monotonic() + ready_timeout_s
         while len(ready) < len(roles):
-            dead = [c for c, p in enumerate(self.procs) if not p.is_alive()]
+            dead = self._dead_cells()
             if dead or time.monotonic() > deadline:
                 self.close()
                 raise RuntimeError(f"cells {dead or sorted(set(range(len(roles))) - ready)} did not load the "
@@ -501,9 +505,14 @@ class LocalModelBackend(LocalBackend):
                 ready.add(cell)
                 self.pids_seen[cell].add(pid)
 
+    def _cell_args(self, cell: int) -> tuple[str, str, float, dict[str, Any] | None]:
+        """What any transport hands a new cell's `cell_worker.cell_main`: (model_dir, work_dir, lr, options)."""
+        return self.model_dir, self.work_dir, self.lr, None
+
     def _process(self, cell: int) -> tuple[Any, tuple]:
         from evoharness.runtime.cell_worker import cell_main
-        return cell_main, (cell, self.model_dir, self.work_dir, self.lr, self.inboxes[cell], self.outboxes[cell])
+        model_dir, work_dir, lr, options = self._cell_args(cell)
+        return cell_main, (cell, model_dir, work_dir, lr, self.inboxes[cell], self.outboxes[cell], options)
 
     # ---- executions with real tokens --------------------------------------------
     def _rng(self, *key: int):

@@ -4,8 +4,16 @@ Each stage writes its outputs under ``out_dir`` and a ``.done`` marker; a rerun
 skips finished stages and resumes a stage that was interrupted (trace
 collection, SFT and RL all resume from their own files). A rerun with other
 settings than the budget and worker counts is refused (it would report the
-finished stages of the old settings as the new ones). Stage wall-clock
-budgets are fractions of ``budget_minutes``.
+finished stages of the old settings as the new ones).
+
+Budget: the training stages are sized in optimizer steps (``sft.max_steps``,
+``dagger_sft_steps`` per DAgger round, ``rl.steps``), so the same command and
+seed give the same model on a quiet or a loaded machine. ``budget_minutes``,
+when set, additionally caps their wall time (SFT, DAgger and RL shares).
+
+Data: ``dev_games`` train games (seeded, `dev_split`) are held out as the
+development set: never in the teacher traces, DAgger rollouts or GRPO; every
+choice (levers, the GRPO checkpoint) is made on it, valid_seen only reports.
 """
 
 from __future__ import annotations
@@ -27,15 +35,15 @@ from evoharness.train.sft import SFTConfig
 
 
 def _default_sft() -> SFTConfig:
-    return SFTConfig(lr=2e-3, epochs=3, batch_tokens=16384, warmup_steps=10, max_prompt_tokens=1024, fit_schedule_to_budget=True,
-                     max_completion_tokens=96, ckpt_every=50)
+    return SFTConfig(lr=2e-3, max_steps=300, batch_tokens=16384, warmup_steps=10, max_prompt_tokens=1024,
+                     max_completion_tokens=96, ckpt_every=50, keep_checkpoints=100)
 
 
 def _default_rl() -> RLConfig:
     """configs/rl_cpu.toml's settings (pick + look games, T=0.6, 2 updates per batch),
     at 2 games x 8 samples per step to fit the main job's short RL budget."""
     rl = RLConfig(steps=30, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
-                  task_types=["pick_and_place_simple", "look_at_obj_in_light"])
+                  task_types=["pick_and_place_simple", "look_at_obj_in_light"], ckpt_every=5, keep_checkpoints=100)
     g = rl.grpo
     g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 2, 8, 2
     g.lr, g.temperature, g.micro_batch_size = 1e-4, 0.6, 16
@@ -45,7 +53,7 @@ def _default_rl() -> RLConfig:
 
 # settings a rerun may change (how long and on how many workers), not what the stages compute
 RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_batch", "sft.max_minutes",
-               "sft.progress", "rl.max_minutes", "rl.threads", "rl.decode_threads")
+               "sft.progress", "rl.max_minutes", "rl.threads", "rl.decode_threads", "curve_games")
 
 
 class RunConfig(Strict):
@@ -54,7 +62,17 @@ class RunConfig(Strict):
 
     out_dir: str = "runs/main"
     seed: int = 0
-    budget_minutes: float = 35.0  # SFT + RL budgets; the evaluations come on top (~10 min on 2 cores)
+    # optional wall-clock cap (minutes) on the training stages (SFT, DAgger, RL; shares below);
+    # None: they run their step budgets, the same model on any machine
+    budget_minutes: float | None = None
+    dev_games: int = 60  # train games held out as the development set (seeded; never trained on)
+    dagger_rounds: int = 1  # student rollouts labelled by the teacher, then more SFT (train/dagger.py)
+    dagger_games: int = 150  # train games the student plays per round
+    dagger_beta: float = 0.0  # probability the teacher's action is executed instead of the student's
+    dagger_sft_steps: int = 150  # SFT steps per round on teacher + all DAgger examples so far
+    stop_repeats: int = 3  # evaluation/DAgger: end an episode whose (prompt, completion) repeats K times
+    curve_games: int = 20  # dev games each saved checkpoint plays for the learning curve (0: no curve)
+    select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint (or SFT, step 0) best on the curve's dev games
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))
     teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(kind="teacher"))
@@ -73,7 +91,7 @@ class RunConfig(Strict):
     eval_batch: int = 70
     eval_workers: int = 1
     constrained: bool = True
-    sft_budget_share: float = 0.55
+    sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)
     rl_budget_share: float = 0.12
     # torch CPU threads for the whole job. 1 by default: with any other busy
     # process on 2 cores, OpenMP spin-waiting made 2 threads 2.5x slower than 1
@@ -92,36 +110,62 @@ class RunConfig(Strict):
         return self
 
 
+def dev_split(cfg: RunConfig) -> tuple[list, list]:
+    """(training games, development games) of ``cfg.train_split``: `dev_games` of them
+    drawn with ``cfg.seed`` as the development set, the rest (first `train_games`) to train on."""
+    import random
+
+    from evoharness.envs.alfworld.games import discover_games
+
+    tasks = discover_games(cfg.train_split, cfg.env.data_path)
+    if cfg.dev_games >= len(tasks):
+        raise ValueError(f"dev_games={cfg.dev_games} leaves no training game of {len(tasks)} in {cfg.train_split!r}")
+    dev_ids = set(random.Random(f"dev:{cfg.seed}").sample(sorted(t.task_id for t in tasks), cfg.dev_games))
+    train = [t for t in tasks if t.task_id not in dev_ids]
+    return (train[: cfg.train_games] if cfg.train_games else train), [t for t in tasks if t.task_id in dev_ids]
+
+
+def sft_dirs(cfg: RunConfig, out: Path) -> list[Path]:
+    """The SFT stages' run directories: ``sft`` then ``sft_dagger<r>`` per DAgger round."""
+    return [out / "sft"] + [out / f"sft_dagger{r}" for r in range(1, cfg.dagger_rounds + 1)]
+
+
 def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
     """The RL stage's config: ``cfg.rl`` with the run's harness (and the teacher's
-    experience store), engine, data, wording, constraint and seed."""
+    experience store), engine, data, wording, constraint, seed and held-out games."""
     rl_cfg = cfg.rl.model_copy(deep=True)
-    rl_cfg.model_path, rl_cfg.out_dir = str(out / "sft" / "final"), str(out / "rl")
+    rl_cfg.model_path, rl_cfg.out_dir = str(sft_dirs(cfg, out)[-1] / "final"), str(out / "rl")
     rl_cfg.engine, rl_cfg.data_path, rl_cfg.wording = cfg.env.engine, cfg.env.data_path, cfg.env.wording
     rl_cfg.harness = cfg.harness.model_copy(update={"experience_path": str(out / "experience.json")})
     rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
-    if rl_cfg.max_minutes is None:
+    rl_cfg.split = cfg.train_split
+    rl_cfg.exclude_games = sorted(t.task_id for t in dev_split(cfg)[1])
+    if rl_cfg.max_minutes is None and cfg.budget_minutes is not None:
         rl_cfg.max_minutes = cfg.budget_minutes * cfg.rl_budget_share
     return rl_cfg
 
 
-def model_policy(cfg: RunConfig, path: Path) -> PolicyConfig:
+def model_policy(cfg: RunConfig, path: Path, temperature: float = 0.0) -> PolicyConfig:
     """A trained model as the evaluation policy, with the prompt budget SFT trained on."""
-    return PolicyConfig(kind="hf", model_path=str(path), temperature=0.0, constrained=cfg.constrained,
+    return PolicyConfig(kind="hf", model_path=str(path), temperature=temperature, constrained=cfg.constrained,
                         max_tokens=cfg.rl.max_new_tokens, max_prompt_tokens=cfg.sft.max_prompt_tokens,
                         seed=cfg.seed, num_threads=cfg.rl.decode_threads)
 
 
-def eval_config(cfg: RunConfig, out: Path, name: str, policy: PolicyConfig, store: Path) -> EvalConfig:
-    """An evaluation stage's config: the run's harness with experience store `store`."""
+def eval_config(cfg: RunConfig, out: Path, name: str, policy: PolicyConfig, store: Path,
+                games: list[str] | None = None) -> EvalConfig:
+    """An evaluation stage's config: the run's harness with experience store `store`;
+    `games` (train-split task ids): the development set instead of ``eval_split``."""
     harness = cfg.harness.model_copy(update={"experience_path": str(store)})
-    return EvalConfig(split=cfg.eval_split, limit=cfg.eval_limit, seed=cfg.seed, max_steps=cfg.max_steps,
+    split, limit = (cfg.train_split, None) if games is not None else (cfg.eval_split, cfg.eval_limit)
+    return EvalConfig(split=split, limit=limit, games=games, seed=cfg.seed, max_steps=cfg.max_steps,
                       workers=cfg.eval_workers, batch_size=cfg.eval_batch, out_dir=str(out / "eval" / name),
-                      env=cfg.env, harness=harness, policy=policy)
+                      env=cfg.env, harness=harness, policy=policy, stop_repeats=cfg.stop_repeats)
 
 
 class Stage:
-    """Runs a pipeline stage once: skipped when its ``.done`` marker exists."""
+    """Runs a pipeline stage once: skipped when its ``.done`` marker exists (it holds the
+    stage's wall seconds, which the report lists)."""
 
     def __init__(self, out: Path, log: Callable[[str], None]) -> None:
         self.out, self.log = out, log
@@ -137,11 +181,18 @@ class Stage:
         marker.write_text(f"{time.perf_counter() - t:.1f}")
         self.log(f"[{name}] finished in {time.perf_counter() - t:.0f} s")
 
+    def times(self) -> dict[str, float]:
+        """Wall seconds of every finished stage (from the markers), in finishing order."""
+        out: dict[str, float] = {}
+        for m in sorted(self.out.glob(".*.done"), key=lambda p: p.stat().st_mtime):
+            name = "learning curve (checkpoint evals)" if m.name.startswith(".curve_") else m.name[1:-5]
+            out[name] = out.get(name, 0.0) + float(m.read_text() or 0)
+        return out
+
 
 def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     """Run (or resume) the main job; returns the report path."""
     from evoharness.envs.alfworld import make_env
-    from evoharness.envs.alfworld.games import discover_games
     from evoharness.eval.run_report import write_run_report
     from evoharness.harness.factory import make_harness
     from evoharness.policies.factory import make_policy
@@ -161,17 +212,21 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     stage = Stage(out, log)
     t0 = time.perf_counter()
     traces, sft_data = out / "teacher_traces.jsonl", out / "sft_examples.jsonl"
-    model_dir, sft_dir, rl_dir = out / "model_init", out / "sft", out / "rl"
+    model_dir, rl_dir = out / "model_init", out / "rl"
+    sfts = sft_dirs(cfg, out)
     # The experience store the teacher built on the train games: the student starts from it.
     experience = out / "experience.json"
+    train_tasks, dev_tasks = dev_split(cfg)
+    dev_ids = [t.task_id for t in dev_tasks]
+    (out / "dev_games.json").write_text(json.dumps(dev_ids, indent=1))
+    sft_minutes = None if cfg.budget_minutes is None else cfg.budget_minutes * cfg.sft_budget_share / (1 + cfg.dagger_rounds)
+
+    def make_game(task):
+        return make_env(task, engine=cfg.env.engine, wording=cfg.env.wording)
 
     def collect() -> None:
-        tasks = discover_games(cfg.train_split, cfg.env.data_path)
-        if cfg.train_games:
-            tasks = tasks[: cfg.train_games]
-        stats = collect_traces(tasks, make_policy(cfg.teacher), lambda store: make_harness(cfg.harness, experience=store),
-                               lambda task: make_env(task, engine=cfg.env.engine, wording=cfg.env.wording), traces,
-                               samples=cfg.teacher_samples, max_steps=cfg.max_steps, batch_size=32,
+        stats = collect_traces(train_tasks, make_policy(cfg.teacher), lambda store: make_harness(cfg.harness, experience=store),
+                               make_game, traces, samples=cfg.teacher_samples, max_steps=cfg.max_steps, batch_size=32,
                                experience_path=experience, seed=cfg.seed, wording=cfg.env.wording)
         examples = traces_to_sft(traces, out_path=sft_data)
         log(f"  teacher won {stats.won}/{stats.played} train episodes; {len(examples)} SFT examples")
@@ -186,52 +241,150 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         model = init_model(cfg.model_preset, tok, out_dir=model_dir, seed=cfg.seed)
         log(f"  tokenizer: {len(tok)} tokens; model: Qwen3 '{cfg.model_preset}', {count_params(model) / 1e6:.2f}M params")
 
-    def sft() -> None:
-        from evoharness.train.sft import train_sft
+    def sft(r: int) -> Callable[[], None]:
+        def run() -> None:
+            from evoharness.train.sft import train_sft
 
-        sft_cfg = cfg.sft.model_copy()
-        if sft_cfg.max_minutes is None:
-            sft_cfg.max_minutes = cfg.budget_minutes * cfg.sft_budget_share
-        train_sft(sft_cfg, sft_data, cfg.model_path or model_dir, sft_dir)
+            sft_cfg = cfg.sft.model_copy()
+            if r > 0:
+                sft_cfg.max_steps = cfg.dagger_sft_steps
+            if sft_cfg.max_minutes is None:
+                sft_cfg.max_minutes = sft_minutes
+            data = read_jsonl(sft_data) + [ex for k in range(1, r + 1) for ex in read_jsonl(out / f"dagger{k}.jsonl")]
+            start = (cfg.model_path or model_dir) if r == 0 else sfts[r - 1] / "final"
+            train_sft(sft_cfg, data, start, sfts[r])
+        return run
+
+    def dagger(r: int) -> Callable[[], None]:
+        def run() -> None:
+            import random
+
+            from evoharness.harness.factory import load_experience
+            from evoharness.train.dagger import dagger_round
+
+            tasks = random.Random(f"dagger:{cfg.seed}:{r}").sample(train_tasks, min(cfg.dagger_games, len(train_tasks)))
+            store = load_experience(str(experience))
+            student = make_policy(model_policy(cfg, sfts[r - 1] / "final"))
+            try:
+                st = dagger_round(tasks, student, lambda: make_harness(cfg.harness, experience=store), make_game,
+                                  out / f"dagger{r}.jsonl", beta=cfg.dagger_beta, seed=cfg.seed + r,
+                                  max_steps=cfg.max_steps, batch_size=cfg.eval_batch, stop_repeats=cfg.stop_repeats,
+                                  episode_prefix=f"dagger{r}")
+            finally:
+                student.close()
+            log(f"  student won {st.won}/{st.played} train games; {st.examples} labelled states "
+                f"(agreement with the teacher {st.agreement:.0%})")
+        return run
 
     def rl() -> None:
         train_rl(rl_config(cfg, out))
 
-    def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience) -> Callable[[], None]:
+    def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience,
+                        games: list[str] | None = None) -> Callable[[], None]:
         def run() -> None:
-            s = evaluate(eval_config(cfg, out, name, policy, store))
-            log(f"  {name}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%")
+            s = evaluate(eval_config(cfg, out, name, policy, store, games))
+            log(f"  {name}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
+                f" ({s['overall'].get('stopped_early', 0)} stopped early)")
         return run
 
     stage("collect", collect)
     if cfg.model_path is None:
         stage("model", build_model)
-    stage("sft", sft)
+    stage("sft", sft(0))
+    for r in range(1, cfg.dagger_rounds + 1):
+        stage(f"dagger{r}", dagger(r))
+        stage(f"sft_dagger{r}", sft(r))
+    sft_final = sfts[-1] / "final"
     if not cfg.skip_rl:
         stage("rl", rl)
-    systems = {"random": PolicyConfig(kind="random", seed=cfg.seed), "scripted teacher": cfg.teacher}
-    for name, pol in systems.items():
-        stage(f"eval_{_slug(name)}", evaluate_system(_slug(name), pol))
-    stage("eval_sft", evaluate_system("sft", model_policy(cfg, sft_dir / "final")))
-    names = ["random", "scripted_teacher", "sft"]
+    curve = learning_curve(cfg, out, stage, dev_ids[: cfg.curve_games], log) if cfg.curve_games else None
+    grpo_model, grpo_store = rl_dir / "final", rl_dir / "final" / "experience.json"
+    if curve and cfg.select_rl_checkpoint and not cfg.skip_rl:
+        best = max((p for p in curve["points"] if p["stage"] in ("rl", "sft_final")), key=lambda p: (p["success"], -p["minutes"]))
+        curve["rl_selected"] = best
+        grpo_model = Path(best["path"])
+        grpo_store = grpo_model / "experience.json" if best["stage"] == "rl" else experience
+        (out / "curve.json").write_text(json.dumps(curve, indent=1))
+    systems: dict[str, tuple[PolicyConfig, Path]] = {  # display order; each model row is compared with the one above
+        "random": (PolicyConfig(kind="random", seed=cfg.seed), experience),
+        "scripted_teacher": (cfg.teacher, experience),
+    }
+    if cfg.dagger_rounds:
+        systems["sft_teacher_only"] = (model_policy(cfg, sfts[0] / "final"), experience)
+    systems["sft"] = (model_policy(cfg, sft_final), experience)
     if not cfg.skip_rl and (rl_dir / "final").exists():
-        stage("eval_sft_grpo", evaluate_system("sft_grpo", model_policy(cfg, rl_dir / "final"),
-                                               rl_dir / "final" / "experience.json"))
-        names.append("sft_grpo")
-    labels = {"random": "random", "scripted_teacher": "scripted teacher (non-privileged)", "sft": "SFT (from scratch)",
-              "sft_grpo": "SFT + GRPO"}
-    summaries = {labels[n]: json.loads((out / "eval" / n / "summary.json").read_text()) for n in names}
+        systems["sft_grpo"] = (model_policy(cfg, grpo_model), grpo_store)
+    for name, (pol, store) in systems.items():
+        stage(f"eval_{name}", evaluate_system(name, pol, store))
+        stage(f"eval_dev_{name}", evaluate_system(f"dev_{name}", pol, store, dev_ids))
+    labels = {"random": "random", "scripted_teacher": "scripted teacher (non-privileged)",
+              "sft_teacher_only": "SFT on teacher traces only", "sft": "SFT" + (" + DAgger" if cfg.dagger_rounds else ""),
+              "sft_grpo": "SFT" + (" + DAgger" if cfg.dagger_rounds else "") + " + GRPO"}
+    summaries = {labels[n]: out / "eval" / n for n in systems}
+    dev = {labels[n]: out / "eval" / f"dev_{n}" for n in systems}
+    rl_note = ""
+    if curve and "rl_selected" in curve:
+        sel = curve["rl_selected"]
+        rl_note = (f"SFT + GRPO is the checkpoint best on the {len(dev_ids[: cfg.curve_games])} curve dev games: "
+                   + ("the SFT model itself (no RL checkpoint beat it)" if sel["stage"] != "rl" else f"RL step {sel['step']}")
+                   + f" ({sel['success']:.0f}%).")
     notes = [
         f"Model: Qwen3-architecture '{cfg.model_preset}' initialised from scratch, tokenizer trained locally "
         f"(vocab {cfg.vocab_size}); decoding {'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",
-        f"Budget {cfg.budget_minutes:.0f} min (SFT {cfg.sft_budget_share:.0%}, RL {cfg.rl_budget_share:.0%}); "
-        f"this run took {(time.perf_counter() - t0) / 60:.1f} min in this invocation.",
+        f"Budget in optimizer steps: SFT {cfg.sft.max_steps}, DAgger {cfg.dagger_rounds} round(s) x {cfg.dagger_games} games "
+        f"+ {cfg.dagger_sft_steps} SFT steps, GRPO {0 if cfg.skip_rl else cfg.rl.steps}"
+        + (f"; wall cap {cfg.budget_minutes:.0f} min" if cfg.budget_minutes else "; no wall cap")
+        + f". This invocation took {(time.perf_counter() - t0) / 60:.1f} min.",
+        f"Development set: {len(dev_ids)} train games held out (seed {cfg.seed}; `dev_games.json`), never trained on.",
         f"Engine `{cfg.env.engine}`, step cap {cfg.max_steps}, eval split `{cfg.eval_split}`"
-        + (f" (first {cfg.eval_limit} games)" if cfg.eval_limit else " (full panel)") + ".",
-    ]
-    return write_run_report(out, summaries, sft_dir / "metrics.jsonl", None if cfg.skip_rl else rl_dir / "metrics.jsonl", notes)
+        + (f" (first {cfg.eval_limit} games)" if cfg.eval_limit else " (full panel)")
+        + f"; an episode whose (prompt, completion) repeats {cfg.stop_repeats} times is stopped early and counts as a failure.",
+    ] + ([rl_note] if rl_note else [])
+    return write_run_report(out, summaries, dev, [d / "metrics.jsonl" for d in sfts],
+                            None if cfg.skip_rl else rl_dir / "metrics.jsonl", notes, stage.times(), curve)
+
+
+def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], log: Callable[[str], None]) -> dict:
+    """Dev success of every saved checkpoint against cumulative training minutes.
+
+    Each SFT/DAgger checkpoint (``checkpoints/step_N``) and each RL checkpoint plays
+    `games` (development games, greedy, early stopping); minutes are the stages'
+    training wall time up to that step (DAgger rollouts included). Written to
+    ``curve.json``: ``{"games", "points": [{"stage", "step", "minutes", "success", "path"}]}``.
+    """
+    points, offset = [], 0.0
+    stages = [(d.name, d) for d in sft_dirs(cfg, out)]
+    if not cfg.skip_rl:
+        stages.append(("rl", out / "rl"))
+    for name, d in stages:
+        if name.startswith("sft_dagger"):
+            offset += float((out / f".dagger{name[len('sft_dagger'):]}.done").read_text() or 0) / 60
+        elapsed, cum = {}, 0.0  # step -> training seconds (SFT logs elapsed_s, RL per-step timing_s/step)
+        for rec in read_jsonl(d / "metrics.jsonl"):
+            if "step" in rec and "elapsed_s" in rec:
+                elapsed[rec["step"]] = rec["elapsed_s"]
+            elif "step" in rec and "timing_s/step" in rec:
+                cum += rec["timing_s/step"]
+                elapsed[rec["step"]] = cum
+        for ck in sorted((d / "checkpoints").glob("step_*")):
+            step = int(ck.name.split("_")[1])
+            store = ck / "experience.json" if name == "rl" else out / "experience.json"
+            ename = f"curve/{name}_{step:05d}"
+            stage(f"curve_{name}_{step}", lambda ck=ck, store=store, ename=ename: evaluate(
+                eval_config(cfg, out, ename, model_policy(cfg, ck), store, games), progress=False))
+            s = json.loads((out / "eval" / ename / "summary.json").read_text())["overall"]
+            points.append({"stage": name, "step": step, "minutes": round(offset + elapsed.get(step, 0) / 60, 2),
+                           "success": s["success"], "path": str(ck)})
+        offset += max(elapsed.values(), default=0) / 60
+        if name == sft_dirs(cfg, out)[-1].name:
+            last = max((p for p in points if p["stage"] == name), key=lambda p: p["step"], default=None)
+            if last is not None:
+                points.append({**last, "stage": "sft_final"})
+    curve = {"games": len(games), "points": points}
+    (out / "curve.json").write_text(json.dumps(curve, indent=1))
+    log("  learning curve: " + ", ".join(f"{p['stage']}@{p['step']}={p['success']:.0f}%" for p in points))
+    return curve
 
 
 def _slug(name: str) -> str:
     return name.replace(" ", "_")
-

@@ -51,6 +51,10 @@ class EvalConfig(Strict):
     workers: int = 1
     batch_size: int = 8
     limit: int | None = None  # first N games of the panel (smoke runs)
+    games: list[str] | None = None  # only these task ids (a development set), in panel order
+    # K > 0: end an episode once the same (prompt, completion) pair has occurred K times
+    # (stop_reason "hopeless", a failure; `run_episodes`): a greedy policy cannot leave that loop
+    stop_repeats: int = 0
     task_types: list[str] = list(TASK_TYPES)
     out_dir: str = "runs/eval"
     resume: bool = True
@@ -111,6 +115,7 @@ def _play_chunk(specs: list[EpisodeSpec]) -> list[dict]:
         policy=_WORKER["policy"],
         max_steps=cfg.step_cap,
         env_timeout_s=cfg.env.timeout_s,
+        stop_repeats=cfg.stop_repeats,
     )
     for t in trajs:  # tools that replay the log (distill) read it: `put X in/on Y` or `move X to Y`
         t.info["wording"] = cfg.env.wording
@@ -132,6 +137,11 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
     from evoharness.eval.report import summarize, write_report
 
     tasks = discover_games(cfg.split, cfg.env.data_path, tuple(cfg.task_types))
+    if cfg.games is not None:
+        wanted = set(cfg.games)
+        tasks = [t for t in tasks if t.task_id in wanted]
+        if len(tasks) != len(wanted):
+            raise ValueError(f"{len(wanted) - len(tasks)} of the {len(wanted)} requested games are not in split {cfg.split!r}")
     specs = build_episodes(tasks, cfg.protocol, cfg.seed)
     if cfg.limit:
         specs = specs[: cfg.limit]

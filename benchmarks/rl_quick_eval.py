@@ -1,4 +1,4 @@
-"""The RL loop's periodic greedy evaluation (`train.rl._quick_eval`) for any
+"""The RL loop's periodic greedy evaluation (`train.rl.quick_eval`) for any
 model directory, e.g. the SFT checkpoint as the step-0 point of an RL run.
 
 Usage:
@@ -13,7 +13,7 @@ import json
 
 from evoharness.config import load_config
 from evoharness.policies.local import LocalHFPolicy
-from evoharness.train.rl import RLConfig, _quick_eval, load_experience_fresh
+from evoharness.train.rl import RLConfig, load_experience_fresh, quick_eval
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     policy = LocalHFPolicy(cfg.model_path, device=cfg.device, dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens,
                            max_prompt_tokens=cfg.max_prompt_tokens, constrained=cfg.constrained, seed=cfg.seed,
                            num_threads=cfg.decode_threads)
-    print(json.dumps({"model": args.model_path, **_quick_eval(cfg, policy, load_experience_fresh(cfg.harness.experience_path))}))
+    print(json.dumps({"model": args.model_path, **quick_eval(cfg, policy, load_experience_fresh(cfg.harness.experience_path))}))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from evoharness.envs.alfworld.games import discover_games
+from evoharness.runtime import inprocess
 from evoharness.train import rl as rl_mod
 from evoharness.train.rl import RLConfig, train_rl
 
@@ -41,7 +42,7 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
     assert "3 steps. Training success" in report and (tmp_path / "a" / "rl_curves.png").stat().st_size > 1000
 
     # Crash inside step 3, after its rollout and before its update.
-    real_step, calls = rl_mod.grpo_step, []
+    real_step, calls = inprocess.grpo_step, []
 
     def crashing(*a, **kw):
         calls.append(1)
@@ -49,12 +50,12 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
             raise RuntimeError("killed mid-step")
         return real_step(*a, **kw)
 
-    monkeypatch.setattr(rl_mod, "grpo_step", crashing)
+    monkeypatch.setattr(inprocess, "grpo_step", crashing)
     with pytest.raises(RuntimeError, match="killed mid-step"):
         train_rl(_cfg(model_dir, tmp_path / "b", 3), progress=False)
     before = [json.loads(ln) for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in before] == [1, 2]  # completed steps are kept
-    monkeypatch.setattr(rl_mod, "grpo_step", real_step)
+    monkeypatch.setattr(inprocess, "grpo_step", real_step)
     resumed = train_rl(_cfg(model_dir, tmp_path / "b", 3), progress=False)
 
     after = [json.loads(ln) for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
@@ -93,6 +94,10 @@ def test_task_type_filter_and_spread_evaluation():
     spread = rl_mod.spread(tasks, 12)
     assert len(spread) == 12 and len({t.task_type for t in spread}) == 6
     assert rl_mod.spread(tasks, None) == tasks
+    look = rl_mod.select_tasks(tasks, ["look_at_obj_in_light"])
+    cfg = RLConfig(split="valid_seen", task_types=["look_at_obj_in_light"], exclude_games=[look[3].task_id])
+    kept = rl_mod.train_tasks(cfg)       # the main job's development games are never trained on
+    assert kept == look[:3] + look[4:]
 
 
 def test_unconstrained_rl_trains_and_reports_the_invalid_term(model_dir, tmp_path):
@@ -134,7 +139,8 @@ def test_rl_and_its_evaluation_play_the_configured_wording(model_dir, tmp_path, 
         played.append(env.wording)
         return env
 
-    monkeypatch.setattr(rl_mod, "make_env", make_env)
+    monkeypatch.setattr(inprocess, "make_env", make_env)    # rollouts
+    monkeypatch.setattr(rl_mod, "make_env", make_env)       # the periodic evaluation
     cfg = _cfg(model_dir, tmp_path / "w", 1)
     cfg.wording, cfg.eval_every, cfg.eval_limit = "move", 1, 2
     train_rl(cfg, progress=False)

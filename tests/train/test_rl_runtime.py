@@ -52,12 +52,15 @@ def _same_run(out, final, inprocess, model_dir):
         assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
         for k in CLOSE:
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-7), k
-    # the same two AdamW updates: weights agree far below the size of the update
+    # the same two AdamW updates: weights agree far below the size of the update (1%: a cell decodes
+    # the calls queued together as one batch, so behaviour log-probs differ in the last float bits
+    # from the in-process batch, and AdamW's 1/sqrt(v) scales that up where gradients are tiny;
+    # 1.2e-3 of the update was seen once; another sample or update would differ by ~100%)
     w0 = load_file(str(model_dir / "model.safetensors"))
     w = load_file(str(final / "model.safetensors"))
     for k in ref_w:
         moved = (ref_w[k] - w0[k]).abs().max()
-        assert (w[k] - ref_w[k]).abs().max() <= 1e-3 * moved + 1e-7, k
+        assert (w[k] - ref_w[k]).abs().max() <= 1e-2 * moved + 1e-7, k
     assert (final / "experience.json").is_file() and (out / "report.md").is_file()
     # the call trace replays in the simulator: each of the 2 x 4 episodes once, its calls in order
     from evoharness.runtime.workload import load_trace
@@ -70,13 +73,16 @@ def _same_run(out, final, inprocess, model_dir):
 
 def test_colocate_one_cell_reproduces_the_inprocess_loop(model_dir, tmp_path, inprocess):
     out = tmp_path / "colocate"
-    final = train_rl(_cfg(model_dir, out, schedule="colocate", cells=1), progress=False)
+    cfg = _cfg(model_dir, out, schedule="colocate", cells=1)
+    cfg.eval_every, cfg.eval_limit = 2, 2            # the periodic evaluation runs in the driver process
+    final = train_rl(cfg, progress=False)
     rt = _same_run(out, final, inprocess, model_dir)
+    assert "eval/success" not in _metrics(out)[0] and _metrics(out)[1]["eval/n"] == 2
     assert rt["runtime/aborted_turns"] == 0 and rt["runtime/staleness_max"] == 0
     assert rt["runtime/micro_batches"] == 8            # one per execution, 2 steps x 4
     # the same command again resumes the finished job from its last checkpoint: nothing runs twice
     before = (out / "metrics.jsonl").read_text()
-    train_rl(_cfg(model_dir, out, schedule="colocate", cells=1), progress=False)
+    train_rl(cfg, progress=False)
     assert (out / "metrics.jsonl").read_text() == before
     other = tmp_path / "inprocess_run"
     (other / "checkpoints").mkdir(parents=True)
@@ -235,3 +241,20 @@ def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, 
             assert be2.live[e].harness.experience is be2.store
     finally:
         be2.close()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"grpo.mini_batches": 2}, "mini_batches > 1 runs with runtime.schedule = 'inprocess'"),
+    ({"rollout_via_gateway": True}, "rollout_via_gateway runs with runtime.schedule = 'inprocess'"),
+    ({"ckpt_every": 2}, "ckpt_every = 1"),
+])
+def test_cells_refuse_what_their_streaming_trainer_cannot_honour(model_dir, tmp_path, setting, message):
+    """The in-process runtime honours every GRPO lever (tests/train/test_rl_kill.py runs
+    mini_batches = 2); the cells make one update per step and say so before starting any process."""
+    cfg = _cfg(model_dir, tmp_path, schedule="colocate", cells=2)
+    for key, value in setting.items():
+        obj, _, name = key.rpartition(".")
+        setattr(getattr(cfg, obj) if obj else cfg, name, value)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        train_rl(cfg, progress=False)
+    assert not (tmp_path / "runtime").exists()

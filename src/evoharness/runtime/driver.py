@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from evoharness.runtime.cells import Role
 from evoharness.runtime.events import (CellLost, Command, Dispatch, Event, ExecutionFinished, ExecutionOrphaned,
@@ -91,12 +91,11 @@ class Driver:
         backend: the world.
         stall_s: raise `DriverError` when no event arrives for this long while
             the scheduler still waits (a dead backend must not hang the job).
-        checkpoint: if set, a job checkpoint is written there (atomically) at
-            every weight sync, before the scheduler sees it: the scheduler,
-            the driver's books, the backend's state and the events not yet
-            handled. At that moment no micro-batch and no role switch is in
-            flight in any schedule, only rollout, which the backend can
-            re-issue. `Driver.resume` carries on from it.
+        checkpoint: if set, a job checkpoint (`save`) is written there at
+            every weight sync, before the scheduler sees it. At that moment no
+            micro-batch and no role switch is in flight in any schedule, only
+            rollout, which the backend can re-issue. `Driver.resume` carries
+            on from it. (A caller of `steps` may instead `save` when it likes.)
     """
 
     def __init__(self, scheduler: Scheduler, backend: Backend, stall_s: float = 120.0,
@@ -114,6 +113,7 @@ class Driver:
         self._role = list(scheduler.initial_roles())
         self._switch_t0: dict[int, float] = {}
         self._running: dict[int, tuple[tuple[int, ...], int]] = {}   # train cell -> (executions, version)
+        self._first_step = scheduler.steps_done     # a scheduler resumed at a step boundary (`Colocate.resume_at`)
         self._t0 = 0.0
 
     def _apply(self, cmds: list[Command]) -> None:
@@ -177,12 +177,28 @@ class Driver:
         Raises:
             DriverError: an impossible report or a stall (see `stall_s`).
         """
+        for _ in self.steps():
+            pass
+        return self.stats
+
+    def steps(self) -> Iterator[int]:
+        """Drive to the end, yielding each new weights version as its `WeightSyncDone`
+        arrives, before the scheduler sees it: a consistent point (no micro-batch, switch
+        or sync in flight in any schedule, only rollout the backend can re-issue) where
+        the caller records the step and may `save` a job checkpoint. Time spent by the
+        caller between yields is not counted in the run's wall time.
+
+        Raises:
+            DriverError: an impossible report or a stall (see `stall_s`).
+        """
         self._t0 = time.monotonic() - self._elapsed
         if self._pending is None:
             self._apply(self.sched.start())
             events: list[Event] = []
-        else:
+            seen = None
+        else:   # resumed: the checkpoint was taken at its first event, a weight sync already yielded
             events, self._pending = self._pending, None
+            seen = events[0]
         last = time.monotonic()
         while not self.sched.done:
             if not events:
@@ -194,8 +210,15 @@ class Driver:
                 continue
             last = time.monotonic()
             for i, ev in enumerate(events):
-                if self.checkpoint is not None and isinstance(ev, WeightSyncDone):
-                    self._save(events[i:])
+                if isinstance(ev, WeightSyncDone) and ev is not seen:
+                    self._pending = events[i:]          # what a checkpoint taken now carries on from
+                    if self.checkpoint is not None:
+                        self.save(self.checkpoint)
+                    paused = time.monotonic()
+                    yield ev.version
+                    self._t0 += time.monotonic() - paused
+                    last = time.monotonic()
+                    self._pending = None
                 self.stats.events += 1
                 self._observe(ev)
                 self._apply(self.sched.handle(ev))
@@ -203,24 +226,28 @@ class Driver:
                     break
             events = []
         self.stats.wall_s = time.monotonic() - self._t0
-        n = self.sched.steps * self.sched.N
-        missing = [e for e in range(n) if e not in self._trained]
+        n0, n = self._first_step * self.sched.N, self.sched.steps * self.sched.N
+        missing = [e for e in range(n0, n) if e not in self._trained]
         if missing:
             raise DriverError(f"{len(missing)} executions of the {self.sched.steps} steps never trained "
                               f"(first: {missing[:5]})")
-        return self.stats
 
-    _BOOKS = ("_behaviour", "_finished", "_trained", "_role", "_running", "stats")
+    _BOOKS = ("_behaviour", "_finished", "_trained", "_role", "_running", "stats", "_first_step")
 
-    def _save(self, pending: list[Event]) -> None:
-        state = {"scheduler": self.sched, "backend": self.backend.state(), "pending": list(pending),
+    def save(self, path: str | Path) -> None:
+        """Write a job checkpoint to `path` (atomically): the scheduler, the driver's books,
+        the backend's `state()` and the events not yet handled. Only between `steps` yields."""
+        if self._pending is None:
+            raise DriverError("a job checkpoint is taken at a weight sync (while `steps` yields)")
+        path = Path(path)
+        state = {"scheduler": self.sched, "backend": self.backend.state(), "pending": list(self._pending),
                  "elapsed": time.monotonic() - self._t0, **{k: getattr(self, k) for k in self._BOOKS}}
-        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
+        tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
             pickle.dump(state, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.checkpoint)
+        os.replace(tmp, path)
 
     @classmethod
     def resume(cls, checkpoint: str | Path, make_backend: Callable[[Scheduler, dict[str, Any]], Backend],
@@ -235,7 +262,7 @@ class Driver:
             state = pickle.load(f)
         d = cls(state["scheduler"], make_backend(state["scheduler"], state["backend"]), stall_s, checkpoint)
         for k in cls._BOOKS:
-            setattr(d, k, state[k])
+            setattr(d, k, state.get(k, 0))      # (`_first_step`: absent from older checkpoints)
         d._pending, d._elapsed = state["pending"], state["elapsed"]
         d._switch_t0 = {}
         return d

@@ -8,18 +8,19 @@ measurements (``runtime.json``: wall time per step, idle ratio per role,
 switches and their latency, aborted turns, staleness, cells lost) and the
 final model, and the run's call trace (``runtime/trace.jsonl``, the
 simulator's trace format: ``evoharness simulate --workload`` replays it).
-``schedule = "inprocess"`` (the default) keeps `train.rl`'s
-single-process loop.
+``schedule = "inprocess"`` (the default) is the colocate schedule on one cell
+that is the driver process (`runtime.inprocess`). `build_runtime` picks.
 
-A job checkpoint (``runtime/job.pkl``, `Driver`) is written at every weight
-sync, after that step's metrics record; the same command on the same out_dir
+A job checkpoint (``runtime/job.pkl``, `Driver.save`) is written at every
+weight sync, after that step's metrics record; the same command on the same out_dir
 resumes from it (metrics past it are dropped, so none is lost or repeated;
 the core's optimizer state is kept per weights version). Episodes live at
 that moment (async schedules) are rebuilt by replaying their recorded
 completions; a step with none (colocate, elastic) resumes exactly.
 
-Not yet here: the Ray backend for the model workload, and rollout calls
-through the gateway (the driver process routes them).
+``runtime.backend = "ray"`` runs the cells as Ray actors
+(`runtime.ray_backend.RayAlfworldBackend`), joining ``runtime.ray_address``
+or starting a local head.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class RuntimeConfig(Strict):
     staleness: int = Field(1, ge=0)          # η of async / elastic-async
     async_train_cells: int | None = Field(None, ge=1)
     stall_s: float = Field(900.0, gt=0)      # no event for this long: the run fails (a dead backend)
+    ray_address: str | None = None          # backend "ray": a cluster to join (None: start a local head)
+    ray_num_cpus: float = Field(0.25, gt=0)  # CPUs each Ray cell actor reserves (fractions share a machine)
+    # rollout calls through the gateway (routed by execution; a switch drains the cell, re-issuing its calls)
+    via_gateway: bool = False
 
 
 def sim_config(cfg: "RLConfig") -> "SimConfig":
@@ -66,84 +71,144 @@ def sim_config(cfg: "RLConfig") -> "SimConfig":
     })
 
 
-def train_rl_runtime(cfg: "RLConfig", progress: bool = True) -> Path:
-    """Run `cfg`'s RL on its runtime schedule; returns the final model directory.
+def build_runtime(cfg: "RLConfig"):
+    """The runtime `train.rl.train_rl` drives for `cfg` (resumed from ``out_dir``): the
+    in-process one (`runtime.inprocess.InProcessRuntime`) or K cells (`CellRuntime`).
+    Both offer ``step`` (steps done), ``steps()`` (each step's metrics record, at its
+    weight sync), ``evaluate()``, ``save(step)``, ``close()`` and ``export(dir)``."""
+    if cfg.runtime.schedule == "inprocess":
+        from evoharness.runtime.inprocess import InProcessRuntime
+
+        return InProcessRuntime(cfg)
+    return CellRuntime(cfg)
+
+
+class CellRuntime:
+    """`cfg`'s RL on its runtime schedule: K cell processes (or Ray actors) under the
+    driver; see the module docstring.
 
     Raises:
-        ValueError: an unsupported setting (Ray backend, a non-CPU device, an
-            out_dir of an in-process run), or a bad task filter.
-        runtime.driver.DriverError: the run stalled or broke an invariant.
+        ValueError: a setting the cells cannot honour (a non-CPU device, tree packing,
+            gateway rollouts, grpo.mini_batches > 1, ckpt_every > 1), an out_dir of an
+            in-process run, or a bad task filter.
     """
-    import torch
-    from safetensors.torch import load_model as load_weights
-    from tqdm.auto import tqdm
 
-    from evoharness.envs.alfworld.games import discover_games
-    from evoharness.eval.run_report import write_rl_report
-    from evoharness.models.init import load_model, load_tokenizer
-    from evoharness.runtime.alfworld_backend import AlfworldBackend
-    from evoharness.runtime.driver import Driver
-    from evoharness.runtime.sim import build_scheduler
-    from evoharness.train.checkpoint import append_jsonl, atomic_dir, atomic_write_text
-    from evoharness.train.precision import export_dtype, save_exported
-    from evoharness.train.rl import load_experience_fresh, select_tasks
+    def __init__(self, cfg: "RLConfig"):
+        from evoharness.runtime.alfworld_backend import AlfworldBackend
+        from evoharness.runtime.driver import Driver
+        from evoharness.runtime.sim import build_scheduler
+        from evoharness.train.checkpoint import atomic_write_text
+        from evoharness.train.rl import load_experience_fresh, train_tasks
 
-    rt = cfg.runtime
-    if rt.backend != "local":
-        raise ValueError("the RL workload runs on the local backend for now (runtime.backend = 'local')")
-    if cfg.device != "cpu":
-        raise ValueError("runtime cells run on CPU for now (device = 'cpu')")
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics_path = out / "metrics.jsonl"
-    if (out / "checkpoints").exists():
-        raise ValueError(f"{out} holds an in-process run (checkpoints/); give the runtime its own out_dir")
-    job = out / "runtime" / "job.pkl"
-    atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
-    tasks = select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
-    order = list(range(len(tasks)))
-    random.Random(cfg.seed).shuffle(order)           # the in-process loop's game order
-    store = load_experience_fresh(cfg.harness.experience_path)
-    sim = sim_config(cfg)
-    sched = build_scheduler(rt.schedule, sim)
-    bar = tqdm(total=cfg.steps, desc=f"rl[{rt.schedule}x{rt.cells}]", unit="step", disable=not progress)
+        rt = cfg.runtime
+        refused = {"grpo.packing runs with runtime.schedule = 'inprocess' only (cells train turn rows)": cfg.grpo.packing,
+                   "rollout_via_gateway runs with runtime.schedule = 'inprocess' only (the driver routes cell calls)":
+                       cfg.rollout_via_gateway,
+                   "grpo.mini_batches > 1 runs with runtime.schedule = 'inprocess' only (the cells' streaming trainer "
+                   "makes one update per step)": cfg.grpo.mini_batches != 1,
+                   "the cells' job checkpoint is taken at every weight sync (ckpt_every = 1)": cfg.ckpt_every != 1,
+                   "runtime cells run on CPU for now (device = 'cpu')": cfg.device != "cpu"}
+        if why := [k for k, v in refused.items() if v]:
+            raise ValueError("; ".join(why))
+        self.cfg, self.out = cfg, Path(cfg.out_dir)
+        out, metrics_path = self.out, self.out / "metrics.jsonl"
+        if (out / "checkpoints").exists():
+            raise ValueError(f"{out} holds an in-process run (checkpoints/); give the runtime its own out_dir")
+        self.job = out / "runtime" / "job.pkl"
+        atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
+        tasks = train_tasks(cfg)
+        order = list(range(len(tasks)))
+        random.Random(cfg.seed).shuffle(order)           # the in-process loop's game order
+        store = load_experience_fresh(cfg.harness.experience_path)
+        sim = sim_config(cfg)
+        self.step = 0
 
-    def on_step(rec: dict) -> None:
-        append_jsonl(metrics_path, rec, step=rec["step"])
-        bar.update(1)
-        bar.set_postfix(success=f"{rec['success']:.2f}", reward=f"{rec['reward']:.2f}")
+        def make_backend(sched, state=None) -> AlfworldBackend:
+            roles = [c.role for c in sched.pool.cells] if state else sched.initial_roles()
+            self.step = state["alf"]["newest"] if state else 0
+            for path in (metrics_path, out / "runtime" / "trace.jsonl"):       # steps past the checkpoint redo
+                _keep_steps(path, self.step)
+            if rt.backend == "ray":
+                from evoharness.runtime.ray_backend import RayAlfworldBackend
+                return RayAlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None,
+                                          state=state, address=rt.ray_address, num_cpus=rt.ray_num_cpus,
+                                          via_gateway=rt.via_gateway)
+            return AlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None, state=state,
+                                   via_gateway=rt.via_gateway)
 
-    def make_backend(sched, state=None) -> AlfworldBackend:
-        roles = [c.role for c in sched.pool.cells] if state else sched.initial_roles()
-        for path in (metrics_path, out / "runtime" / "trace.jsonl"):       # steps past the checkpoint redo
-            _keep_steps(path, state["alf"]["newest"] if state else 0)
-        bar.update(state["alf"]["newest"] if state else 0)
-        return AlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), on_step, state=state)
+        if self.job.exists():
+            self.driver = Driver.resume(self.job, make_backend, stall_s=rt.stall_s)
+            self.driver.checkpoint = None                  # `save` writes it, after the step's metrics
+        else:
+            sched = build_scheduler(rt.schedule, sim)
+            self.driver = Driver(sched, make_backend(sched), stall_s=rt.stall_s)
+        self.backend = self.driver.backend
+        self._eval_policy = None
 
-    if job.exists():
-        driver = Driver.resume(job, make_backend, stall_s=rt.stall_s)
-    else:
-        driver = Driver(sched, make_backend(sched), stall_s=rt.stall_s, checkpoint=job)
-    backend = driver.backend
-    try:
-        stats = driver.run()
-        summary = {"schedule": rt.schedule, "cells": rt.cells, **stats.metrics(),
-                   **{f"runtime/{k}": v for k, v in backend.idle().items()},
-                   **{f"runtime/{k}": v for k, v in backend.counts.items()}}
-    finally:
-        backend.close()
-        bar.close()
-    atomic_write_text(out / "runtime.json", json.dumps(summary, indent=2))
-    write_rl_report(out, metrics_path)
+    def steps(self):
+        """Each step's metrics record (`alfworld_backend.step_record`'s names) at its weight sync."""
+        for version in self.driver.steps():
+            rec = self.backend.records[-1]
+            if rec["step"] != version:
+                raise RuntimeError(f"weights v{version} synced without their step record (last: {rec['step']})")
+            self.step = version
+            yield dict(rec)
 
-    def write_final(tmp: Path) -> None:
-        model = load_model(cfg.model_path, "cpu", torch.float32)
-        load_weights(model, str(out / "runtime" / "weights" / f"v{cfg.steps}.safetensors"))
-        save_exported(model, tmp, export_dtype(cfg.model_path))
-        load_tokenizer(cfg.model_path).save_pretrained(str(tmp))
-        backend.store.save(tmp / "experience.json")
+    def save(self, step: int) -> None:
+        self.driver.save(self.job)
 
-    return atomic_dir(out / "final", write_final)
+    def _weights(self) -> Path:
+        return self.out / "runtime" / "weights" / f"v{self.step}.safetensors"
+
+    def evaluate(self) -> dict[str, float]:
+        """`train.rl.quick_eval` in the driver process, on the newest weights."""
+        import torch
+        from safetensors.torch import load_model as load_weights
+
+        from evoharness.policies.local import LocalHFPolicy
+        from evoharness.train.rl import quick_eval
+
+        cfg = self.cfg
+        if self._eval_policy is None:
+            self._eval_policy = LocalHFPolicy(cfg.model_path, device="cpu", dtype=torch.float32,
+                                              max_new_tokens=cfg.max_new_tokens,
+                                              max_prompt_tokens=cfg.max_prompt_tokens, constrained=cfg.constrained,
+                                              seed=cfg.seed, num_threads=cfg.decode_threads)
+        load_weights(self._eval_policy.model, str(self._weights()))
+        self._eval_policy.policy_version = self.step
+        return quick_eval(cfg, self._eval_policy, self.backend.store)
+
+    def close(self) -> None:
+        """Stop the cells; a finished run writes its measurements (``runtime.json``)."""
+        from evoharness.train.checkpoint import atomic_write_text
+
+        try:
+            if self.driver.sched.done:
+                rt, be = self.cfg.runtime, self.backend
+                summary = {"schedule": rt.schedule, "cells": rt.cells, **self.driver.stats.metrics(),
+                           **{f"runtime/{k}": v for k, v in be.idle().items()},
+                           **{f"runtime/{k}": v for k, v in be.counts.items()}}
+                atomic_write_text(self.out / "runtime.json", json.dumps(summary, indent=2))
+        finally:
+            self.backend.close()
+
+    def export(self, final: Path) -> Path:
+        """The newest weights in the SFT model's dtype, its tokenizer and the experience store."""
+        import torch
+        from safetensors.torch import load_model as load_weights
+
+        from evoharness.models.init import load_model, load_tokenizer
+        from evoharness.train.checkpoint import atomic_dir
+        from evoharness.train.precision import export_dtype, save_exported
+
+        def write(tmp: Path) -> None:
+            model = load_model(self.cfg.model_path, "cpu", torch.float32)
+            load_weights(model, str(self._weights()))
+            save_exported(model, tmp, export_dtype(self.cfg.model_path))
+            load_tokenizer(self.cfg.model_path).save_pretrained(str(tmp))
+            self.backend.store.save(tmp / "experience.json")
+
+        return atomic_dir(final, write)
 
 
 def _keep_steps(path: Path, steps: int) -> None:

@@ -18,6 +18,17 @@ from evoharness.runtime.schedulers.base import Scheduler
 class Colocate(Scheduler):
     name = "colocate"
 
+    def resume_at(self, step: int) -> "Colocate":
+        """Start at step `step` (0 <= step <= steps) as if steps 0..step-1 had run: a
+        synchronous schedule has nothing in flight at a weight sync, so its whole
+        state is the step count (the in-process runtime resumes from a checkpoint so)."""
+        if not 0 <= step <= self.steps or self.counters.dispatched:
+            raise ValueError(f"resume_at({step}): before start(), with 0 <= step <= {self.steps}")
+        self.steps_done = self.version = step
+        self.counters.dispatched = self.counters.started = self.counters.finished = step * self.N
+        self.done = step == self.steps
+        return self
+
     def start(self) -> list[Command]:
         out: list[Command] = []
         self._begin_step(out)

@@ -3,6 +3,8 @@ the core's optimizer step and versioned weights on disk."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from micro_model import MICRO
@@ -70,3 +72,39 @@ def test_model_cells_train_exactly_once_with_versioned_weights(make_cfg, model_d
             assert torch.allclose(lp[i, :len(r[1])], torch.tensor(r[2]), atol=1e-4)
             checked += 1
     assert checked >= 4
+
+
+def test_gateway_drains_a_switched_rollout_cell_without_aborting_a_turn(make_cfg, model_dir, tmp_path):
+    """Calls through the gateway (`runtime.via_gateway`): a group's calls are in flight on
+    cell 0 when it switches to train. The drain holds them in the gateway, none is
+    aborted, and when the scheduler binds the executions to cell 1 they are re-issued
+    there and answered with the weights of version 0 (~15 s: 2 processes start)."""
+    from evoharness.runtime.cells import Role
+    from evoharness.runtime.events import Bind, Dispatch, ExecutionOrphaned, RoleSwitchDone, SwitchRole
+
+    cfg = make_cfg(cluster={"cells": 2}, workload={"groups_per_step": 1})
+    be = LocalModelBackend(cfg, [Role.ROLLOUT] * 2, model_dir, tmp_path, time_scale=1e-3, via_gateway=True)
+    try:
+        be.apply(Dispatch(0, 0))
+        members = [ev.execution for ev in be.poll(1.0)]
+        for e in members:
+            be.apply(Bind(e, 0))
+        while len(be._gw_jobs) < len(members):     # every call posted to cell 0, none answered yet
+            be._pump()
+        be.apply(SwitchRole(0, Role.TRAIN))
+        events = be.poll(0.0)
+        orphans = [ev for ev in events if isinstance(ev, ExecutionOrphaned)]
+        assert sorted(o.execution for o in orphans) == members and not any(o.aborted for o in orphans)
+        assert all(be.x_state[e] == "call" for e in members)      # held in the gateway, not aborted
+        for e in members:
+            be.apply(Bind(e, 1))
+        deadline = time.monotonic() + 60
+        while any(not be.x_rec.get(e) for e in members) and time.monotonic() < deadline:
+            events += be.poll(0.5)
+    finally:
+        be.close()
+    assert any(isinstance(ev, RoleSwitchDone) and ev.cell == 0 for ev in events)
+    assert all(be.x_rec[e] and be.x_rec[e][0][3] == 0 for e in members)   # each first turn answered, on v0
+    assert be.counts["aborted_turns"] == 0
+    assert be.counts["reissued_calls"] == len(members) and be.counts["drains"] == 1
+    assert be.counts["drain_s_max"] > 0

@@ -63,6 +63,8 @@ class AlfworldBackend(LocalModelBackend):
         work_dir: weights versions and gradients.
         on_step: called with each step's metrics record at its weight sync.
         env_timeout_s: an environment reset or step running longer ends its episode as an error.
+        via_gateway: each turn's call goes through the gateway (`gateway_cells`), routed to the
+            execution's cell; a rollout -> train switch drains the cell (calls re-issued, none aborted).
         state: a job checkpoint's `state()` to carry on from (then `store` is replaced
             by the checkpoint's, see ``self.store``).
 
@@ -72,7 +74,7 @@ class AlfworldBackend(LocalModelBackend):
 
     def __init__(self, sim: SimConfig, roles: list[Role], cfg: Any, tasks: list, order: list[int], store: Any,
                  work_dir: str, on_step: Callable[[dict], None] | None = None, env_timeout_s: float = 120.0,
-                 ready_timeout_s: float = 300.0, state: dict[str, Any] | None = None):
+                 ready_timeout_s: float = 300.0, state: dict[str, Any] | None = None, via_gateway: bool = False):
         g = cfg.grpo
         if g.mini_batches != 1:
             raise ValueError("the runtime path trains one update per step (grpo.mini_batches = 1)")
@@ -101,7 +103,7 @@ class AlfworldBackend(LocalModelBackend):
         self.records: list[dict] = []
         store.freeze()
         super().__init__(sim, roles, cfg.model_path, work_dir, lr=g.lr, time_scale=1.0,
-                         ready_timeout_s=ready_timeout_s, state=state)
+                         ready_timeout_s=ready_timeout_s, state=state, via_gateway=via_gateway)
 
     def _cell_args(self, cell: int) -> tuple[str, str, float, dict[str, Any]]:
         return self.model_dir, self.work_dir, self.lr, self._options
@@ -112,6 +114,13 @@ class AlfworldBackend(LocalModelBackend):
         group, k = divmod(i, self.gs)
         task = self.tasks[self.order[(step * self.cfg.workload.groups_per_step + group) % len(self.order)]]
         return task, f"{task.task_id}#u{step}g{k}", step
+
+    def _cap(self, e: int) -> int:
+        """Execution e's T_max (`train.rl.step_cap`)."""
+        from evoharness.train.rl import step_cap
+
+        step, i = divmod(e, self.N)
+        return step_cap(self.rl, step, i // self.gs)
 
     def _open(self, e: int) -> bool:
         """Start execution e's episode; False when its game failed to load (an error trajectory)."""
@@ -129,12 +138,12 @@ class AlfworldBackend(LocalModelBackend):
         except Exception as exc:  # a game that cannot load is a failed episode, not a crashed run
             if env is not None:
                 _safe_close(env)
-            self.traj[e] = _error_trajectory(EpisodeSpec(task, eid, self.rl.seed), hname, "local", self.rl.max_steps,
+            self.traj[e] = _error_trajectory(EpisodeSpec(task, eid, self.rl.seed), hname, "local", self._cap(e),
                                              _describe(exc))
             return False
         traj = Trajectory(episode_id=eid, task_id=task.task_id, task_type=task.task_type, split=task.split,
                           harness=harness.name, policy="local", goal=first.goal,
-                          initial_observation=first.observation, max_steps=self.rl.max_steps, seed=self.rl.seed)
+                          initial_observation=first.observation, max_steps=self._cap(e), seed=self.rl.seed)
         self.live[e] = _Live(EpisodeSpec(task, eid, self.rl.seed), env, harness, traj, first, t0)
         return True
 
@@ -151,7 +160,7 @@ class AlfworldBackend(LocalModelBackend):
         req = self._req[e]
         payload = {"messages": req.messages, "episode_id": req.episode_id, "turn": req.turn,
                    "admissible_commands": req.admissible_commands, "meta_verbs": list(lv.harness.meta_verbs)}
-        self.x_call[e] = self._send(self.x_cell[e], "call", payload, key=e)
+        self.x_call[e] = self._issue(e, payload)
         self.x_state[e] = "call"
         self.counts["calls"] += 1
 
@@ -160,7 +169,7 @@ class AlfworldBackend(LocalModelBackend):
         self._gen_s[e] += result.pop("seconds")
         self._comps.setdefault(e, []).append(result)
         self._call_t[e][-1][1] = time.monotonic() - self._t0
-        if not _advance(lv, req, Completion(**result), self.env_timeout_s, self.rl.max_steps):
+        if not _advance(lv, req, Completion(**result), self.env_timeout_s, self._cap(e)):
             lv.traj.wall_s = time.perf_counter() - lv.t0
             _safe_close(lv.env)
             self.traj[e] = lv.traj
@@ -218,7 +227,7 @@ class AlfworldBackend(LocalModelBackend):
         for c in comps:
             req = PolicyRequest(lv.harness.messages(), lv.spec.episode_id, len(lv.traj.turns),
                                 list(lv.harness.admissible))
-            if not _advance(lv, req, Completion(**c), self.env_timeout_s, self.rl.max_steps):
+            if not _advance(lv, req, Completion(**c), self.env_timeout_s, self._cap(e)):
                 raise RuntimeError(f"execution {e} ended while replaying its {len(comps)} recorded turns")
         if hasattr(lv.harness, "experience"):
             lv.harness.experience = real

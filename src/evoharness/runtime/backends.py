@@ -104,6 +104,7 @@ class GenOutput:
     prompt_fit: dict[str, int] | None = None  # how an over-budget prompt was shortened (`harness.prompt.PromptFit`)
     max_new_tokens: int | None = None  # the completion cap applied (the grammar's budget); None: unknown
     top_logprobs: list[list[dict[str, Any]]] | None = None  # per token, as the backend returned them
+    detail: Any = None  # an in-process backend's full answer (a runtime cell's reply: a `Completion` dict)
 
 
 class Backend:

@@ -109,6 +109,8 @@ class Gateway:
         self.max_tool_cache = max_tool_cache
         self.stats = {"calls": 0, "retries": 0, "rejected": 0, "failed": 0, "cancelled": 0}
         self._n_added = 0
+        # execution -> backend a scheduler bound it to (None: held, its calls wait for a bind)
+        self.routes: dict[str, str | None] = {}
 
     # -- lifecycle / admin -------------------------------------------------------------
 
@@ -148,16 +150,32 @@ class Gateway:
 
     # -- calls ---------------------------------------------------------------------------
 
-    def pick(self, exclude: set[str]) -> Backend | None:
-        """The least-loaded routable backend, preferring ones not yet tried for this call."""
+    def bind(self, execution_id: str, backend: str | None) -> None:
+        """Route `execution_id`'s calls to `backend` only (a scheduler's placement; QwenGyre
+        binds an execution to a rollout cell). None holds them: they wait for the next bind.
+        A call of it in flight elsewhere finishes there unless that backend is drained or
+        the call `evict`ed."""
+        self.routes[execution_id] = backend
+
+    def release(self, execution_id: str) -> None:
+        """Forget `execution_id`'s binding: its calls go to the least-loaded backend again."""
+        self.routes.pop(execution_id, None)
+
+    def pick(self, exclude: set[str], execution_id: str | None = None) -> Backend | None:
+        """The backend `execution_id` is bound to (`bind`) if routable, else None; for an
+        unbound execution the least-loaded routable backend, preferring ones not yet tried."""
+        if execution_id is not None and execution_id in self.routes:
+            name = self.routes[execution_id]
+            b = self.backends.get(name) if name is not None else None
+            return b if b is not None and b.routable else None
         live = [b for b in self.backends.values() if b.routable]
         fresh = [b for b in live if b.name not in exclude] or live
         return min(fresh, key=lambda b: (b.load, b.in_flight, b.served), default=None)
 
-    async def _wait_pick(self, exclude: set[str]) -> Backend | None:
+    async def _wait_pick(self, exclude: set[str], execution_id: str | None = None) -> Backend | None:
         deadline = time.monotonic() + self.wait_for_backend_s
         while True:
-            b = self.pick(exclude)
+            b = self.pick(exclude, execution_id)
             if b is not None or time.monotonic() >= deadline:
                 return b
             await asyncio.sleep(0.05)
@@ -215,7 +233,7 @@ class Gateway:
         ps = [params] if req.n == 1 else [
             replace(params, seed=None if req.seed is None else (req.seed + i + 2**63) % 2**64 - 2**63)
             for i in range(req.n)]
-        tasks = [asyncio.ensure_future(self._run_one(p)) for p in ps]
+        tasks = [asyncio.ensure_future(self._run_one(p, execution_id)) for p in ps]
         try:
             results = await asyncio.gather(*tasks)
         finally:
@@ -243,13 +261,32 @@ class Gateway:
         return completion_body(call_id, req.model, choices, first.prompt_ids, n_completion, first.policy_version,
                                req, first.prompt_fit)
 
-    async def _run_one(self, params: GenParams) -> tuple[GenOutput, list[CallAttempt]]:
-        """One completion, retried across backends; its answer and every attempt."""
+    async def generate(self, params: GenParams, execution_id: str, role: str = "main") -> tuple[GenOutput, list[CallAttempt]]:
+        """One call of `execution_id` without the HTTP layer (an in-process harness, the
+        runtime's agent loops): routed, retried and recorded as `complete` does.
+
+        Raises:
+            GatewayError: 4xx passed on from a backend, or 503 when every attempt failed.
+        """
+        t_start = time.time()
+        out, attempts = await self._run_one(params, execution_id)
+        if self.records is not None:
+            self.records.append(CallRecord(
+                execution_id=execution_id, call_id=new_call_id(), role=role, model=self.served_model,
+                prompt_token_ids=out.prompt_ids, completion_token_ids=out.completion_ids, logprobs=out.logprobs,
+                policy_version=out.policy_version if out.policy_version is not None else -1,
+                finish_reason=out.finish_reason, t_start=t_start, t_end=time.time(), attempts=attempts,
+                tool_calls=out.tool_calls, messages=params.messages))
+        return out, attempts
+
+    async def _run_one(self, params: GenParams, execution_id: str | None = None) -> tuple[GenOutput, list[CallAttempt]]:
+        """One completion, retried across backends (only the bound one for a bound
+        execution); its answer and every attempt."""
         attempts: list[CallAttempt] = []
         tried: set[str] = set()
         out: GenOutput | None = None
         for _ in range(self.max_attempts):
-            backend = await self._wait_pick(tried)
+            backend = await self._wait_pick(tried, execution_id)
             if backend is None:
                 break
             tried.add(backend.name)

@@ -104,6 +104,8 @@ class LocalBackend:
         time_scale: real seconds per simulated second (e.g. 1e-3).
     """
 
+    gw: Any = None      # a `gateway_cells.CellGateway` when calls go through the gateway (model backends)
+
     def __init__(self, cfg: SimConfig, roles: list[Role], time_scale: float = 1e-3,
                  state: dict[str, Any] | None = None):
         if len(roles) != cfg.cluster.cells:
@@ -123,6 +125,8 @@ class LocalBackend:
         self.x_state: dict[int, str] = {}           # queued | call | tool | wait | done
         self._tools: list[tuple[float, int, int]] = []   # (due, execution, turn) in this process
         self._events: list[Event] = []
+        self._gw_jobs: dict[int, Any] = {}          # gateway mode: cell job token -> the gateway call waiting on it
+        self._gw_tok: dict[Any, int] = {}           # and back
         self._sync_left: dict[int, int] = {}
         self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0, "cells_lost": 0,
                        "migrations": 0}
@@ -280,6 +284,8 @@ class LocalBackend:
         elif isinstance(c, Bind):
             st = self.x_state[c.execution]
             self.x_cell[c.execution] = c.cell
+            if self.gw is not None:
+                self.gw.bind(c.execution, c.cell)      # a held call of it (a drained cell's) goes there now
             if st == "queued":
                 self._events.append(ExecutionStarted(c.execution, c.cell))
                 self._start_call(c.execution)
@@ -288,7 +294,10 @@ class LocalBackend:
         elif isinstance(c, Migrate):
             e = c.execution
             self.counts["migrations"] += 1
-            if self.x_state[e] == "call":
+            if self.gw is not None:            # the gateway re-issues a call in flight on the new cell
+                old, self.x_cell[e] = self.x_cell[e], c.cell
+                self.gw.migrate(e, old, c.cell)
+            elif self.x_state[e] == "call":
                 self._cancel_call(e)
                 self.x_cell[e] = c.cell
                 self._start_call(e)            # re-issued: the harness sees no error
@@ -296,7 +305,15 @@ class LocalBackend:
             else:
                 self.x_cell[e] = c.cell
         elif isinstance(c, SwitchRole):
-            if self.role[c.cell] == Role.ROLLOUT:
+            if self.role[c.cell] == Role.ROLLOUT and self.gw is not None:
+                # drain through the gateway: the cell's calls wait there for their executions'
+                # next cells and are re-issued on them; no turn is aborted
+                held = sorted(x for x, cell in self.x_cell.items() if cell == c.cell)
+                for e in held:
+                    del self.x_cell[e]
+                    self._events.append(ExecutionOrphaned(e, c.cell, False))
+                self.gw.drain(c.cell, held)
+            elif self.role[c.cell] == Role.ROLLOUT:
                 for e in sorted(x for x, cell in self.x_cell.items() if cell == c.cell):
                     aborted = self.x_state[e] == "call"
                     if aborted:
@@ -335,6 +352,13 @@ class LocalBackend:
     # ---- completions ------------------------------------------------------------
     def _on_job(self, cell: int, pid: int, kind: str, token: int, result: Any) -> None:
         self.pids_seen[cell].add(pid)
+        if token in self._gw_jobs:             # a call the gateway routed here: its answer goes back there
+            self._jobs.pop(token, None)
+            self._tick(cell, -1)
+            fut = self._gw_jobs.pop(token)
+            self._gw_tok.pop(fut, None)
+            self.gw.resolve(fut, result)
+            return
         job = self._jobs.pop(token, None)
         if job is None:
             return                              # cancelled after it completed
@@ -353,6 +377,8 @@ class LocalBackend:
         elif kind == "switch":
             self._tick(cell, role=Role(payload))
             self._events.append(RoleSwitchDone(cell, Role(payload)))
+            if self.gw is not None and Role(payload) == Role.ROLLOUT:
+                self.gw.resume(cell)
         elif kind == "sync":
             self._sync_left[payload] -= 1
             if self._sync_left[payload] == 0:
@@ -381,6 +407,8 @@ class LocalBackend:
         if self._last_turn(e):
             self.x_state[e] = "done"
             cell = self.x_cell.pop(e, -1)
+            if self.gw is not None:
+                self.gw.release(e)
             self._events.append(ExecutionFinished(e, cell, self._tokens(e)))
         elif e in self.x_cell:
             self._start_call(e)
@@ -390,6 +418,7 @@ class LocalBackend:
     def poll(self, timeout: float) -> list[Event]:
         deadline = time.monotonic() + timeout
         while not self._events:
+            self._pump()
             now = time.monotonic()
             while self._tools and self._tools[0][0] <= now:
                 _, e, _ = heapq.heappop(self._tools)
@@ -403,7 +432,8 @@ class LocalBackend:
             wait = min(deadline, self._tools[0][0] if self._tools else deadline) - now
             if wait <= 0 and now >= deadline:
                 break
-            reply = self._next_reply(max(0.0, min(wait, 0.2)))
+            # through the gateway, answers also arrive on its thread: look again soon
+            reply = self._next_reply(max(0.0, min(wait, 0.2 if self.gw is None else 0.005)))
             if reply is not None:
                 self._on_job(*reply)
         out, self._events = self._events, []
@@ -416,8 +446,11 @@ class LocalBackend:
         start a replacement that joins rollout."""
         self.counts["cells_lost"] += 1
         self._events.append(CellLost(c))
-        for e in sorted(x for x, cell in self.x_cell.items() if cell == c):
-            if self.x_state[e] == "call":
+        held = sorted(x for x, cell in self.x_cell.items() if cell == c)
+        if self.gw is not None:
+            self.gw.lost(c, held)         # its calls wait in the gateway and are re-issued on the next bind
+        for e in held:
+            if self.x_state[e] == "call" and self.gw is None:
                 self._jobs.pop(self.x_call.pop(e), None)
                 self.x_state[e] = "wait"
                 self.counts["reissued_calls"] += 1
@@ -431,6 +464,11 @@ class LocalBackend:
         self._switch(c, Role.ROLLOUT)
 
     def _job_lost(self, token: int, job: tuple) -> None:
+        if token in self._gw_jobs:
+            fut = self._gw_jobs.pop(token)
+            self._gw_tok.pop(fut, None)
+            self.gw.fail(fut, f"cell {job[1]} lost")
+            return
         kind, _, key = job
         if kind in ("sync", "load"):
             self._sync_left[key] -= 1
@@ -439,7 +477,58 @@ class LocalBackend:
                 self._events.append(WeightSyncDone(key))
 
     def close(self) -> None:
+        if self.gw is not None:
+            self.gw.close()
         self._close_cells()
+
+    # ---- calls through the gateway (`gateway_cells`) --------------------------------
+    def _issue(self, e: int, payload: Any) -> int:
+        """Start execution e's model call on its cell (direct) or through the gateway; its call id."""
+        if self.gw is None:
+            return self._send(self.x_cell[e], "call", payload, key=e)
+        self._token += 1
+        if e in self.x_cell:
+            self.gw.bind(e, self.x_cell[e])
+        else:
+            self.gw.hold(e)       # a resumed call of an execution not placed yet
+        self.gw.call(e, self._token, payload)
+        return self._token
+
+    def _pump(self) -> None:
+        """Gateway mode: post the cell jobs the gateway routed, cancel the ones it gave up,
+        and take the answered calls (each completes its execution's turn)."""
+        if self.gw is None:
+            return
+        while True:
+            try:
+                kind, cell, e, payload, fut = self.gw.pending.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "call":
+                tok = self._send(cell, "call", payload, key=("gateway", e))
+                self._gw_jobs[tok], self._gw_tok[fut] = fut, tok
+            else:
+                tok = self._gw_tok.pop(fut, None)
+                if tok is not None and self._gw_jobs.pop(tok, None) is not None:
+                    job = self._jobs.pop(tok, None)
+                    if job is not None:
+                        self._tick(job[1], -1)
+                        self._post(job[1], ("cancel", tok))
+        while True:
+            try:
+                e, call_id, out, attempts = self._gw_done.get_nowait()
+            except queue.Empty:
+                break
+            if self.x_call.get(e) != call_id:
+                continue
+            if isinstance(out, BaseException):
+                raise RuntimeError(f"execution {e}'s model call failed in the gateway: {out}") from out
+            del self.x_call[e]
+            self.counts["reissued_calls"] += len(attempts) - 1
+            self._call_done(e, int(attempts[-1].backend.removeprefix("cell")), out.detail)
+            self._start_tool(e, self._tool_delay(e))
+        for k in ("drains", "drain_s_total", "drain_s_max"):
+            self.counts[k] = self.gw.counts[k]
 
     def _close_cells(self) -> None:
         """Stop the cells (transport; a Ray backend swaps it)."""
@@ -468,13 +557,25 @@ class LocalModelBackend(LocalBackend):
 
     Args (beyond `LocalBackend`'s): model_dir: a local HF model directory;
     work_dir: where weights versions and gradients go; lr: the core's AdamW
-    learning rate.
+    learning rate; via_gateway: the executions' calls go through a
+    `gateway.Gateway` routed by execution (`gateway_cells`: a rollout -> train
+    switch drains the cell and re-issues its calls; none is aborted).
     """
 
     def __init__(self, cfg: SimConfig, roles: list[Role], model_dir: str, work_dir: str, lr: float = 1e-3,
                  max_new_tokens: int = 6, prompt_tokens: int = 12, tool_tokens: int = 3, max_turns: int = 3,
-                 time_scale: float = 1e-3, ready_timeout_s: float = 300.0, state: dict[str, Any] | None = None):
+                 time_scale: float = 1e-3, ready_timeout_s: float = 300.0, state: dict[str, Any] | None = None,
+                 via_gateway: bool = False):
         from evoharness.models.init import load_tokenizer
+
+        if via_gateway:
+            from evoharness.runtime.gateway_cells import CellGateway
+
+            self._gw_done: queue.Queue = queue.Queue()
+            self.gw = CellGateway(len(roles), lambda *done: self._gw_done.put(done))
+            for c, r in enumerate(roles):
+                if r != Role.ROLLOUT:
+                    self.gw.drain(c, [])       # not serving until it switches to rollout
 
         self.model_dir, self.work_dir, self.lr = str(model_dir), str(work_dir), lr
         tok = load_tokenizer(model_dir)
@@ -539,7 +640,7 @@ class LocalModelBackend(LocalBackend):
             self.x_ctx[e] = self._random_ids(self.prompt_len, e)
             self.x_rec[e] = []
         seed = hash((self.cfg.seed, e, self.x_k[e])) & 0x7FFFFFFF
-        self.x_call[e] = self._send(self.x_cell[e], "call", (self.x_ctx[e], self.max_new, seed), key=e)
+        self.x_call[e] = self._issue(e, (self.x_ctx[e], self.max_new, seed))
         self.x_state[e] = "call"
         self.counts["calls"] += 1
 

@@ -87,7 +87,8 @@ class RunConfig(Strict):
     rl: RLConfig = Field(default_factory=_default_rl)
     skip_rl: bool = False
     eval_split: str = "valid_seen"
-    eval_limit: int | None = None
+    eval_limit: int | None = None  # N eval_split games, round-robin across task types (smoke runs); None: all
+    dev_eval_limit: int | None = None  # first N development games for the dev evaluations (None: all)
     eval_batch: int = 70
     eval_workers: int = 1
     constrained: bool = True
@@ -112,7 +113,9 @@ class RunConfig(Strict):
 
 def dev_split(cfg: RunConfig) -> tuple[list, list]:
     """(training games, development games) of ``cfg.train_split``: `dev_games` of them
-    drawn with ``cfg.seed`` as the development set, the rest (first `train_games`) to train on."""
+    drawn with ``cfg.seed`` as the development set (stratified by task type, types
+    interleaved), the rest (first
+    `train_games`) to train on."""
     import random
 
     from evoharness.envs.alfworld.games import discover_games
@@ -120,9 +123,27 @@ def dev_split(cfg: RunConfig) -> tuple[list, list]:
     tasks = discover_games(cfg.train_split, cfg.env.data_path)
     if cfg.dev_games >= len(tasks):
         raise ValueError(f"dev_games={cfg.dev_games} leaves no training game of {len(tasks)} in {cfg.train_split!r}")
-    dev_ids = set(random.Random(f"dev:{cfg.seed}").sample(sorted(t.task_id for t in tasks), cfg.dev_games))
-    train = [t for t in tasks if t.task_id not in dev_ids]
-    return (train[: cfg.train_games] if cfg.train_games else train), [t for t in tasks if t.task_id in dev_ids]
+    # stratified by task type, interleaved: any prefix (dev_eval_limit, curve_games) is balanced across types
+    rng, by_id = random.Random(f"dev:{cfg.seed}"), {t.task_id: t for t in tasks}
+    types = sorted({t.task_type for t in tasks})
+    pools = {tt: rng.sample(sorted(t.task_id for t in tasks if t.task_type == tt),
+                            sum(t.task_type == tt for t in tasks)) for tt in types}
+    dev_ids = [pools[types[i % len(types)]][i // len(types)] for i in range(cfg.dev_games)]
+    train = [t for t in tasks if t.task_id not in set(dev_ids)]
+    return (train[: cfg.train_games] if cfg.train_games else train), [by_id[i] for i in dev_ids]
+
+
+def balanced_subset(split: str, data_path: str | None, n: int) -> list[str]:
+    """`n` task ids of `split` taken round-robin across task types, each type in panel order
+    (a smoke-size panel that still has every type)."""
+    from evoharness.envs.alfworld.games import discover_games
+
+    tasks = discover_games(split, data_path)
+    pools = [[t.task_id for t in tasks if t.task_type == tt] for tt in dict.fromkeys(t.task_type for t in tasks)]
+    out = []
+    for i in range(max(map(len, pools), default=0)):
+        out += [p[i] for p in pools if i < len(p)]
+    return out[:n]
 
 
 def sft_dirs(cfg: RunConfig, out: Path) -> list[Path]:
@@ -157,8 +178,10 @@ def eval_config(cfg: RunConfig, out: Path, name: str, policy: PolicyConfig, stor
     """An evaluation stage's config: the run's harness with experience store `store`;
     `games` (train-split task ids): the development set instead of ``eval_split``."""
     harness = cfg.harness.model_copy(update={"experience_path": str(store)})
-    split, limit = (cfg.train_split, None) if games is not None else (cfg.eval_split, cfg.eval_limit)
-    return EvalConfig(split=split, limit=limit, games=games, seed=cfg.seed, max_steps=cfg.max_steps,
+    split = cfg.train_split if games is not None else cfg.eval_split
+    if games is None and cfg.eval_limit:
+        games = balanced_subset(cfg.eval_split, cfg.env.data_path, cfg.eval_limit)
+    return EvalConfig(split=split, games=games, seed=cfg.seed, max_steps=cfg.max_steps,
                       workers=cfg.eval_workers, batch_size=cfg.eval_batch, out_dir=str(out / "eval" / name),
                       env=cfg.env, harness=harness, policy=policy, stop_repeats=cfg.stop_repeats)
 
@@ -316,7 +339,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         systems["sft_grpo"] = (model_policy(cfg, grpo_model), grpo_store)
     for name, (pol, store) in systems.items():
         stage(f"eval_{name}", evaluate_system(name, pol, store))
-        stage(f"eval_dev_{name}", evaluate_system(f"dev_{name}", pol, store, dev_ids))
+        stage(f"eval_dev_{name}", evaluate_system(f"dev_{name}", pol, store, dev_ids[: cfg.dev_eval_limit]))
     labels = {"random": "random", "scripted_teacher": "scripted teacher (non-privileged)",
               "sft_teacher_only": "SFT on teacher traces only", "sft": "SFT" + (" + DAgger" if cfg.dagger_rounds else ""),
               "sft_grpo": "SFT" + (" + DAgger" if cfg.dagger_rounds else "") + " + GRPO"}
@@ -337,7 +360,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         + f". This invocation took {(time.perf_counter() - t0) / 60:.1f} min.",
         f"Development set: {len(dev_ids)} train games held out (seed {cfg.seed}; `dev_games.json`), never trained on.",
         f"Engine `{cfg.env.engine}`, step cap {cfg.max_steps}, eval split `{cfg.eval_split}`"
-        + (f" (first {cfg.eval_limit} games)" if cfg.eval_limit else " (full panel)")
+        + (f" ({cfg.eval_limit} games, round-robin across types)" if cfg.eval_limit else " (full panel)")
         + f"; an episode whose (prompt, completion) repeats {cfg.stop_repeats} times is stopped early and counts as a failure.",
     ] + ([rl_note] if rl_note else [])
     return write_run_report(out, summaries, dev, [d / "metrics.jsonl" for d in sfts],

@@ -1,0 +1,143 @@
+"""Student levers (issue 11): each lever as a controlled comparison of the main job's SFT stages.
+
+Usage:
+    python benchmarks/student_levers.py [--arms base,batch4k,...] [--parallel 2] [--out runs/levers]
+                                        [--results benchmarks/results/student]
+
+Every arm is one `evoharness run` (the main job, `pipeline.run_pipeline`) at a reduced
+scale with GRPO skipped, differing from the reference arm in one lever only; all arms
+share the seed, the teacher traces (540 train games, the 60 development games held
+out), the tokenizer and the initial weights. Levers that change how much is trained
+(batch size, packing) are compared at an equal number of training tokens (equal wall
+time on a quiet machine); the others at equal optimizer steps. Choices are made on the
+development games; valid_seen is reported beside them and never used to choose.
+
+Each arm runs as its own process (OMP_NUM_THREADS=1, `threads=1`), at most
+``--parallel`` at once. An arm whose directory already holds a report is not rerun
+(a rerun resumes unfinished ones). Writes ``levers.md`` and ``levers.json`` to
+``--results`` with every finished arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# the reduced scale of every arm (the dev subset and the valid_seen prefix are balanced across types)
+SCALE = ["skip_rl=true", "curve_games=0", "dev_eval_limit=30", "eval_limit=42", "sft.ckpt_every=0", "sft.progress=false"]
+REF_STEPS = 160  # the reference arm's SFT optimizer steps at 16K-token batches
+
+# name -> (lever, what differs, overrides)
+ARMS: dict[str, tuple[str, str, list[str]]] = {
+    "base": ("reference", f"{REF_STEPS} steps x 16K tokens, no DAgger",
+             [f"sft.max_steps={REF_STEPS}", "sft.batch_tokens=16384", "dagger_rounds=0"]),
+    "batch4k": ("steps vs batch size", f"{4 * REF_STEPS} steps x 4K tokens (same tokens)",
+                [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0"]),
+    "dagger": ("DAgger", f"{REF_STEPS * 2 // 3} + {REF_STEPS // 3} steps x 16K; 1 round on 120 train games",
+               [f"sft.max_steps={REF_STEPS * 2 // 3}", "sft.batch_tokens=16384", "dagger_rounds=1",
+                "dagger_games=120", f"dagger_sft_steps={REF_STEPS // 3}"]),
+    "dagger4k": ("DAgger (4K batches)", f"{4 * REF_STEPS * 2 // 3} + {4 * REF_STEPS // 3} steps x 4K; 1 round on 120 games",
+                 [f"sft.max_steps={4 * REF_STEPS * 2 // 3}", "sft.batch_tokens=4096", "dagger_rounds=1",
+                  "dagger_games=120", f"dagger_sft_steps={4 * REF_STEPS // 3}"]),
+    "packing4k": ("shared-prefix packing", f"{4 * REF_STEPS} steps x 4K tokens, sft.packing=true",
+                  [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", "sft.packing=true",
+                   "sft.micro_batch_tokens=4096"]),
+    "lr_const4k": ("lr schedule", f"{4 * REF_STEPS} steps x 4K, constant lr (min_lr_ratio=1)",
+                   [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", "sft.min_lr_ratio=1.0"]),
+    "tiny4k": ("model size", f"{4 * REF_STEPS} steps x 4K, 'tiny' (1.8M) instead of 'mini' (1.1M)",
+               [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", 'model_preset="tiny"']),
+}
+
+
+def run_arm(name: str, out: Path) -> subprocess.Popen | None:
+    d = out / name
+    if (d / "report.md").is_file():
+        return None
+    d.mkdir(parents=True, exist_ok=True)
+    sets = [x for o in SCALE + ARMS[name][2] for x in ("--set", o)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = open(d / "run.log", "a")
+    return subprocess.Popen([sys.executable, "-m", "evoharness.cli", "run", "--out", str(d), *sets],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def arm_row(name: str, d: Path) -> dict | None:
+    if not (d / "report.md").is_file():
+        return None
+    model = "sft" if (d / "eval" / "sft").is_dir() else None
+    if model is None:
+        return None
+    vs = json.loads((d / "eval" / "sft" / "summary.json").read_text())["overall"]
+    dev = json.loads((d / "eval" / "dev_sft" / "summary.json").read_text())["overall"]
+    times = {m.name[1:-5]: float(m.read_text() or 0) for m in d.glob(".*.done")}
+    train_s = sum(v for k, v in times.items() if k.startswith(("sft", "dagger")))
+    steps = tokens = 0
+    for m in sorted(d.glob("sft*/metrics.jsonl")):
+        recs = [json.loads(x) for x in m.read_text().splitlines() if x.strip()]
+        recs = [r for r in recs if "loss" in r]
+        steps += len(recs)
+        tokens += sum(r["tokens"] for r in recs)
+    return {"arm": name, "lever": ARMS[name][0], "setting": ARMS[name][1], "optimizer_steps": steps,
+            "train_tokens": tokens, "train_min": round(train_s / 60, 1),
+            "dev_success": dev["success"], "dev_n": dev["n"], "dev_stopped": dev.get("stopped_early", 0),
+            "vs_success": vs["success"], "vs_n": vs["n"], "vs_stopped": vs.get("stopped_early", 0),
+            "eval_min": round(sum(v for k, v in times.items() if k.startswith("eval_") and "sft" in k) / 60, 1)}
+
+
+def write_table(out: Path, results: Path) -> list[dict]:
+    rows = [r for name in ARMS if (r := arm_row(name, out / name))]
+    results.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]
+    md = ["# Student levers (issue 11)", "",
+          f"Scale: every arm is the main job's SFT stage(s) from the same from-scratch 'mini' model "
+          f"(unless the arm says otherwise), teacher traces on the 540 training games, seed 0, GRPO skipped; "
+          f"evaluated greedy, constrained, cap 50, early stop after 3 repeated (prompt, completion) pairs, on the "
+          f"first 30 development games (5 per type; held-out train games: choices are made here) and the first 42 "
+          f"valid_seen games (reported only). One thread per arm, 2 arms at once on a shared 2-core machine "
+          f"(load average {load:.1f} when this table was written): minutes are this machine's, not a quiet one's.", "",
+          "| arm | lever | setting | opt. steps | train tokens (M) | train min | dev success | valid_seen success | "
+          "stopped early (dev / vs) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['arm']} | {r['lever']} | {r['setting']} | {r['optimizer_steps']} | {r['train_tokens'] / 1e6:.1f} | "
+                  f"{r['train_min']} | **{r['dev_success']}%** ({r['dev_n']}) | {r['vs_success']}% ({r['vs_n']}) | "
+                  f"{r['dev_stopped']} / {r['vs_stopped']} |")
+    md += ["", "Command: `python benchmarks/student_levers.py --arms <names>`; per-arm runs under `runs/levers/<arm>/`.", ""]
+    (results / "levers.md").write_text("\n".join(md))
+    (results / "levers.json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(md))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--out", default="runs/levers")
+    ap.add_argument("--results", default="benchmarks/results/student")
+    args = ap.parse_args()
+    out = Path(args.out)
+    todo = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if unknown := [a for a in todo if a not in ARMS]:
+        sys.exit(f"unknown arms {unknown}; known: {list(ARMS)}")
+    running: dict[str, subprocess.Popen] = {}
+    while todo or running:
+        while todo and len(running) < args.parallel:
+            name = todo.pop(0)
+            if (p := run_arm(name, out)) is not None:
+                running[name] = p
+                print(f"[{time.strftime('%H:%M:%S')}] started {name}", flush=True)
+        for name, p in list(running.items()):
+            if p.poll() is not None:
+                print(f"[{time.strftime('%H:%M:%S')}] {name} exited {p.returncode}", flush=True)
+                del running[name]
+        time.sleep(5)
+    write_table(out, Path(args.results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,12 +1,12 @@
 """The main job on the embedded default, with its report copied into benchmarks/results/main_job/.
 
-Usage: python benchmarks/main_job.py [--budget-minutes 40] [--out runs/main] [--results benchmarks/results/main_job]
+Usage: python benchmarks/main_job.py [--budget-minutes M] [--out runs/main] [--results benchmarks/results/main_job]
 
 Runs `evoharness run` (`pipeline.run_pipeline`: teacher traces, tokenizer + from-scratch
-model, SFT, GRPO, four evaluations, report) with the given budget, then copies
-``report.md`` and its figures to ``--results``. The committed report came from
-``evoharness run --out runs/main --budget-minutes 40`` on a loaded 2-core box (its Notes
-give the budget and the wall time); this script repeats exactly that and the copy.
+model, SFT, DAgger, GRPO, evaluations, learning curve, report) on its default step
+budgets (``--budget-minutes`` adds an optional wall-clock cap), then copies ``report.md``
+and its figures to ``--results``. The committed report's Notes give the budget and
+its wall time per stage.
 A rerun with the same ``--out`` resumes the job.
 """
 
@@ -19,16 +19,17 @@ from pathlib import Path
 from evoharness.config import load_config
 from evoharness.pipeline import RunConfig, run_pipeline
 
-FILES = ("report.md", "success.png", "sft_loss.png", "rl_curves.png")
+FILES = ("report.md", "success.png", "learning_curve.png", "sft_loss.png", "rl_curves.png", "curve.json")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget-minutes", type=float, default=40.0)
+    ap.add_argument("--budget-minutes", type=float, default=None, help="optional wall-clock cap on training")
     ap.add_argument("--out", default="runs/main")
     ap.add_argument("--results", default="benchmarks/results/main_job")
     args = ap.parse_args()
-    cfg = load_config(RunConfig, None, [f"budget_minutes={args.budget_minutes}", f'out_dir="{args.out}"'])
+    overrides = [f'out_dir="{args.out}"'] + ([f"budget_minutes={args.budget_minutes}"] if args.budget_minutes else [])
+    cfg = load_config(RunConfig, None, overrides)
     report = run_pipeline(cfg)
     dest = Path(args.results)
     dest.mkdir(parents=True, exist_ok=True)

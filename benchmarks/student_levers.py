@@ -30,7 +30,7 @@ from pathlib import Path
 
 # the reduced scale of every arm (the dev subset and the valid_seen prefix are balanced across types)
 SCALE = ["skip_rl=true", "curve_games=0", "dev_eval_limit=30", "eval_limit=42", "sft.ckpt_every=0", "sft.progress=false"]
-REF_STEPS = 160  # the reference arm's SFT optimizer steps at 16K-token batches
+REF_STEPS = 60  # the reference arm's SFT optimizer steps at 16K-token batches
 
 # name -> (lever, what differs, overrides)
 ARMS: dict[str, tuple[str, str, list[str]]] = {
@@ -38,12 +38,12 @@ ARMS: dict[str, tuple[str, str, list[str]]] = {
              [f"sft.max_steps={REF_STEPS}", "sft.batch_tokens=16384", "dagger_rounds=0"]),
     "batch4k": ("steps vs batch size", f"{4 * REF_STEPS} steps x 4K tokens (same tokens)",
                 [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0"]),
-    "dagger": ("DAgger", f"{REF_STEPS * 2 // 3} + {REF_STEPS // 3} steps x 16K; 1 round on 120 train games",
+    "dagger": ("DAgger", f"{REF_STEPS * 2 // 3} + {REF_STEPS // 3} steps x 16K; 1 round on 80 train games",
                [f"sft.max_steps={REF_STEPS * 2 // 3}", "sft.batch_tokens=16384", "dagger_rounds=1",
-                "dagger_games=120", f"dagger_sft_steps={REF_STEPS // 3}"]),
-    "dagger4k": ("DAgger (4K batches)", f"{4 * REF_STEPS * 2 // 3} + {4 * REF_STEPS // 3} steps x 4K; 1 round on 120 games",
+                "dagger_games=80", f"dagger_sft_steps={REF_STEPS // 3}"]),
+    "dagger4k": ("DAgger (4K batches)", f"{4 * REF_STEPS * 2 // 3} + {4 * REF_STEPS // 3} steps x 4K; 1 round on 80 games",
                  [f"sft.max_steps={4 * REF_STEPS * 2 // 3}", "sft.batch_tokens=4096", "dagger_rounds=1",
-                  "dagger_games=120", f"dagger_sft_steps={4 * REF_STEPS // 3}"]),
+                  "dagger_games=80", f"dagger_sft_steps={4 * REF_STEPS // 3}"]),
     "packing4k": ("shared-prefix packing", f"{4 * REF_STEPS} steps x 4K tokens, sft.packing=true",
                   [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", "sft.packing=true",
                    "sft.micro_batch_tokens=4096"]),
@@ -113,14 +113,61 @@ def write_table(out: Path, results: Path) -> list[dict]:
     return rows
 
 
+def check_early_stop(arm_dir: Path, results: Path, n_games: int = 30) -> None:
+    """Play the first `n_games` development games with the arm's SFT model and the teacher,
+    with and without early stopping (stop_repeats 3 vs 0); write early_stop.md/.json with
+    the won games of each (the rule must never stop an episode that would still be won)."""
+    from evoharness.config import load_config
+    from evoharness.eval.evaluate import evaluate
+    from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy
+
+    cfg = load_config(RunConfig, None, [f'out_dir="{arm_dir}"', *SCALE])
+    dev = [t.task_id for t in dev_split(cfg)[1]][:n_games]
+    rows = []
+    for system, pol in (("scripted teacher", cfg.teacher), ("SFT student", model_policy(cfg, arm_dir / "sft" / "final"))):
+        res = {}
+        for k in (3, 0):
+            c = eval_config(cfg.model_copy(update={"stop_repeats": k}), arm_dir, f"stopcheck/{system[:3]}_{k}", pol,
+                            arm_dir / "experience.json", dev)
+            s = evaluate(c, progress=False)
+            eps = [json.loads(x) for x in (Path(c.out_dir) / "episodes.jsonl").read_text().splitlines() if x.strip()]
+            res[k] = {"won": sorted(e["task_id"] for e in eps if e["won"]), "turns": sum(len(e["turns"]) for e in eps),
+                      "stopped": s["overall"].get("stopped_early", 0), "wall_s": s["wall_s"]}
+        rows.append({"system": system, "games": len(dev), "won_with_stop": len(res[3]["won"]),
+                     "won_without": len(res[0]["won"]), "same_wins": res[3]["won"] == res[0]["won"],
+                     "stopped": res[3]["stopped"], "turns_with_stop": res[3]["turns"], "turns_without": res[0]["turns"],
+                     "wall_s_with_stop": res[3]["wall_s"], "wall_s_without": res[0]["wall_s"]})
+    md = ["# Early stopping of repeated-state loops: does it ever stop a game that would be won?", "",
+          f"First {len(dev)} development games, greedy, constrained, cap 50; model: `{arm_dir}/sft/final`. "
+          "Rule: end an episode once the same (prompt, completion) pair has occurred 3 times.", "",
+          "| system | won with rule | won without | same games won | stopped early | turns with / without | "
+          "wall s with / without |", "|---|---|---|---|---|---|---|"]
+    md += [f"| {r['system']} | {r['won_with_stop']}/{r['games']} | {r['won_without']}/{r['games']} | {r['same_wins']} | "
+           f"{r['stopped']} | {r['turns_with_stop']} / {r['turns_without']} | {r['wall_s_with_stop']:.0f} / "
+           f"{r['wall_s_without']:.0f} |" for r in rows]
+    md += ["", f"Command: `python benchmarks/student_levers.py --check-stop {arm_dir}`", ""]
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "early_stop.md").write_text("\n".join(md))
+    (results / "early_stop.json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(md))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--out", default="runs/levers")
     ap.add_argument("--results", default="benchmarks/results/student")
+    ap.add_argument("--check-stop", default=None, help="an arm directory: check the early-stop rule on its model")
+    ap.add_argument("--table", action="store_true", help="only rewrite the table from finished arms")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.check_stop:
+        check_early_stop(Path(args.check_stop), Path(args.results))
+        return
+    if args.table:
+        write_table(out, Path(args.results))
+        return
     todo = [a.strip() for a in args.arms.split(",") if a.strip()]
     if unknown := [a for a in todo if a not in ARMS]:
         sys.exit(f"unknown arms {unknown}; known: {list(ARMS)}")

@@ -16,7 +16,7 @@ def test_packed_linear_equals_f_linear(shape, with_bias):
     w = torch.randn(320, 128, generator=g)
     b = torch.randn(320, generator=g) if with_bias else None
     x = torch.randn(*shape, generator=g)
-    lin = PackedLinear(w, b)
+    lin = PackedLinear(w, b, min_macs=0)  # every size through oneDNN
     assert (lin.packed is not None) == onednn_ok(w)
     y = lin(x)
     assert y.shape == (*shape[:-1], 320)
@@ -29,7 +29,7 @@ def test_packed_linear_equals_f_linear(shape, with_bias):
 def test_packed_linear_reads_the_weight_once():
     """The packed copy is a snapshot: the decoder rebuilds it when the model's weights change."""
     w = torch.randn(64, 32)
-    lin = PackedLinear(w)
+    lin = PackedLinear(w, min_macs=0)
     x = torch.randn(8, 32)
     before = lin(x)
     w.mul_(2)
@@ -44,3 +44,14 @@ def test_packed_linear_falls_back_off_fp32():
     assert lin.packed is None
     x = torch.randn(5, 8, dtype=torch.float64)
     torch.testing.assert_close(lin(x), F.linear(x, w))
+
+
+def test_small_products_take_f_linear():
+    """Under `min_macs` the oneDNN call's fixed cost outweighs its speed: `F.linear` runs (reads w live)."""
+    w = torch.randn(128, 128)
+    lin = PackedLinear(w)  # default threshold ~1M multiply-adds
+    small, big = torch.randn(8, 128), torch.randn(128, 128)
+    w.mul_(2)  # the packed snapshot keeps the old weight; F.linear sees the new one
+    torch.testing.assert_close(lin(small), F.linear(small, w))
+    if lin.packed is not None:
+        torch.testing.assert_close(lin(big), F.linear(big, w / 2), rtol=1e-5, atol=1e-5)

@@ -6,9 +6,10 @@ that repacking is as costly as the product itself. oneDNN (bundled with torch,
 the path inductor's ``freezing`` takes for CPU linears) packs the weight once.
 Measured on this machine (one AVX-512 core, fp32, 2026-11-30): [32, 256] x
 [2048, 256] 368 -> 161 us (91 -> 209 GFLOP/s), [4096, 128] x [1024, 128]
-11.9 -> 4.4 ms; the outputs are bit-identical to `F.linear` for 7 or more rows.
-Below `min_rows` rows (batch-1 decode) `F.linear`'s matrix-vector path is
-faster and is used instead.
+11.9 -> 4.4 ms; the outputs equal `F.linear`'s (bit-identical from ~8 rows).
+A oneDNN call costs ~10 us more than `F.linear` regardless of size, so
+products under `min_macs` multiply-adds (~1M: e.g. a batch-8 decode step's
+projections) run through `F.linear` instead (measured crossover).
 
 Where oneDNN is unavailable (not CPU, not fp32, a torch build without it)
 `PackedLinear` is plain `F.linear`.
@@ -32,14 +33,15 @@ class PackedLinear:
     Args:
         weight: [out, in]; read once (a later in-place change is not seen: build a new one).
         bias: [out] or None.
-        min_rows: inputs with fewer rows (product of the leading dims) use `F.linear`.
+        min_macs: products with fewer multiply-adds (rows x in x out) use `F.linear`.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, min_rows: int = 4):
-        self.weight, self.bias, self.min_rows = weight.detach(), None if bias is None else bias.detach(), min_rows
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, min_macs: int = 1 << 20):
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+        self.min_numel = -(-min_macs // self.weight.shape[0])  # input elements (rows x in) at the crossover
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None) if onednn_ok(self.weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.numel() < self.min_rows * x.shape[-1]:
+        if self.packed is None or x.numel() < self.min_numel:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -1,22 +1,27 @@
-"""`evoharness rl` on the runtime: the same ALFWorld RL workload under each schedule.
+"""`evoharness rl` on the runtime, measured and simulated: the same ALFWorld RL workload under each schedule.
 
-    python benchmarks/rl_runtime.py [steps] [cells]     # default 3 steps, 3 cells: ~3 min on 2 shared cores
+    python benchmarks/rl_runtime.py [steps] [cells]     # default 3 steps, 3 cells: ~5 min on 2 shared cores
+    RL_RUNTIME_KEEP=/tmp/runs python benchmarks/rl_runtime.py   # keep each run (trace, runtime.json, sim.toml)
 
 A micro Qwen3 model (tokenizer trained on real BPE-harness prompts, as the
-tests build it), P=3 games x G=2 samples per step, T_max=10, the BPE harness
-with the action grammar, GRPO (KL 0.01). Rows: the in-process loop, then
-`--schedule` colocate on 1 cell and each schedule on K cell processes.
-Columns: wall seconds per RL step of the whole command (cells loading the
-model included), the driver's seconds per step (from the first command to the
-last weight sync), the runtime's idle ratios per role, role switches and their mean
-latency, aborted turns, max staleness, re-issued calls, and the final step's
-success/reward (synchronous schedules must equal the in-process row).
-The machine is shared: expect +-30% between runs.
+tests build it), P=4 games x G=2 samples per step with a step-cap mix (T_max
+3, 3, 3, 12 cycling over the groups: one long group in four gives each step a
+long tail), the BPE harness with the action grammar, GRPO (KL 0.01), seed 3.
+Rows: the in-process loop, then each schedule on K cell processes.
+
+Measured (the run's ``runtime.json``): the driver's seconds per step (first
+command to last weight sync), idle ratio per role, role switches and their
+mean latency, aborted turns, max staleness. Simulated: the same run's own
+trace replayed step by step in `runtime.sim` on a cluster fitted to that run
+(`runtime.calibrate`: decode, micro-batch, sync and switch costs), so the gap
+is what the simulator's model of the schedule leaves out. The machine is
+shared: expect +-30% between runs; the load is printed with the table.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -49,9 +54,9 @@ def build_model(d: Path) -> None:
 def run(model: Path, out: Path, steps: int, schedule: str, cells: int) -> dict:
     from evoharness.train.rl import RLConfig, train_rl
 
-    cfg = RLConfig(model_path=str(model), out_dir=str(out), steps=steps, max_steps=10, max_new_tokens=12,
-                   max_prompt_tokens=512, decode_threads=1, seed=3)
-    cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 3, 1e-3
+    cfg = RLConfig(model_path=str(model), out_dir=str(out), steps=steps, max_steps=12, step_caps=[3, 3, 3, 12],
+                   max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, seed=3)
+    cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 4, 1e-3
     cfg.runtime.schedule, cfg.runtime.cells, cfg.runtime.stall_s = schedule, cells, 300
     t0 = time.perf_counter()
     try:
@@ -64,35 +69,62 @@ def run(model: Path, out: Path, steps: int, schedule: str, cells: int) -> dict:
     return {"wall": wall, "step_s": wall / steps, "success": last["success"], "reward": last["reward"], **rt}
 
 
+def predict(out: Path, schedule: str) -> dict:
+    """The simulator on this run's own trace and fitted cluster (`runtime.calibrate`)."""
+    from evoharness.runtime.calibrate import sim_config_from_run
+    from evoharness.runtime.sim import simulate
+
+    cfg = sim_config_from_run(out)
+    r = simulate(cfg, schedule)
+    return {"step_s": r.wall_s / cfg.steps, **r.metrics, "cluster": cfg.cluster.model_dump()}
+
+
 def main() -> None:
+    import subprocess
+
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    tmp = Path(tempfile.mkdtemp(prefix="rl_runtime_"))
+    keep = os.environ.get("RL_RUNTIME_KEEP")     # a directory: keep the runs there (traces, sim.toml) to inspect
+    tmp = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="rl_runtime_"))
     try:
         build_model(tmp / "model")
-        rows = [("inprocess", 1), ("colocate", 1)] + [(s, k) for s in ("colocate", "async", "elastic", "elastic-async")]
-        lines = [f"RL on the runtime: micro Qwen3, 3 games x 2 samples, T_max 10, {steps} steps, K={k}",
-                 "| schedule | cells | s/step (command) | s/step (driver) | idle rollout | idle train | switches | switch s (to train/rollout) "
-                 "| aborted | max staleness | re-issued calls | success | reward |",
+        lines = [f"RL on the runtime, measured vs simulated: micro Qwen3, 4 games x 2 samples, T_max mix 3/3/3/12, "
+                 f"{steps} steps, K={k}",
+                 "| schedule | cells | s/step meas | s/step sim | sim/meas | idle R meas/sim | idle T meas/sim "
+                 "| switches meas/sim | switch s to T/R | aborted | max stale meas/sim | success | reward |",
                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for name, cells in rows:
-            r = run(tmp / "model", tmp / f"{name}{cells}", steps, name, cells)
+        fits = []
+        for name, cells in [("inprocess", 1)] + [(s, k) for s in ("colocate", "async", "elastic", "elastic-async")]:
+            out = tmp / f"{name}{cells}"
+            r = run(tmp / "model", out, steps, name, cells)
             if "error" in r:
                 lines.append(f"| {name} | {cells} | {r['error']} |")
             elif name == "inprocess":
-                lines.append(f"| inprocess | - | {r['step_s']:.2f} | - | - | - | - | - | - | - | - | "
+                lines.append(f"| inprocess | 1 | {r['step_s']:.2f} (command) | - | - | - | - | - | - | - | - | "
                              f"{r['success']:.2f} | {r['reward']:.3f} |")
             else:
+                sim = predict(out, name)
+                fits.append((name, sim["cluster"]))
+                meas = r["timing_s/step"]
                 lines.append(
-                    f"| {name} | {cells} | {r['step_s']:.2f} | {r['timing_s/step']:.2f} | {r['runtime/idle_rollout']:.2f} | "
-                    f"{r['runtime/idle_train']:.2f} | {r['runtime/switches']:.0f} | "
-                    f"{r['runtime/switch_to_train_s']:.3f}/{r['runtime/switch_to_rollout_s']:.3f} | "
-                    f"{r['runtime/aborted_turns']:.0f} | {r['runtime/staleness_max']:.0f} | "
-                    f"{r['runtime/reissued_calls']:.0f} | {r['success']:.2f} | {r['reward']:.3f} |")
+                    f"| {name} | {cells} | {meas:.2f} | {sim['step_s']:.2f} | {sim['step_s'] / meas:.2f} | "
+                    f"{r['runtime/idle_rollout']:.2f}/{sim['idle_rollout']:.2f} | "
+                    f"{r['runtime/idle_train']:.2f}/{sim['idle_train']:.2f} | "
+                    f"{r['runtime/switches']:.0f}/{sim['switches']:.0f} | "
+                    f"{r['runtime/switch_to_train_s']:.2f}/{r['runtime/switch_to_rollout_s']:.2f} | "
+                    f"{r['runtime/aborted_turns']:.0f} | {r['runtime/staleness_max']:.0f}/{sim['staleness_max']:.0f} | "
+                    f"{r['success']:.2f} | {r['reward']:.3f} |")
             print(lines[-1], flush=True)
+        lines.append("\nFitted clusters (runtime.calibrate): gen tok/s, prefill speedup, train tok/s, "
+                     "micro-batch overhead s, sync s")
+        for name, c in fits:
+            lines.append(f"  {name:>14}: {c['gen_tps_single']:8.1f} {c['prefill_speedup']:8.1f} "
+                         f"{c['train_tps']:10.0f} {c['micro_batch_overhead_s']:6.3f} {c['weight_sync_s']:6.3f}")
+        lines.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
         print("\n".join(lines))
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -49,4 +49,4 @@ def test_simulate_elastic_async_by_name():
     assert res.exit_code == 0, res.output
     row = next(line for line in res.output.splitlines() if line.startswith("| elastic-async |"))
     cells = [c.strip() for c in row.split("|")]
-    assert cells[11].endswith("/1") and cells[12] == "0"      # staleness max 1, no aborted turn
+    assert cells[12].endswith("/1") and cells[13] == "0"      # staleness max 1, no aborted turn

@@ -107,3 +107,25 @@ def test_missing_or_wrong_workload_files(tmp_path):
     other.write_text("x: 1")
     with pytest.raises(ConfigError, match=".toml"):
         load_sim_config(other)
+
+
+def test_a_runs_trace_replays_step_by_step(tmp_path):
+    """A runtime run's trace (`runtime/trace.jsonl`: each execution names its RL step) replays
+    each step's own executions in that step, not the whole run in every step."""
+    lines = []
+    for step, turns in ((1, 2), (2, 5)):
+        for k in range(2):
+            calls = [{"prompt_tokens": 100, "completion_tokens": 10 * step, "start": 2.0 * t, "end": 2.0 * t + 1}
+                     for t in range(turns)]
+            lines.append(json.dumps({"step": step, "task_id": f"g#u{step - 1}", "episode_id": f"e{step}{k}",
+                                     "turns": calls}))
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    wl = Workload(WorkloadConfig(groups_per_step=1, group_size=2, trace=str(tmp_path / "trace.jsonl"),
+                                 trace_replay=True))
+    b0, b1 = wl.sample_step(0), wl.sample_step(1)
+    assert b0.n_turns.tolist() == [2, 2] and b1.n_turns.tolist() == [5, 5]
+    assert set(b0.completion) == {10.0} and set(b1.completion) == {20.0}
+    assert b1.tool_s.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0] * 2       # the gaps between its calls
+    with pytest.raises(ConfigError, match="per recorded step"):
+        Workload(WorkloadConfig(groups_per_step=1, group_size=3, trace=str(tmp_path / "trace.jsonl"),
+                                trace_replay=True))

@@ -186,6 +186,33 @@ def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
     got = _metrics(out)
     assert [m["policy_version"] for m in got] == [1, 2, 3]
     assert all(m["train/n_tokens"] > 0 and m["train/grad_norm"] > 0 for m in got)
+    # the run's own trace, step by step, on a cluster fitted to its measurements (runtime.calibrate)
+    from evoharness.runtime.calibrate import sim_config_from_run
+    from evoharness.runtime.sim import simulate
+
+    trace = [json.loads(ln) for ln in (out / "runtime" / "trace.jsonl").read_text().splitlines()]
+    sim = simulate(sim_config_from_run(out), "async")
+    assert sim.metrics["model_calls"] == sum(len(t["turns"]) for t in trace)
+    assert sim.metrics["staleness_max"] == 1 and len(sim.step_end_s) == 3
+    assert len(rt["calibration"]["micro_batches"]) == 12 and len(rt["calibration"]["sync_s"]) == 3
+    res = CliRunner().invoke(app, ["simulate", "--workload", str(out / "runtime" / "sim.toml"), "--policies", "async"])
+    assert res.exit_code == 0, res.output
+    assert f"| async | {sim.wall_s / 3600:.2f} | {sim.wall_s / 3:.2f} |" in res.output
+
+
+def test_step_cap_mix_plays_the_same_episodes_in_process_and_on_cells(model_dir, tmp_path):
+    """step_caps gives each GRPO group its own T_max (a long-tail workload); the in-process
+    runtime and the cells play the same capped episodes (~10 s)."""
+    runs = {}
+    for name, rt in (("inprocess", {}), ("colocate", {"schedule": "colocate", "cells": 1})):
+        cfg = _cfg(model_dir, tmp_path / name, steps=1, **rt)
+        cfg.step_caps, cfg.max_steps = [1, 5], 5
+        train_rl(cfg, progress=False)
+        runs[name] = _metrics(tmp_path / name)[0]
+    assert {k: runs["inprocess"][k] for k in EXACT} == {k: runs["colocate"][k] for k in EXACT}
+    trace = [json.loads(ln) for ln in (tmp_path / "colocate" / "runtime" / "trace.jsonl").read_text().splitlines()]
+    turns = sorted(len(t["turns"]) for t in trace)
+    assert turns[:2] == [1, 1] and max(turns) > 1 and runs["colocate"]["steps_per_episode"] == sum(turns) / 4
 
 
 def test_cli_schedule_flags_reach_the_config(model_dir, tmp_path):

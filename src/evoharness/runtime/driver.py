@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterator, Protocol
 
 from evoharness.runtime.cells import Role
 from evoharness.runtime.events import (CellLost, Command, Dispatch, Event, ExecutionFinished, ExecutionOrphaned,
-                                       MicroBatchDone, RoleSwitchDone, RunMicroBatch, SwitchRole, WeightSyncDone)
+                                       MicroBatchDone, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
+                                       WeightSyncDone)
 from evoharness.runtime.schedulers import Scheduler
 
 
@@ -63,6 +64,8 @@ class RunStats:
     cells_lost: int = 0
     micro_batches_reclaimed: int = 0
     staleness: Counter = field(default_factory=Counter)
+    micro_batch_s: list[tuple[float, float]] = field(default_factory=list)   # (trajectory tokens, seconds)
+    sync_s: list[float] = field(default_factory=list)                         # SyncWeights -> WeightSyncDone
     events: int = 0
     commands: int = 0
 
@@ -80,6 +83,9 @@ class RunStats:
             "runtime/staleness_max": float(max(self.staleness, default=0)),
             "runtime/cells_lost": float(self.cells_lost),
             "runtime/micro_batches_reclaimed": float(self.micro_batches_reclaimed),
+            "runtime/micro_batch_s": (sum(s for _, s in self.micro_batch_s) / len(self.micro_batch_s)
+                                      if self.micro_batch_s else 0.0),
+            "runtime/sync_s": sum(self.sync_s) / len(self.sync_s) if self.sync_s else 0.0,
         }
 
 
@@ -113,6 +119,8 @@ class Driver:
         self._role = list(scheduler.initial_roles())
         self._switch_t0: dict[int, float] = {}
         self._running: dict[int, tuple[tuple[int, ...], int]] = {}   # train cell -> (executions, version)
+        self._tokens: dict[int, int] = {}           # finished execution -> trajectory tokens
+        self._op_t0: dict[Any, float] = {}          # ("mb", cell) / ("sync", version) -> when it was commanded
         self._first_step = scheduler.steps_done     # a scheduler resumed at a step boundary (`Colocate.resume_at`)
         self._t0 = 0.0
 
@@ -134,6 +142,9 @@ class Driver:
                     self._trained.add(e)
                     self.stats.staleness[c.version - self._behaviour[e]] += 1
                 self._running[c.cell] = (c.executions, c.version)
+                self._op_t0[("mb", c.cell)] = now
+            elif isinstance(c, SyncWeights):
+                self._op_t0[("sync", c.version)] = now
             elif isinstance(c, SwitchRole):
                 self._role[c.cell] = Role.TO_TRAIN if c.role == Role.TRAIN else Role.TO_ROLLOUT
                 self._switch_t0[c.cell] = now
@@ -146,16 +157,21 @@ class Driver:
             if ev.execution in self._finished:
                 raise DriverError(f"execution {ev.execution} finished twice")
             self._finished.add(ev.execution)
+            self._tokens[ev.execution] = ev.tokens
         elif isinstance(ev, ExecutionOrphaned):
             self.stats.aborted_turns += int(ev.aborted)
         elif isinstance(ev, MicroBatchDone):
             self._running.pop(ev.cell, None)
+            if ("mb", ev.cell) in self._op_t0:
+                self.stats.micro_batch_s.append((float(sum(self._tokens.get(e, 0) for e in ev.executions)),
+                                                 now - self._op_t0.pop(("mb", ev.cell))))
         elif isinstance(ev, CellLost):
             # its micro-batch never counted: the scheduler claims it again
             self.stats.cells_lost += 1
             self._role[ev.cell] = Role.TO_ROLLOUT
             self._switch_t0[ev.cell] = now
             lost, version = self._running.pop(ev.cell, ((), 0))
+            self._op_t0.pop(("mb", ev.cell), None)
             if lost:
                 self.stats.micro_batches_reclaimed += 1
             for e in lost:
@@ -170,6 +186,8 @@ class Driver:
             self.stats.switch_latency_s[key].append(now - self._switch_t0.pop(ev.cell, now))
         elif isinstance(ev, WeightSyncDone):
             self.stats.step_end_s.append(now)
+            if ("sync", ev.version) in self._op_t0:
+                self.stats.sync_s.append(now - self._op_t0.pop(("sync", ev.version)))
 
     def run(self) -> RunStats:
         """Drive to the end; returns the measurements.
@@ -232,7 +250,7 @@ class Driver:
             raise DriverError(f"{len(missing)} executions of the {self.sched.steps} steps never trained "
                               f"(first: {missing[:5]})")
 
-    _BOOKS = ("_behaviour", "_finished", "_trained", "_role", "_running", "stats", "_first_step")
+    _BOOKS = ("_behaviour", "_finished", "_trained", "_role", "_running", "stats", "_first_step", "_tokens")
 
     def save(self, path: str | Path) -> None:
         """Write a job checkpoint to `path` (atomically): the scheduler, the driver's books,
@@ -262,7 +280,9 @@ class Driver:
             state = pickle.load(f)
         d = cls(state["scheduler"], make_backend(state["scheduler"], state["backend"]), stall_s, checkpoint)
         for k in cls._BOOKS:
-            setattr(d, k, state.get(k, 0))      # (`_first_step`: absent from older checkpoints)
+            if k in state:                      # (older checkpoints lack the newer books: fresh ones)
+                setattr(d, k, state[k])
+        d._first_step = state.get("_first_step", 0)
         d._pending, d._elapsed = state["pending"], state["elapsed"]
         d._switch_t0 = {}
         return d

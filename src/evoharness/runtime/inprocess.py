@@ -156,21 +156,28 @@ class InProcessBackend:
 
     def _rollout(self, execs: list[int]) -> None:
         """Play `execs` in lock-step with the store frozen; report each one finished."""
+        from evoharness.train.rl import step_cap
+
         cfg, clock = self.cfg, [0.0]
         t0 = time.perf_counter()
         if self._t_step is None:
             self._t_step = t0
         self.store.freeze()
         self.policy.model.eval()
+        by_cap: dict[int, list[int]] = {}    # one lock-step batch per T_max (`train.rl.step_cap`)
+        for e in execs:
+            by_cap.setdefault(step_cap(cfg, e // self.N, e % self.N // self.G), []).append(e)
+        trajs = {}
         with self.amp():
-            trajs = run_episodes(
-                [self._spec(e) for e in execs],
-                make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine, wording=cfg.wording), clock),
-                make_harness=lambda: make_harness(cfg.harness, experience=self.store), policy=self.rollout_policy,
-                max_steps=cfg.max_steps)
+            for cap, group in by_cap.items():
+                trajs.update(zip(group, run_episodes(
+                    [self._spec(e) for e in group],
+                    make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine, wording=cfg.wording), clock),
+                    make_harness=lambda: make_harness(cfg.harness, experience=self.store),
+                    policy=self.rollout_policy, max_steps=cap)))
         self._clock["rollout"] += time.perf_counter() - t0
         self._clock["env"] += clock[0]
-        for e, t in zip(execs, trajs):
+        for e, t in sorted(trajs.items()):
             self.traj[e] = t
             tokens = sum(x.prompt_tokens + x.completion_tokens for x in t.turns)
             self._events.append(ExecutionFinished(e, 0, max(1, tokens)))

@@ -605,6 +605,7 @@ class LocalModelBackend(LocalBackend):
             if kind == "ready":
                 ready.add(cell)
                 self.pids_seen[cell].add(pid)
+        self._since = [time.monotonic()] * len(roles)   # idle ratios count from here, not the model loading
 
     def _cell_args(self, cell: int) -> tuple[str, str, float, dict[str, Any] | None]:
         """What any transport hands a new cell's `cell_worker.cell_main`: (model_dir, work_dir, lr, options)."""

@@ -102,7 +102,7 @@ class CellRuntime:
 
         rt = cfg.runtime
         refused = {"grpo.packing runs with runtime.schedule = 'inprocess' only (cells train turn rows)": cfg.grpo.packing,
-                   "rollout_via_gateway runs with runtime.schedule = 'inprocess' only (the driver routes cell calls)":
+                   "rollout_via_gateway runs with runtime.schedule = 'inprocess' only (on cells: runtime.via_gateway)":
                        cfg.rollout_via_gateway,
                    "grpo.mini_batches > 1 runs with runtime.schedule = 'inprocess' only (the cells' streaming trainer "
                    "makes one update per step)": cfg.grpo.mini_batches != 1,
@@ -185,10 +185,16 @@ class CellRuntime:
         try:
             if self.driver.sched.done:
                 rt, be = self.cfg.runtime, self.backend
-                summary = {"schedule": rt.schedule, "cells": rt.cells, **self.driver.stats.metrics(),
+                st = self.driver.stats
+                summary = {"schedule": rt.schedule, "cells": rt.cells, **st.metrics(),
                            **{f"runtime/{k}": v for k, v in be.idle().items()},
-                           **{f"runtime/{k}": v for k, v in be.counts.items()}}
+                           **{f"runtime/{k}": v for k, v in be.counts.items()},
+                           # what `runtime.calibrate` fits the simulator's cluster to
+                           "calibration": {"micro_batches": st.micro_batch_s, "sync_s": st.sync_s}}
                 atomic_write_text(self.out / "runtime.json", json.dumps(summary, indent=2))
+                from evoharness.runtime.calibrate import write_sim_toml
+
+                write_sim_toml(self.out)         # `evoharness simulate --workload runtime/sim.toml`
         finally:
             self.backend.close()
 

@@ -20,7 +20,7 @@ import numpy as np
 from evoharness.runtime.sim import S_ROLLOUT, S_SWITCH, S_SYNC, S_TRAIN, SimResult
 
 COLUMNS = [
-    ("policy", "policy"), ("wall_h", "wall (h)"), ("speedup", "{ref} speedup vs this"),
+    ("policy", "policy"), ("wall_h", "wall (h)"), ("step_s", "s/step"), ("speedup", "{ref} speedup vs this"),
     ("accelerator_hours", "accel-hours"), ("post_rollout_h", "post-rollout h/step"), ("idle_rollout", "idle rollout"),
     ("util_rollout", "util rollout"), ("idle_train", "idle train"), ("frac_switch", "switching"),
     ("frac_sync", "weight sync"), ("staleness", "staleness mean/max"), ("aborted_turns", "aborted turns"),
@@ -40,6 +40,7 @@ def rows(results: list[SimResult]) -> list[dict[str, float | str]]:
     for r in results:
         row: dict[str, float | str] = {"policy": r.policy, **r.metrics}
         row["speedup"] = r.wall_s / ref.wall_s if ref.wall_s else float("nan")
+        row["step_s"] = r.wall_s / len(r.step_end_s) if r.step_end_s else float("nan")   # runs of seconds, too
         row["staleness_hist"] = json.dumps({str(k): v for k, v in sorted(r.staleness.items())})
         out.append(row)
     return out

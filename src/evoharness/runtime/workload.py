@@ -113,6 +113,7 @@ class ClusterConfig(Strict):
     prefill_speedup: float = Field(100.0, gt=0)
     train_tps: float = Field(50_000.0, gt=0)
     train_seq_tps: float | None = Field(None, gt=0)
+    micro_batch_overhead_s: float = Field(0.0, ge=0)   # fixed cost per micro-batch (launch, gradient hand-off)
     weight_sync_s: float = Field(20.0, ge=0)
     switch_to_train_s: float = Field(8.52, ge=0)
     switch_to_rollout_s: float = Field(3.46, ge=0)
@@ -157,8 +158,10 @@ class ClusterConfig(Strict):
         """Seconds one train cell takes for a micro-batch of executions with
         these trajectory token counts: the total at ``train_tps``, but never
         less than its longest trajectory at ``seq_train_tps`` (the replicas
-        share the executions; one trajectory is not split across replicas)."""
-        return max(sum(tokens) / self.train_tps, max(tokens, default=0.0) / self.seq_train_tps)
+        share the executions; one trajectory is not split across replicas),
+        plus ``micro_batch_overhead_s``."""
+        return self.micro_batch_overhead_s + max(sum(tokens) / self.train_tps,
+                                                 max(tokens, default=0.0) / self.seq_train_tps)
 
     def regrouped(self, factor: float) -> ClusterConfig:
         """The same accelerators in cells `factor` times larger (factor 2: half
@@ -231,6 +234,7 @@ class TraceExecution:
     prompt: np.ndarray       # new prompt tokens per turn
     completion: np.ndarray   # completion tokens per turn
     tool_s: np.ndarray       # seconds after each call before the next one
+    step: int | None = None  # the RL step it was played in (a run's own trace, `runtime/trace.jsonl`)
 
 
 def _turns_to_execution(group: str, turns: list[dict[str, Any]], wall_s: float | None, where: str
@@ -272,6 +276,7 @@ def load_trace(path: str | Path) -> list[TraceExecution]:
         if "turns" in rec:
             key = str(rec.get("task_id", rec.get("episode_id", i)))
             out.append(_turns_to_execution(key, rec["turns"], rec.get("wall_s"), f"{p}:{i}"))
+            out[-1].step = rec.get("step")
         elif "execution" in rec:
             eid = str(rec["execution"])
             calls.setdefault(eid, []).append(rec)
@@ -284,6 +289,19 @@ def load_trace(path: str | Path) -> list[TraceExecution]:
     if not out:
         raise ConfigError(f"{p}: trace holds no executions")
     return out
+
+
+def _by_step(execs: list[TraceExecution], n: int) -> list[list[TraceExecution]] | None:
+    """A run's trace cut into its RL steps (in step order), when every execution names its
+    step and every step holds `n` of them; else None."""
+    if any(e.step is None for e in execs):
+        return None
+    steps: dict[int, list[TraceExecution]] = {}
+    for e in execs:
+        steps.setdefault(int(e.step), []).append(e)
+    if len(steps) < 2 or any(len(v) != n for v in steps.values()):
+        return None
+    return [steps[k] for k in sorted(steps)]
 
 
 def trace_grouping(execs: list[TraceExecution]) -> tuple[int, int]:
@@ -339,14 +357,16 @@ class Workload:
     def __init__(self, cfg: WorkloadConfig, seed: int = 0, base_dir: Path | None = None):
         self.cfg, self.seed = cfg, seed
         self.trace: list[TraceExecution] | None = None
+        self.by_step: list[list[TraceExecution]] | None = None
         if cfg.trace:
             tp = Path(cfg.trace)
             if not tp.is_absolute() and base_dir is not None:
                 tp = base_dir / tp
             self.trace = load_trace(tp)
-            if cfg.trace_replay and len(self.trace) != self.executions_per_step:
+            self.by_step = _by_step(self.trace, self.executions_per_step)
+            if cfg.trace_replay and len(self.trace) != self.executions_per_step and self.by_step is None:
                 raise ConfigError(f"trace replay: {len(self.trace)} executions, but groups_per_step x "
-                                  f"group_size = {self.executions_per_step}")
+                                  f"group_size = {self.executions_per_step} (or that many per recorded step)")
 
     @property
     def executions_per_step(self) -> int:
@@ -355,7 +375,7 @@ class Workload:
     def sample_step(self, step: int) -> StepBatch:
         rng = np.random.default_rng([self.seed, step])
         if self.trace is not None:
-            return self._from_trace(rng)
+            return self._from_trace(rng, step)
         c, n = self.cfg, self.executions_per_step
         turns = np.maximum(1, np.round(c.turns.sample(rng, n))).astype(np.int64)
         total = int(turns.sum())
@@ -380,9 +400,11 @@ class Workload:
         turns = np.add.reduceat(keep.astype(np.int64), b.offsets[:-1])
         return _flat(turns, b.prompt[keep], b.completion[keep], b.tool_s[keep])
 
-    def _from_trace(self, rng: np.random.Generator) -> StepBatch:
+    def _from_trace(self, rng: np.random.Generator, step: int) -> StepBatch:
         assert self.trace is not None
-        if self.cfg.trace_replay:
+        if self.cfg.trace_replay and self.by_step is not None:   # step u replays the run's step u (cycling)
+            chosen = self.by_step[step % len(self.by_step)]
+        elif self.cfg.trace_replay:
             chosen = self.trace
         else:
             chosen = [self.trace[i] for i in rng.integers(0, len(self.trace), self.executions_per_step)]

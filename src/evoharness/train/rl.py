@@ -66,6 +66,9 @@ class RLConfig(Strict):
     # continues from (collect --wording, eval env.wording), or RL trains on a wording SFT never saw
     wording: Literal["native", "put", "move"] = "native"
     max_steps: int = 70
+    # T_max per GRPO group instead, cycling over the run's groups (group g of step u plays
+    # step_caps[(u·P + g) % len]): a step-cap mix gives long-tail episodes (benchmarks/rl_runtime.py)
+    step_caps: list[int] | None = Field(None, min_length=1)
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe"))
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     device: str = "cpu"
@@ -150,6 +153,12 @@ def train_tasks(cfg: RLConfig) -> list:
     excluded = set(cfg.exclude_games)
     return [t for t in select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
             if t.task_id not in excluded]
+
+
+def step_cap(cfg: RLConfig, step: int, group: int) -> int:
+    """T_max of group `group` (0..P-1) of RL step `step`: ``max_steps``, or the ``step_caps`` mix."""
+    caps = cfg.step_caps
+    return caps[(step * cfg.grpo.prompts_per_step + group) % len(caps)] if caps else cfg.max_steps
 
 
 def select_tasks(tasks: list, task_types: list[str] | None) -> list:

@@ -59,7 +59,12 @@ class EpisodeSpec:
 
 
 @dataclass
-class _Live:
+class LiveEpisode:
+    """An episode in play: its env and harness, the trajectory so far, the last env
+    step (`StepResult`) and its start time (`time.perf_counter`, for ``wall_s``).
+    `advance` moves it one turn; `run_episodes` and the runtime's agent loops
+    (`runtime.alfworld_backend`) hold one per episode."""
+
     spec: EpisodeSpec
     env: Env
     harness: Harness
@@ -68,7 +73,9 @@ class _Live:
     t0: float
 
 
-def _error_trajectory(spec: EpisodeSpec, harness: str, policy: str, max_steps: int, err: str) -> Trajectory:
+def error_trajectory(spec: EpisodeSpec, harness: str, policy: str, max_steps: int, err: str) -> Trajectory:
+    """The trajectory of an episode that could not start (its game failed to load or
+    reset): no turns, ``stop_reason = "error"`` and the error text `err`."""
     return Trajectory(
         episode_id=spec.episode_id, task_id=spec.task.task_id, task_type=spec.task.task_type,
         split=spec.task.split, harness=harness, policy=policy, stop_reason="error", error=err,
@@ -110,7 +117,7 @@ def run_episodes(
         if on_finish:
             on_finish(traj)
 
-    live: list[_Live] = []
+    live: list[LiveEpisode] = []
     seen: dict[str, dict[int, int]] = {}  # episode id -> hash(prompt, completion) -> count
     for spec in specs:
         t0 = time.perf_counter()
@@ -123,8 +130,8 @@ def run_episodes(
             harness.reset(spec.task, first)
         except Exception as e:  # a game that cannot load is a failed episode, not a crashed run
             if env is not None:
-                _safe_close(env)
-            traj = _error_trajectory(spec, hname, policy.name, max_steps, _describe(e))
+                close_quietly(env)
+            traj = error_trajectory(spec, hname, policy.name, max_steps, describe_error(e))
             traj.wall_s = time.perf_counter() - t0
             finish(traj)
             continue
@@ -133,7 +140,7 @@ def run_episodes(
             split=spec.task.split, harness=harness.name, policy=policy.name, goal=first.goal,
             initial_observation=first.observation, max_steps=max_steps, seed=spec.seed,
         )
-        live.append(_Live(spec, env, harness, traj, first, t0))
+        live.append(LiveEpisode(spec, env, harness, traj, first, t0))
 
     while live:
         requests = [
@@ -144,21 +151,24 @@ def run_episodes(
         try:
             completions = policy.act(requests)
         except Exception as e:  # the policy's own failure: every live episode records it
-            completions = [Completion(text="", finish_reason="error", error=_describe(e)) for _ in live]
-        still: list[_Live] = []
+            completions = [Completion(text="", finish_reason="error", error=describe_error(e)) for _ in live]
+        still: list[LiveEpisode] = []
         for lv, req, comp in zip(live, requests, completions):
-            if _advance(lv, req, comp, env_timeout_s, max_steps) and not _hopeless(lv, req, comp, seen, stop_repeats):
+            if advance(lv, req, comp, env_timeout_s, max_steps) and not _hopeless(lv, req, comp, seen, stop_repeats):
                 still.append(lv)
             else:
                 lv.traj.wall_s = time.perf_counter() - lv.t0
-                _safe_close(lv.env)
+                close_quietly(lv.env)
                 finish(lv.traj)
         live = still
     return [done[s.episode_id] for s in specs]
 
 
-def _advance(lv: _Live, req: PolicyRequest, comp: Completion, timeout_s: float, max_steps: int) -> bool:
-    """Apply one completion to one episode; False when the episode has ended."""
+def advance(lv: LiveEpisode, req: PolicyRequest, comp: Completion, timeout_s: float, max_steps: int) -> bool:
+    """Apply the policy's answer `comp` to request `req` of episode `lv`: parse it with the
+    harness, run an env command (at most `timeout_s` s) or a meta-action, append the
+    `TurnRecord`. Returns False when the episode has ended (won, done, `max_steps` turns,
+    or an env error, recorded as ``stop_reason = "error"``); the caller closes the env."""
     h = lv.harness
     views = h.views()
     if fit := comp.extra.get("prompt_fit"):  # the policy shortened this turn's prompt to its budget
@@ -173,7 +183,7 @@ def _advance(lv: _Live, req: PolicyRequest, comp: Completion, timeout_s: float, 
             with time_limit(timeout_s):
                 result = lv.env.step(parsed.command)
         except Exception as e:
-            lv.traj.stop_reason, lv.traj.error = "error", _describe(e)
+            lv.traj.stop_reason, lv.traj.error = "error", describe_error(e)
             lv.traj.turns.append(_turn(lv, req, comp, parsed, "", views, result))
             return False
         h.after_env_step(parsed, result)
@@ -197,7 +207,7 @@ def _advance(lv: _Live, req: PolicyRequest, comp: Completion, timeout_s: float, 
     return True
 
 
-def _hopeless(lv: _Live, req: PolicyRequest, comp: Completion, seen: dict[str, dict[int, int]], k: int) -> bool:
+def _hopeless(lv: LiveEpisode, req: PolicyRequest, comp: Completion, seen: dict[str, dict[int, int]], k: int) -> bool:
     """True (and the trajectory marked ``hopeless``) when this turn's (prompt, completion)
     pair has now occurred `k` times in the episode."""
     if k <= 0:
@@ -211,7 +221,7 @@ def _hopeless(lv: _Live, req: PolicyRequest, comp: Completion, seen: dict[str, d
     return True
 
 
-def _turn(lv: _Live, req: PolicyRequest, comp: Completion, parsed: ParsedAction, feedback: str,
+def _turn(lv: LiveEpisode, req: PolicyRequest, comp: Completion, parsed: ParsedAction, feedback: str,
           views: dict[str, str], result: StepResult) -> TurnRecord:
     return TurnRecord(
         turn=req.turn, messages=req.messages, completion=comp.text, kind=parsed.kind, action=parsed.text,
@@ -231,12 +241,14 @@ def count_prompt_fit(info: dict, fit: dict[str, int]) -> None:
     acc["tokens_cut"] += fit.get("tokens_cut", 0)
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
+    """`e` as one line of text for a trajectory's ``error`` (type and message, at most 2,000 chars)."""
     tb = traceback.format_exception_only(type(e), e)
     return "".join(tb).strip()[-2000:]
 
 
-def _safe_close(env: Env) -> None:
+def close_quietly(env: Env) -> None:
+    """Close `env`, ignoring its errors (an env that failed may fail to close too)."""
     try:
         env.close()
     except Exception:

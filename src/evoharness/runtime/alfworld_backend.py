@@ -38,8 +38,8 @@ import torch
 from evoharness.envs.alfworld import make_env
 from evoharness.harness.factory import make_harness
 from evoharness.policies.base import Completion, PolicyRequest
-from evoharness.rollout.episode import (EpisodeSpec, _advance, _describe, _error_trajectory, _Live, _safe_close,
-                                       time_limit)
+from evoharness.rollout.episode import (EpisodeSpec, LiveEpisode, advance, close_quietly, describe_error,
+                                       error_trajectory, time_limit)
 from evoharness.rollout.records import Trajectory
 from evoharness.runtime.cells import Role
 from evoharness.runtime.events import Event, RunMicroBatch, SyncWeights, WeightSyncDone
@@ -87,7 +87,7 @@ class AlfworldBackend(LocalModelBackend):
             "grpo": g.model_dump(),
             "version": state["alf"]["newest"] if state else 0,     # the cells start on the newest weights
         }
-        self.live: dict[int, _Live] = {}
+        self.live: dict[int, LiveEpisode] = {}
         self.traj: dict[int, Trajectory] = {}       # finished executions
         self._req: dict[int, PolicyRequest] = {}   # the turn in flight (re-issued as is)
         self._comps: dict[int, list[dict]] = {}    # live execution -> its completions so far (a resume replays them)
@@ -137,14 +137,14 @@ class AlfworldBackend(LocalModelBackend):
             harness.reset(task, first)
         except Exception as exc:  # a game that cannot load is a failed episode, not a crashed run
             if env is not None:
-                _safe_close(env)
-            self.traj[e] = _error_trajectory(EpisodeSpec(task, eid, self.rl.seed), hname, "local", self._cap(e),
-                                             _describe(exc))
+                close_quietly(env)
+            self.traj[e] = error_trajectory(EpisodeSpec(task, eid, self.rl.seed), hname, "local", self._cap(e),
+                                             describe_error(exc))
             return False
         traj = Trajectory(episode_id=eid, task_id=task.task_id, task_type=task.task_type, split=task.split,
                           harness=harness.name, policy="local", goal=first.goal,
                           initial_observation=first.observation, max_steps=self._cap(e), seed=self.rl.seed)
-        self.live[e] = _Live(EpisodeSpec(task, eid, self.rl.seed), env, harness, traj, first, t0)
+        self.live[e] = LiveEpisode(EpisodeSpec(task, eid, self.rl.seed), env, harness, traj, first, t0)
         return True
 
     def _start_call(self, e: int) -> None:
@@ -169,9 +169,9 @@ class AlfworldBackend(LocalModelBackend):
         self._gen_s[e] += result.pop("seconds")
         self._comps.setdefault(e, []).append(result)
         self._call_t[e][-1][1] = time.monotonic() - self._t0
-        if not _advance(lv, req, Completion(**result), self.env_timeout_s, self._cap(e)):
+        if not advance(lv, req, Completion(**result), self.env_timeout_s, self._cap(e)):
             lv.traj.wall_s = time.perf_counter() - lv.t0
-            _safe_close(lv.env)
+            close_quietly(lv.env)
             self.traj[e] = lv.traj
             del self.live[e], self._comps[e]
 
@@ -227,7 +227,7 @@ class AlfworldBackend(LocalModelBackend):
         for c in comps:
             req = PolicyRequest(lv.harness.messages(), lv.spec.episode_id, len(lv.traj.turns),
                                 list(lv.harness.admissible))
-            if not _advance(lv, req, Completion(**c), self.env_timeout_s, self._cap(e)):
+            if not advance(lv, req, Completion(**c), self.env_timeout_s, self._cap(e)):
                 raise RuntimeError(f"execution {e} ended while replaying its {len(comps)} recorded turns")
         if hasattr(lv.harness, "experience"):
             lv.harness.experience = real
@@ -335,7 +335,7 @@ class AlfworldBackend(LocalModelBackend):
 
     def close(self) -> None:
         for lv in self.live.values():
-            _safe_close(lv.env)
+            close_quietly(lv.env)
         super().close()
 
 

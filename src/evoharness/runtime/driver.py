@@ -210,6 +210,8 @@ class Driver:
             DriverError: an impossible report or a stall (see `stall_s`).
         """
         self._t0 = time.monotonic() - self._elapsed
+        if self.sched.done:                     # e.g. a finished run resumed (`Colocate.resume_at(steps)`)
+            return
         if self._pending is None:
             self._apply(self.sched.start())
             events: list[Event] = []

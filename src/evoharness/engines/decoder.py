@@ -415,9 +415,8 @@ class StaticKVDecoder:
             q = qk[:, :Hq].view(B, Hk, G, D)  # the G query heads of a kv head are G query rows
             if S and self.cascade:
                 att = self._cascade(q, kc, vc, S, t + 1, bias[..., S:])
-            else:
-                att = F.scaled_dot_product_attention(q, kc[..., :t + 1].transpose(2, 3), vc[..., :t + 1].transpose(2, 3),
-                                                     attn_mask=bias, scale=1.0)
+            else:  # products on the cache's own layout (SDPA would copy the transposed views)
+                att = torch.matmul(torch.matmul(q, kc[..., :t + 1]).add_(bias).softmax(-1), vc[..., :t + 1].transpose(2, 3))
             x = x.add_(w.o(att.reshape(B, Hq * D)))
             h = F.rms_norm(x, (H,), w.ln2, self.eps)
             g, u = w.gu(h).chunk(2, dim=-1)

@@ -12,7 +12,9 @@ Per call the gateway
    body, an unknown model or a bad field get an OpenAI-style 4xx and no record;
 2. restores raw tool-call payloads the execution received earlier, by call id,
    so a harness that re-serialises history still sends the model its own tokens;
-3. routes to the least-loaded routable backend (in flight / capacity);
+3. routes to the backend a scheduler bound the execution to (`Gateway.bind`, ``POST
+   /admin/routes``; held executions wait for their bind), else to the least-loaded
+   routable backend (in flight / capacity);
 4. retries transparently: if the backend drops the connection, dies, answers
    5xx, or is drained mid-request, the call is re-issued on another backend
    (up to ``max_attempts``; while no backend is routable it waits up to
@@ -39,6 +41,8 @@ HTTP surface:
     GET  /admin/backends, POST /admin/backends {"url": …, "grammar": "regex"|"xargs"?} | {"worker": true}
     DELETE /admin/backends/{name}
     POST /admin/backends/{name}/drain {"cancel_inflight": true}, POST /admin/backends/{name}/resume
+    POST /admin/routes {"execution": id, "backend": name | null}   (bind an execution to a backend; null: hold
+         its calls until the next bind), DELETE /admin/routes/{execution}   (load-balanced again)
     POST /admin/backends/{name}/weights {"path": dir, "version": n?}, POST /admin/weights (every backend)
     POST /admin/backends/{name}/version {"version": n}   (after syncing an external server yourself)
     GET  /admin/stats
@@ -503,6 +507,21 @@ def create_app(gw: Gateway):
         b = gw._backend(name)
         b.drain(cancel_inflight=bool((body or {}).get("cancel_inflight", True)))
         return b.info()
+
+    @app.post("/admin/routes")
+    async def bind(request: Request):
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("execution"), str):
+            raise GatewayError(400, "expected {\"execution\": id, \"backend\": name or null}", param="execution")
+        if body.get("backend") is not None:
+            gw._backend(body["backend"])      # 404 for an unknown backend
+        gw.bind(body["execution"], body.get("backend"))
+        return {"execution": body["execution"], "backend": body.get("backend")}
+
+    @app.delete("/admin/routes/{execution_id:path}")
+    async def release(execution_id: str):
+        gw.release(execution_id)
+        return {"execution": execution_id, "backend": None, "released": True}
 
     @app.post("/admin/backends/{name}/resume")
     async def resume(name: str):

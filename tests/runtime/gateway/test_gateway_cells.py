@@ -102,3 +102,40 @@ def test_a_killed_rollout_cell_behind_the_gateway_loses_no_turn(gw_model_dir, tm
     assert killed and stats.cells_lost == 1 == be.counts["cells_lost"]
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0 == be.counts["aborted_turns"]
     _same_steps(be.records, inprocess)
+
+
+def test_http_calls_follow_the_execution_binding(gw_model_dir, serve):
+    """Over HTTP: a bound execution's calls (X-Execution-Id) go to its backend only; a held
+    one waits in the gateway until it is bound, then runs there; others are load-balanced."""
+    import httpx
+
+    from evoharness.runtime.backends import LocalBackend
+    from evoharness.runtime.gateway import Gateway
+
+    a, b = (LocalBackend.from_model_path(gw_model_dir, name=n) for n in ("a", "b"))
+    srv = serve(Gateway([a, b], served_model="micro"))
+    body = {"model": "micro", "messages": [{"role": "user", "content": "You see a fridge 1."}], "max_tokens": 4,
+            "temperature": 0.0}
+
+    def post(eid):
+        return httpx.post(f"{srv.url}/chat/completions", headers={"X-Execution-Id": eid}, json=body, timeout=60)
+
+    srv.gateway.bind("x1", "b")
+    for _ in range(3):
+        assert post("x1").status_code == 200
+    assert [r.attempts[-1].backend for r in srv.gateway.records.read("x1")] == ["b"] * 3
+    srv.gateway.bind("x1", None)                     # held (its cell drained, no new cell yet)
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=post("x1")))
+    t.start()
+    time.sleep(0.5)
+    assert "r" not in box and len(srv.gateway.records.read("x1")) == 3     # still waiting
+    admin = srv.url.removesuffix("/v1")
+    assert httpx.post(f"{admin}/admin/routes", json={"execution": "x1", "backend": "zz"}).status_code == 404
+    assert httpx.post(f"{admin}/admin/routes", json={"execution": "x1", "backend": "a"}).status_code == 200
+    t.join(30)
+    assert box["r"].status_code == 200 and srv.gateway.records.read("x1")[-1].attempts[-1].backend == "a"
+    srv.gateway.bind("x1", "b")
+    assert post("x1").status_code == 200 and b.served == 4 and a.served == 1
+    assert httpx.delete(f"{admin}/admin/routes/x1").status_code == 200     # unbound: the least-loaded backend (fewest served) again
+    assert post("x1").status_code == 200 and srv.gateway.records.read("x1")[-1].attempts[-1].backend == "a"

@@ -51,6 +51,8 @@ ARMS: dict[str, tuple[str, str, list[str]]] = {
                    [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", "sft.min_lr_ratio=1.0"]),
     "tiny4k": ("model size", f"{4 * REF_STEPS} steps x 4K, 'tiny' (1.8M) instead of 'mini' (1.1M)",
                [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", 'model_preset="tiny"']),
+    "default_sft": ("the main job's SFT stages", "RunConfig defaults: 900 steps x 4K, then DAgger (150 games) + 300 "
+                    "steps: full scale, one run", []),
 }
 
 
@@ -64,6 +66,55 @@ def run_arm(name: str, out: Path) -> subprocess.Popen | None:
     log = open(d / "run.log", "a")
     return subprocess.Popen([sys.executable, "-m", "evoharness.cli", "run", "--out", str(d), *sets],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def dev_teacher_states(out: Path, n_games: int = 30) -> list[dict]:
+    """The teacher's states on the first `n_games` development games (SFT example dicts),
+    collected once into ``out/dev_teacher.jsonl`` (never trained on)."""
+    from evoharness.config import load_config
+    from evoharness.envs.alfworld import make_env
+    from evoharness.harness.bpe import ExperienceStore
+    from evoharness.harness.factory import make_harness
+    from evoharness.jsonl import read_jsonl
+    from evoharness.pipeline import RunConfig, dev_split
+    from evoharness.policies.teacher import TeacherPolicy
+    from evoharness.rollout.collect import collect_traces, traces_to_sft
+
+    path = out / "dev_teacher.jsonl"
+    if not path.is_file():
+        cfg = load_config(RunConfig, None, SCALE)
+        store = ExperienceStore.load(next(out.glob("*/experience.json")))  # an in-memory copy: never saved
+        collect_traces(dev_split(cfg)[1][:n_games], TeacherPolicy(), lambda s: make_harness(cfg.harness, experience=s),
+                       lambda t: make_env(t, engine="fast"), out / "dev_teacher_traces.jsonl", experience=store,
+                       progress=False, batch_size=32)
+        traces_to_sft(out / "dev_teacher_traces.jsonl", out_path=path)
+    return read_jsonl(path)
+
+
+def action_accuracy(model_dir: Path, examples: list[dict]) -> float:
+    """Fraction of teacher states where the model's greedy, constrained action is the teacher's
+    (a cheap proxy that still moves while success is 0 at this scale)."""
+    from evoharness.harness.base import split_completion
+    from evoharness.policies.base import PolicyRequest
+    from evoharness.policies.factory import PolicyConfig, make_policy
+
+    def admissible(e: dict) -> list[str]:
+        line = next(x for x in e["messages"][-1]["content"].splitlines() if x.startswith("ADMISSIBLE COMMANDS: "))
+        return line[len("ADMISSIBLE COMMANDS: "):].split(", ")
+
+    pol = make_policy(PolicyConfig(kind="hf", model_path=str(model_dir), constrained=True, max_tokens=48,
+                                   max_prompt_tokens=1024, num_threads=1))
+    right = 0
+    try:
+        for i in range(0, len(examples), 64):
+            chunk = examples[i: i + 64]
+            comps = pol.act([PolicyRequest(messages=e["messages"], episode_id=f"acc{i + j}", turn=0,
+                                           admissible_commands=admissible(e)) for j, e in enumerate(chunk)])
+            right += sum(split_completion(c.text)[1].strip() == split_completion(e["completion"])[1].strip()
+                         for c, e in zip(comps, chunk))
+    finally:
+        pol.close()
+    return right / len(examples)
 
 
 def arm_row(name: str, d: Path) -> dict | None:
@@ -82,7 +133,12 @@ def arm_row(name: str, d: Path) -> dict | None:
         recs = [r for r in recs if "loss" in r]
         steps += len(recs)
         tokens += sum(r["tokens"] for r in recs)
-    return {"arm": name, "lever": ARMS[name][0], "setting": ARMS[name][1], "optimizer_steps": steps,
+    acc_file = d / "dev_action_accuracy.json"
+    if not acc_file.is_file():
+        final = sorted(d.glob("sft*/final"))[-1]
+        acc_file.write_text(json.dumps({"model": str(final), "accuracy": action_accuracy(final, dev_teacher_states(d.parent))}))
+    acc = json.loads(acc_file.read_text())["accuracy"]
+    return {"arm": name, "lever": ARMS[name][0], "setting": ARMS[name][1], "optimizer_steps": steps, "dev_action_acc": acc,
             "train_tokens": tokens, "train_min": round(train_s / 60, 1),
             "dev_success": dev["success"], "dev_n": dev["n"], "dev_stopped": dev.get("stopped_early", 0),
             "vs_success": vs["success"], "vs_n": vs["n"], "vs_stopped": vs.get("stopped_early", 0),
@@ -100,11 +156,14 @@ def write_table(out: Path, results: Path) -> list[dict]:
           f"first 30 development games (5 per type; held-out train games: choices are made here) and the first 42 "
           f"valid_seen games (reported only). One thread per arm, 2 arms at once on a shared 2-core machine "
           f"(load average {load:.1f} when this table was written): minutes are this machine's, not a quiet one's.", "",
-          "| arm | lever | setting | opt. steps | train tokens (M) | train min | dev success | valid_seen success | "
-          "stopped early (dev / vs) |", "|---|---|---|---|---|---|---|---|---|"]
+          "Dev action accuracy: the share of the teacher's states on those 30 development games (its own episodes, "
+          "never trained on) where the model's greedy constrained action is the teacher's: a cheap proxy that moves "
+          "while success is still 0 at this scale.", "",
+          "| arm | lever | setting | opt. steps | train tokens (M) | train min | dev action acc. | dev success | "
+          "valid_seen success | stopped early (dev / vs) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['arm']} | {r['lever']} | {r['setting']} | {r['optimizer_steps']} | {r['train_tokens'] / 1e6:.1f} | "
-                  f"{r['train_min']} | **{r['dev_success']}%** ({r['dev_n']}) | {r['vs_success']}% ({r['vs_n']}) | "
+                  f"{r['train_min']} | {100 * r['dev_action_acc']:.1f}% | **{r['dev_success']}%** ({r['dev_n']}) | {r['vs_success']}% ({r['vs_n']}) | "
                   f"{r['dev_stopped']} / {r['vs_stopped']} |")
     md += ["", "Command: `python benchmarks/student_levers.py --arms <names>`; per-arm runs under `runs/levers/<arm>/`.", ""]
     (results / "levers.md").write_text("\n".join(md))

@@ -35,8 +35,10 @@ from evoharness.train.sft import SFTConfig
 
 
 def _default_sft() -> SFTConfig:
-    return SFTConfig(lr=2e-3, max_steps=300, batch_tokens=16384, warmup_steps=10, max_prompt_tokens=1024,
-                     max_completion_tokens=96, ckpt_every=50, keep_checkpoints=100)
+    # small batches, many steps (benchmarks/results/student/levers.md): 4K-token batches first
+    # produced object grounding; the step budget, not the clock, ends the stage
+    return SFTConfig(lr=2e-3, max_steps=900, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,
+                     max_completion_tokens=96, ckpt_every=150, keep_checkpoints=100)
 
 
 def _default_rl() -> RLConfig:
@@ -57,8 +59,9 @@ RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_bat
 
 
 class RunConfig(Strict):
-    """The whole pipeline. Defaults: the embedded CPU default (bundled games,
-    tiny from-scratch model) sized to finish in ``budget_minutes`` on 2 cores."""
+    """The whole pipeline. Defaults: the embedded CPU default (bundled games, a
+    from-scratch 'mini' model), budgeted in optimizer steps sized to finish, evaluations
+    included, in about 45 minutes on a quiet 2-core machine (benchmarks/results/student/)."""
 
     out_dir: str = "runs/main"
     seed: int = 0
@@ -69,7 +72,7 @@ class RunConfig(Strict):
     dagger_rounds: int = 1  # student rollouts labelled by the teacher, then more SFT (train/dagger.py)
     dagger_games: int = 150  # train games the student plays per round
     dagger_beta: float = 0.0  # probability the teacher's action is executed instead of the student's
-    dagger_sft_steps: int = 150  # SFT steps per round on teacher + all DAgger examples so far
+    dagger_sft_steps: int = 300  # SFT steps per round on teacher + all DAgger examples so far
     stop_repeats: int = 3  # evaluation/DAgger: end an episode whose (prompt, completion) repeats K times
     curve_games: int = 20  # dev games each saved checkpoint plays for the learning curve (0: no curve)
     select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint (or SFT, step 0) best on the curve's dev games
@@ -90,7 +93,7 @@ class RunConfig(Strict):
     eval_limit: int | None = None  # N eval_split games, round-robin across task types (smoke runs); None: all
     dev_eval_limit: int | None = None  # first N development games for the dev evaluations (None: all)
     eval_batch: int = 70
-    eval_workers: int = 1
+    eval_workers: int = 2  # evaluation processes (1 thread each): both cores of a quiet machine
     constrained: bool = True
     sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)
     rl_budget_share: float = 0.12

@@ -126,17 +126,16 @@ class _Killer(LocalModelBackend):
             self.killed.append(c.cell)
 
 
-@pytest.mark.parametrize("via_gateway", [False, True])
-def test_a_killed_train_cell_has_its_micro_batch_reclaimed(make_cfg, model_dir, tmp_path, via_gateway):
+def test_a_killed_train_cell_has_its_micro_batch_reclaimed(make_cfg, model_dir, tmp_path):
     """elastic-async on 3 model cells; SIGKILL a satellite right after it is sent a
     micro-batch: the micro-batch is re-claimed by another train cell, its lost gradient
     is never summed, and each step's update sums exactly one micro-batch per execution
-    (~20 s)."""
+    (~20 s; through the gateway on Ray actors: `test_driver_ray_model.py`)."""
     from evoharness.runtime.events import RunMicroBatch
 
     cfg = make_cfg(steps=2, cluster={"cells": 3}, workload={"groups_per_step": 2}, policy={"staleness": 1})
     sched = build_scheduler("elastic-async", cfg)
-    be = _Killer(cfg, sched.initial_roles(), model_dir, tmp_path, lr=1e-2, time_scale=1e-3, via_gateway=via_gateway,
+    be = _Killer(cfg, sched.initial_roles(), model_dir, tmp_path, lr=1e-2, time_scale=1e-3,
                  kill_on=lambda c: isinstance(c, RunMicroBatch) and c.cell != 0)
     try:
         stats = Driver(sched, be, stall_s=120).run()

@@ -56,6 +56,8 @@ class CellBackend(Backend):
 
     async def _generate(self, params: GenParams) -> GenOutput:
         e = params.passthrough["execution"]
+        if self.state != "active":       # drained between the pick and this task's first step
+            raise BackendError(f"backend {self.name} is {self.state}")
         fut = asyncio.get_running_loop().create_future()
         self._calls[e] = fut
         self.owner.pending.put(("call", self.cell, e, params.passthrough["cell_payload"], fut))

@@ -1,0 +1,88 @@
+"""The same RL runtime on each transport: cell processes or Ray actors, calls direct or through the gateway.
+
+    python benchmarks/rl_transport.py [steps] [cells] [schedule]   # default 3 steps, 3 cells, elastic: ~5 min
+
+The workload of `benchmarks/rl_runtime.py` (micro Qwen3, 4 games x 2 samples,
+T_max mix 3/3/3/12, BPE harness with the action grammar, seed 3), under one
+schedule, on ``runtime.backend`` local | ray and ``runtime.via_gateway``
+off | on. Per row (the run's ``runtime.json``): the driver's seconds per
+step, idle ratio per role, role switches, migrations, calls re-issued, drains
+through the gateway and their latency (drain start until the last call that
+was in flight on the cell has its answer from another cell), aborted turns,
+and the last step's success and reward (equal on every row: same episodes,
+same updates). The machine is shared: expect +-30% between runs; the load is
+printed with the table. Results: benchmarks/results/rl_transport.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def run(model: Path, out: Path, steps: int, schedule: str, cells: int, backend: str, via_gateway: bool) -> dict:
+    from evoharness.train.rl import RLConfig, train_rl
+
+    cfg = RLConfig(model_path=str(model), out_dir=str(out), steps=steps, max_steps=12, step_caps=[3, 3, 3, 12],
+                   max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, seed=3)
+    cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 4, 1e-3
+    rt = cfg.runtime
+    rt.schedule, rt.cells, rt.stall_s, rt.backend, rt.via_gateway = schedule, cells, 300, backend, via_gateway
+    t0 = time.perf_counter()
+    try:
+        train_rl(cfg, progress=False)
+    except Exception as e:  # noqa: BLE001 -- a transport that cannot run is a row, not a crash
+        return {"error": f"{type(e).__name__}: {str(e)[:100]}"}
+    last = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    return {"wall": time.perf_counter() - t0, "success": last["success"], "reward": last["reward"],
+            **json.loads((out / "runtime.json").read_text())}
+
+
+def main() -> None:
+    from rl_runtime import build_model
+
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    k = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    schedule = sys.argv[3] if len(sys.argv) > 3 else "elastic"
+    tmp = Path(tempfile.mkdtemp(prefix="rl_transport_"))
+    try:
+        build_model(tmp / "model")
+        lines = [f"RL runtime per transport: {schedule}, K={k}, {steps} steps, micro Qwen3, 4 games x 2 samples, "
+                 "T_max mix 3/3/3/12",
+                 "| backend | calls | s/step | idle R/T | switches | migrations | re-issued calls | drains | "
+                 "drain s mean/max | aborted | success | reward | run s |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for backend in ("local", "ray"):
+            for gw in (False, True):
+                r = run(tmp / "model", tmp / f"{backend}{int(gw)}", steps, schedule, k, backend, gw)
+                via = "gateway" if gw else "direct"
+                if "error" in r:
+                    lines.append(f"| {backend} | {via} | {r['error']} |")
+                else:
+                    drains = r.get("runtime/drains", 0)
+                    mean = r.get("runtime/drain_s_total", 0.0) / drains if drains else 0.0
+                    lines.append(
+                        f"| {backend} | {via} | {r['timing_s/step']:.2f} | "
+                        f"{r['runtime/idle_rollout']:.2f}/{r['runtime/idle_train']:.2f} | "
+                        f"{r['runtime/switches']:.0f} | {r['runtime/migrations']:.0f} | "
+                        f"{r['runtime/reissued_calls']:.0f} | {drains:.0f} | "
+                        f"{mean:.3f}/{r.get('runtime/drain_s_max', 0.0):.3f} | {r['runtime/aborted_turns']:.0f} | "
+                        f"{r['success']:.2f} | {r['reward']:.3f} | {r['wall']:.0f} |")
+                print(lines[-1], flush=True)
+        lines.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+        print("\n".join(lines))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,10 @@ as they live in the harness behind the gateway: a call bound to a cell is
 sent to that cell's process, a migrated call is cancelled there and re-issued
 on the new cell (QwenGyre's harness-preserving transfer), and a cell that
 leaves rollout without migrating orphans its executions (the turn in flight is
-aborted and counted).
+aborted and counted). With ``via_gateway`` (model backends) the calls go
+through a `gateway.Gateway` instead (`runtime.gateway_cells`): such a switch
+drains the cell and its calls are re-issued where their executions go next,
+so no turn is aborted.
 
 Work durations come from a `runtime.workload.Workload` draw scaled by
 ``time_scale`` (seconds of real time per simulated second), so the same
@@ -295,8 +298,11 @@ class LocalBackend:
             e = c.execution
             self.counts["migrations"] += 1
             if self.gw is not None:            # the gateway re-issues a call in flight on the new cell
-                old, self.x_cell[e] = self.x_cell[e], c.cell
-                self.gw.migrate(e, old, c.cell)
+                old, self.x_cell[e] = self.x_cell.get(e), c.cell
+                if old is None:
+                    self.gw.bind(e, c.cell)
+                else:
+                    self.gw.migrate(e, old, c.cell)
             elif self.x_state[e] == "call":
                 self._cancel_call(e)
                 self.x_cell[e] = c.cell

@@ -7,7 +7,10 @@ A micro Qwen3 model (tokenizer trained on real BPE-harness prompts, as the
 tests build it), P=4 games x G=2 samples per step with a step-cap mix (T_max
 3, 3, 3, 12 cycling over the groups: one long group in four gives each step a
 long tail), the BPE harness with the action grammar, GRPO (KL 0.01), seed 3.
-Rows: the in-process loop, then each schedule on K cell processes.
+Rows: the in-process loop, then each schedule on K cell processes (colocate and
+async train cells all-reduce gradients in a gloo group, `runtime.replicas`;
+"colocate/files" is colocate with the elastic schedules' gradient files summed
+by the core instead).
 
 Measured (the run's ``runtime.json``): the driver's seconds per step (first
 command to last weight sync), idle ratio per role, role switches and their
@@ -51,13 +54,14 @@ def build_model(d: Path) -> None:
     init_model(MICRO, build_tokenizer(corpus, d, vocab_size=1024), out_dir=d, seed=0)
 
 
-def run(model: Path, out: Path, steps: int, schedule: str, cells: int) -> dict:
+def run(model: Path, out: Path, steps: int, schedule: str, cells: int, allreduce: bool = True) -> dict:
     from evoharness.train.rl import RLConfig, train_rl
 
     cfg = RLConfig(model_path=str(model), out_dir=str(out), steps=steps, max_steps=12, step_caps=[3, 3, 3, 12],
                    max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, seed=3)
     cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 4, 1e-3
     cfg.runtime.schedule, cfg.runtime.cells, cfg.runtime.stall_s = schedule, cells, 300
+    cfg.runtime.allreduce = allreduce
     t0 = time.perf_counter()
     try:
         train_rl(cfg, progress=False)
@@ -94,20 +98,23 @@ def main() -> None:
                  "| switches meas/sim | switch s to T/R | aborted | max stale meas/sim | success | reward |",
                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         fits = []
-        for name, cells in [("inprocess", 1)] + [(s, k) for s in ("colocate", "async", "elastic", "elastic-async")]:
-            out = tmp / f"{name}{cells}"
-            r = run(tmp / "model", out, steps, name, cells)
+        rows = [("inprocess", 1)] + [(s, k) for s in ("colocate", "colocate/files", "async", "elastic",
+                                                       "elastic-async")]
+        for label, cells in rows:
+            name = label.split("/")[0]
+            out = tmp / f"{label.replace('/', '_')}{cells}"
+            r = run(tmp / "model", out, steps, name, cells, allreduce="/files" not in label)
             if "error" in r:
-                lines.append(f"| {name} | {cells} | {r['error']} |")
+                lines.append(f"| {label} | {cells} | {r['error']} |")
             elif name == "inprocess":
                 lines.append(f"| inprocess | 1 | {r['step_s']:.2f} (command) | - | - | - | - | - | - | - | - | "
                              f"{r['success']:.2f} | {r['reward']:.3f} |")
             else:
                 sim = predict(out, name)
-                fits.append((name, sim["cluster"]))
+                fits.append((label, sim["cluster"]))
                 meas = r["timing_s/step"]
                 lines.append(
-                    f"| {name} | {cells} | {meas:.2f} | {sim['step_s']:.2f} | {sim['step_s'] / meas:.2f} | "
+                    f"| {label} | {cells} | {meas:.2f} | {sim['step_s']:.2f} | {sim['step_s'] / meas:.2f} | "
                     f"{r['runtime/idle_rollout']:.2f}/{sim['idle_rollout']:.2f} | "
                     f"{r['runtime/idle_train']:.2f}/{sim['idle_train']:.2f} | "
                     f"{r['runtime/switches']:.0f}/{sim['switches']:.0f} | "

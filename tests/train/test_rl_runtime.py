@@ -122,6 +122,18 @@ def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, inp
     assert rt["runtime/aborted_turns"] == 0
 
 
+def test_colocate_three_cells_all_reduce_the_same_update(model_dir, tmp_path, inprocess):
+    """colocate on 3 cells: the cells form a gloo group, each accumulates its own micro-batches'
+    gradients and all-reduces them at the sync (no gradient files): the in-process episodes and
+    update, whichever cell trained which execution (runtime.replicas; ~20 s)."""
+    out = tmp_path / "colocate3"
+    final = train_rl(_cfg(model_dir, out, schedule="colocate", cells=3), progress=False)
+    rt = _same_run(out, final, inprocess, model_dir)
+    assert rt["runtime/micro_batches"] == 8 and rt["runtime/aborted_turns"] == 0
+    assert not list((out / "runtime").glob("grads/v*/*.pt"))       # nothing went through files
+    assert (out / "runtime" / "dist").is_dir()                      # the group's rendezvous (gloo FileStore)
+
+
 def test_elastic_three_cells_migrates_calls_and_trains_the_same_update(model_dir, tmp_path, inprocess):
     """Cells switch roles mid-step; migrated calls are re-issued on another cell (6-20 s)."""
     out = tmp_path / "elastic"

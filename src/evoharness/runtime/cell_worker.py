@@ -27,6 +27,11 @@ back are decoded as one batch):
   the step batch's trainable trajectory count M is known only at the end),
   clip, AdamW step, write weights ``v{version + 1}`` and the optimizer state
   ``optim/v{version + 1}.pt`` (a resumed job's core continues from it).
+- ``dp_step`` (colocate/async, with a ``dp`` option): the cell is a replica of a
+  fixed data-parallel group (`runtime.replicas`): its ``train`` jobs accumulate
+  gradients in memory instead of writing files, and at the sync every member
+  all-reduces them and steps its own AdamW replica; the core also writes the
+  weights and optimizer state as ``step`` does.
 - ``load``: load the weights of a version (a weight sync, or a switch back to
   rollout with a version bump).
 - ``switch``: change role; into rollout it loads the newest weights.
@@ -113,6 +118,29 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
             load_weights(model, str(_weights(work, v)))
             version = v
 
+    def make_optimizer(v: int) -> Any:
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                weight_decay=cfg.weight_decay)
+        if v > 0:        # a resumed job: the moments as of weights v
+            opt.load_state_dict(torch.load(_optim(work, v), weights_only=True))
+        return opt
+
+    def publish(v: int) -> None:
+        """Weights v + 1 and the optimizer state as of them, for any cell and a resumed job."""
+        _weights(work, v + 1).parent.mkdir(parents=True, exist_ok=True)
+        _save_atomic(lambda p: save_weights(model, str(p)), _weights(work, v + 1))
+        _optim(work, v + 1).parent.mkdir(parents=True, exist_ok=True)
+        _save_atomic(lambda p: torch.save(optimizer.state_dict(), p), _optim(work, v + 1))
+        _optim(work, v - 1).unlink(missing_ok=True)     # a checkpoint at v or v + 1 needs no older one
+
+    replica = None     # a member of the data-parallel train group (colocate/async: `runtime.replicas`)
+    if cell in options.get("dp", {}).get("ranks", {}):
+        from evoharness.runtime.replicas import ReplicaGroup
+
+        dp = options["dp"]
+        replica = ReplicaGroup(dp["ranks"][cell], len(dp["ranks"]), dp["init_method"],
+                               "nccl" if next(model.parameters()).is_cuda else "gloo")
+
     ensure(options.get("version", 0))
     outbox.put((cell, pid, "ready", 0, None))
 
@@ -135,6 +163,8 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
         msg = pending.popleft()
         kind = msg[0]
         if kind == "stop":
+            if replica is not None:
+                replica.close()
             return
         if kind == "cancel":
             cancelled.add(msg[1])
@@ -186,19 +216,29 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
                         stats[key] = max(stats.get(key, 0.0), x) if key == "ratio_max" else stats.get(key, 0) + x
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
             model.zero_grad(set_to_none=True)
-            d = work / "grads" / f"v{v}"
-            d.mkdir(parents=True, exist_ok=True)
-            _save_atomic(lambda p: torch.save(grads, p), d / f"{token}.pt")
+            if replica is not None:      # all-reduced at the sync (`runtime.replicas`)
+                replica.accumulate(grads)
+            else:
+                d = work / "grads" / f"v{v}"
+                d.mkdir(parents=True, exist_ok=True)
+                _save_atomic(lambda p: torch.save(grads, p), d / f"{token}.pt")
             result = {"version": v, **stats, "seconds": time.perf_counter() - t0}
+        elif kind == "dp_step":     # a data-parallel replica's step: all-reduce, AdamW (`runtime.replicas`)
+            v, scale = payload
+            ensure(v)
+            optimizer = optimizer or make_optimizer(v)
+            n_mb = replica.micro_batches
+            norm = replica.step(model, optimizer, scale, cfg.grad_clip)
+            if replica.rank == 0:    # the core publishes the weights (rollout cells, job checkpoints)
+                publish(v)
+            version = v + 1
+            result = {"grad_norm": norm, "micro_batches": n_mb, "rank": replica.rank,
+                      "seconds": time.perf_counter() - t0}
         elif kind == "step":
             v, tokens, *rest = payload
             scale = rest[0] if rest else 1.0
             ensure(v)
-            if optimizer is None:
-                optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                              weight_decay=cfg.weight_decay)
-                if v > 0:        # a resumed job: the moments as of weights v
-                    optimizer.load_state_dict(torch.load(_optim(work, v), weights_only=True))
+            optimizer = optimizer or make_optimizer(v)
             params = dict(model.named_parameters())
             total: dict[str, torch.Tensor] = {}
             for t in tokens:   # exactly the micro-batches of this version, each once
@@ -209,11 +249,7 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
             norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
             optimizer.step()
             model.zero_grad(set_to_none=True)
-            _weights(work, v + 1).parent.mkdir(parents=True, exist_ok=True)
-            _save_atomic(lambda p: save_weights(model, str(p)), _weights(work, v + 1))
-            _optim(work, v + 1).parent.mkdir(parents=True, exist_ok=True)
-            _save_atomic(lambda p: torch.save(optimizer.state_dict(), p), _optim(work, v + 1))
-            _optim(work, v - 1).unlink(missing_ok=True)     # a checkpoint at v or v + 1 needs no older one
+            publish(v)
             version = v + 1
             result = {"grad_norm": norm, "micro_batches": len(tokens), "seconds": time.perf_counter() - t0}
         elif kind == "load":

@@ -18,6 +18,10 @@ the core's optimizer state is kept per weights version). Episodes live at
 that moment (async schedules) are rebuilt by replaying their recorded
 completions; a step with none (colocate, elastic) resumes exactly.
 
+Colocate and async train cells (a fixed set) all-reduce their gradients in a
+torch.distributed group (`runtime.replicas`); elastic schedules, whose train
+membership changes within a step, exchange gradient files with the core.
+
 ``runtime.backend = "ray"`` runs the cells as Ray actors
 (`runtime.ray_backend.RayAlfworldBackend`), joining ``runtime.ray_address``
 or starting a local head.
@@ -55,6 +59,9 @@ class RuntimeConfig(Strict):
     ray_num_cpus: float = Field(0.25, gt=0)  # CPUs each Ray cell actor reserves (fractions share a machine)
     # rollout calls through the gateway (routed by execution; a switch drains the cell, re-issuing its calls)
     via_gateway: bool = False
+    # colocate/async on the local backend: the fixed train cells all-reduce their gradients in a
+    # torch.distributed group (`runtime.replicas`); False: gradient files summed by the core, as elastic does
+    allreduce: bool = True
 
 
 def sim_config(cfg: "RLConfig") -> "SimConfig":
@@ -95,6 +102,7 @@ class CellRuntime:
 
     def __init__(self, cfg: "RLConfig"):
         from evoharness.runtime.alfworld_backend import AlfworldBackend
+        from evoharness.runtime.cells import Role
         from evoharness.runtime.driver import Driver
         from evoharness.runtime.sim import build_scheduler
         from evoharness.train.checkpoint import atomic_write_text
@@ -133,6 +141,14 @@ class CellRuntime:
                 return RayAlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None,
                                           state=state, address=rt.ray_address, num_cpus=rt.ray_num_cpus,
                                           via_gateway=rt.via_gateway)
+            if rt.allreduce and rt.schedule in ("colocate", "async"):
+                from evoharness.runtime.replicas import AllReduceAlfworldBackend
+
+                fixed = sched.initial_roles()           # async: its train split; colocate: every cell trains
+                members = [c for c, r in enumerate(fixed) if r == Role.TRAIN] if rt.schedule == "async" \
+                    else list(range(rt.cells))
+                return AllReduceAlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None,
+                                                state=state, via_gateway=rt.via_gateway, members=members)
             return AlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None, state=state,
                                    via_gateway=rt.via_gateway)
 

@@ -1,6 +1,6 @@
 """The same RL runtime on each transport: cell processes or Ray actors, calls direct or through the gateway.
 
-    python benchmarks/rl_transport.py [steps] [cells] [schedule]   # default 3 steps, 3 cells, elastic: ~5 min
+    python benchmarks/rl_transport.py [steps] [cells] [schedule] [repeats]   # default 3, 3, elastic, 3: ~10 min
 
 The workload of `benchmarks/rl_runtime.py` (micro Qwen3, 4 games x 2 samples,
 T_max mix 3/3/3/12, BPE harness with the action grammar, seed 3), under one
@@ -10,8 +10,10 @@ step, idle ratio per role, role switches, migrations, calls re-issued, drains
 through the gateway and their latency (drain start until the last call that
 was in flight on the cell has its answer from another cell), aborted turns,
 and the last step's success and reward (equal on every row: same episodes,
-same updates). The machine is shared: expect +-30% between runs; the load is
-printed with the table. Results: benchmarks/results/rl_transport.txt.
+same updates). Each transport runs `repeats` times, the four interleaved; the
+row is the run with the median s/step, with the range over the repeats. The
+machine is shared: the load is printed with the table.
+Results: benchmarks/results/rl_transport.txt.
 """
 
 from __future__ import annotations
@@ -53,31 +55,41 @@ def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     schedule = sys.argv[3] if len(sys.argv) > 3 else "elastic"
+    repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     tmp = Path(tempfile.mkdtemp(prefix="rl_transport_"))
     try:
         build_model(tmp / "model")
         lines = [f"RL runtime per transport: {schedule}, K={k}, {steps} steps, micro Qwen3, 4 games x 2 samples, "
-                 "T_max mix 3/3/3/12",
+                 f"T_max mix 3/3/3/12; median of {repeats} interleaved runs (range)",
                  "| backend | calls | s/step | idle R/T | switches | migrations | re-issued calls | drains | "
-                 "drain s mean/max | aborted | success | reward | run s |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for backend in ("local", "ray"):
-            for gw in (False, True):
-                r = run(tmp / "model", tmp / f"{backend}{int(gw)}", steps, schedule, k, backend, gw)
-                via = "gateway" if gw else "direct"
-                if "error" in r:
-                    lines.append(f"| {backend} | {via} | {r['error']} |")
-                else:
-                    drains = r.get("runtime/drains", 0)
-                    mean = r.get("runtime/drain_s_total", 0.0) / drains if drains else 0.0
-                    lines.append(
-                        f"| {backend} | {via} | {r['timing_s/step']:.2f} | "
-                        f"{r['runtime/idle_rollout']:.2f}/{r['runtime/idle_train']:.2f} | "
-                        f"{r['runtime/switches']:.0f} | {r['runtime/migrations']:.0f} | "
-                        f"{r['runtime/reissued_calls']:.0f} | {drains:.0f} | "
-                        f"{mean:.3f}/{r.get('runtime/drain_s_max', 0.0):.3f} | {r['runtime/aborted_turns']:.0f} | "
-                        f"{r['success']:.2f} | {r['reward']:.3f} | {r['wall']:.0f} |")
-                print(lines[-1], flush=True)
+                 "drain s mean/max | aborted | success | reward |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        rows = [(b, gw) for b in ("local", "ray") for gw in (False, True)]
+        runs: dict[tuple, list[dict]] = {row: [] for row in rows}
+        for i in range(repeats):
+            for backend, gw in rows:
+                out = tmp / f"{backend}{int(gw)}_{i}"
+                runs[(backend, gw)].append(run(tmp / "model", out, steps, schedule, k, backend, gw))
+                shutil.rmtree(out, ignore_errors=True)
+                r = runs[(backend, gw)][-1]
+                print(backend, gw, i, r.get("timing_s/step", r.get("error")), flush=True)
+        for backend, gw in rows:
+            via = "gateway" if gw else "direct"
+            ok = sorted((r for r in runs[(backend, gw)] if "error" not in r), key=lambda r: r["timing_s/step"])
+            if not ok:
+                lines.append(f"| {backend} | {via} | {runs[(backend, gw)][0]['error']} |")
+                continue
+            r = ok[len(ok) // 2]
+            drains = r.get("runtime/drains", 0)
+            mean = r.get("runtime/drain_s_total", 0.0) / drains if drains else 0.0
+            lines.append(
+                f"| {backend} | {via} | {r['timing_s/step']:.2f} ({ok[0]['timing_s/step']:.2f}-"
+                f"{ok[-1]['timing_s/step']:.2f}) | "
+                f"{r['runtime/idle_rollout']:.2f}/{r['runtime/idle_train']:.2f} | "
+                f"{r['runtime/switches']:.0f} | {r['runtime/migrations']:.0f} | "
+                f"{r['runtime/reissued_calls']:.0f} | {drains:.0f} | "
+                f"{mean:.3f}/{r.get('runtime/drain_s_max', 0.0):.3f} | {r['runtime/aborted_turns']:.0f} | "
+                f"{r['success']:.2f} | {r['reward']:.3f} |")
         lines.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
         print("\n".join(lines))
     finally:

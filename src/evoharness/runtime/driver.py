@@ -15,6 +15,7 @@ staleness), under verl-style metric names.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import time
@@ -204,7 +205,8 @@ class Driver:
         arrives, before the scheduler sees it: a consistent point (no micro-batch, switch
         or sync in flight in any schedule, only rollout the backend can re-issue) where
         the caller records the step and may `save` a job checkpoint. Time spent by the
-        caller between yields is not counted in the run's wall time.
+        caller between yields is not counted in the run's wall time, nor in the backend's
+        role times (its ``paused()`` context, when it has one).
 
         Raises:
             DriverError: an impossible report or a stall (see `stall_s`).
@@ -235,7 +237,8 @@ class Driver:
                     if self.checkpoint is not None:
                         self.save(self.checkpoint)
                     paused = time.monotonic()
-                    yield ev.version
+                    with getattr(self.backend, "paused", contextlib.nullcontext)():
+                        yield ev.version
                     self._t0 += time.monotonic() - paused
                     last = time.monotonic()
                     self._pending = None

@@ -26,6 +26,7 @@ and `runtime.alfworld_backend` runs the ALFWorld RL workload on it
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import multiprocessing as mp
 import multiprocessing.connection
@@ -239,6 +240,17 @@ class LocalBackend:
         self._busy[c] = max(0, self._busy[c] + busy)
         if role is not None:
             self.role[c] = role
+
+    @contextlib.contextmanager
+    def paused(self):
+        """The driver is away (recording a step, writing a checkpoint): that interval counts in
+        no role's time, as it counts in no step's (`Driver.steps`)."""
+        for c in range(len(self.role)):
+            self._tick(c)
+        try:
+            yield
+        finally:
+            self._since = [time.monotonic()] * len(self.role)
 
     def idle(self) -> dict[str, float]:
         """Share of each role's time a cell ran nothing (no call in rollout, no

@@ -167,3 +167,23 @@ def test_a_killed_train_actor_has_its_micro_batch_reclaimed(model_dir, ray_head,
     assert stats.micro_batches_reclaimed >= 1 and stats.aborted_turns == 0
     assert sum(stats.staleness.values()) == n
     assert [s["micro_batches"] for s in be.step_stats] == [n // cfg.steps] * cfg.steps
+
+
+def test_colocate_on_ray_actors_all_reduces_to_the_inprocess_update(model_dir, ray_head, tmp_path, inprocess):
+    """colocate on 3 Ray actors that form a torch.distributed (gloo) group: each step's
+    gradients are all-reduced in memory, never written, and the run equals the in-process
+    loop (~20 s)."""
+    out = tmp_path / "dp"
+    train_rl(_cfg(model_dir, out, schedule="colocate", cells=3, backend="ray"), progress=False)
+    rt = json.loads((out / "runtime.json").read_text())
+    assert rt["runtime/micro_batches"] == 8 and rt["runtime/aborted_turns"] == 0
+    assert not list((out / "runtime").glob("grads/**/*.pt"))            # no gradient files: all-reduced
+    got, want = _metrics(out), _metrics(inprocess)
+    assert [m["step"] for m in got] == [1, 2]
+    for a, b in zip(got, want):
+        assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
+    w0, w = load_file(str(model_dir / "model.safetensors")), load_file(str(out / "final" / "model.safetensors"))
+    w_ref = load_file(str(inprocess / "final" / "model.safetensors"))
+    moved = max(float((w_ref[k] - w0[k]).abs().max()) for k in w0)
+    assert all(float((w[k] - w_ref[k]).abs().max()) <= 1e-2 * moved for k in w_ref)

@@ -13,6 +13,9 @@ joins an existing cluster (``ray start --head`` on one machine, ``ray start
 - `RayBackend`: the synthetic replay (timed jobs, `LocalBackend`'s world).
 - `RayModelBackend`: real models, `LocalModelBackend`'s world.
 - `RayAlfworldBackend`: the ALFWorld RL workload (``evoharness rl --backend ray``).
+- `RayAllReduceAlfworldBackend`: the same with colocate/async's fixed train cells
+  all-reducing gradients over torch.distributed (`runtime.replicas`; gloo, its
+  ``file://`` rendezvous in ``work_dir``).
 
 A model cell actor runs `cell_worker.cell_main` unchanged on a thread of its
 own, its inbox a `queue.Queue`: the same cell logic as a cell process
@@ -36,6 +39,7 @@ from typing import Any
 from evoharness.runtime.alfworld_backend import AlfworldBackend
 from evoharness.runtime.cells import Role
 from evoharness.runtime.local_backend import LocalBackend, LocalModelBackend
+from evoharness.runtime.replicas import AllReduceAlfworldBackend
 from evoharness.runtime.workload import SimConfig
 
 MAX_JOBS = 1024      # jobs one actor holds at once (each waits on an actor thread)
@@ -261,6 +265,17 @@ class RayAlfworldBackend(RayCells, AlfworldBackend):
 
     Args: `AlfworldBackend`'s, plus ``address`` (``runtime.ray_address``) and
     ``num_cpus`` as `RayBackend`'s."""
+
+    def __init__(self, *args: Any, address: str | None = None, num_cpus: float = 0.25, **kw: Any):
+        self._connect(address, num_cpus)
+        super().__init__(*args, **kw)
+
+
+class RayAllReduceAlfworldBackend(RayCells, AllReduceAlfworldBackend):
+    """`replicas.AllReduceAlfworldBackend` on Ray actors: each train actor is a rank of a
+    torch.distributed group (``evoharness rl --backend ray --schedule colocate|async``).
+
+    Args: `AllReduceAlfworldBackend`'s, plus ``address`` and ``num_cpus`` as `RayBackend`'s."""
 
     def __init__(self, *args: Any, address: str | None = None, num_cpus: float = 0.25, **kw: Any):
         self._connect(address, num_cpus)

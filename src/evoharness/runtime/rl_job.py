@@ -136,21 +136,21 @@ class CellRuntime:
             self.step = state["alf"]["newest"] if state else 0
             for path in (metrics_path, out / "runtime" / "trace.jsonl"):       # steps past the checkpoint redo
                 _keep_steps(path, self.step)
-            if rt.backend == "ray":
-                from evoharness.runtime.ray_backend import RayAlfworldBackend
-                return RayAlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None,
-                                          state=state, address=rt.ray_address, num_cpus=rt.ray_num_cpus,
-                                          via_gateway=rt.via_gateway)
+            kw: dict = {"state": state, "via_gateway": rt.via_gateway}
+            ray = rt.backend == "ray"
+            if ray:
+                from evoharness.runtime import ray_backend
+                kw.update(address=rt.ray_address, num_cpus=rt.ray_num_cpus)
             if rt.allreduce and rt.schedule in ("colocate", "async"):
                 from evoharness.runtime.replicas import AllReduceAlfworldBackend
 
                 fixed = sched.initial_roles()           # async: its train split; colocate: every cell trains
                 members = [c for c, r in enumerate(fixed) if r == Role.TRAIN] if rt.schedule == "async" \
                     else list(range(rt.cells))
-                return AllReduceAlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None,
-                                                state=state, via_gateway=rt.via_gateway, members=members)
-            return AlfworldBackend(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None, state=state,
-                                   via_gateway=rt.via_gateway)
+                cls = ray_backend.RayAllReduceAlfworldBackend if ray else AllReduceAlfworldBackend
+                return cls(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None, members=members, **kw)
+            cls = ray_backend.RayAlfworldBackend if ray else AlfworldBackend
+            return cls(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None, **kw)
 
         if self.job.exists():
             self.driver = Driver.resume(self.job, make_backend, stall_s=rt.stall_s)

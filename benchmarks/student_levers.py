@@ -51,6 +51,12 @@ ARMS: dict[str, tuple[str, str, list[str]]] = {
                    [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", "sft.min_lr_ratio=1.0"]),
     "tiny4k": ("model size", f"{4 * REF_STEPS} steps x 4K, 'tiny' (1.8M) instead of 'mini' (1.1M)",
                [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", 'model_preset="tiny"']),
+    "batch4k_x2": ("steps vs batch size (2x scale)", f"{8 * REF_STEPS} steps x 4K tokens",
+                   [f"sft.max_steps={8 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0"]),
+    "dagger4k_x2": ("DAgger (4K batches, 2x scale)", f"{8 * REF_STEPS * 2 // 3} + {8 * REF_STEPS // 3} steps x 4K; "
+                    "1 round on 80 games",
+                    [f"sft.max_steps={8 * REF_STEPS * 2 // 3}", "sft.batch_tokens=4096", "dagger_rounds=1",
+                     "dagger_games=80", f"dagger_sft_steps={8 * REF_STEPS // 3}"]),
     "default_sft": ("the main job's SFT stages", "RunConfig defaults: 900 steps x 4K, then DAgger (150 games) + 300 "
                     "steps: full scale, one run", []),
 }

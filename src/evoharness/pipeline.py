@@ -389,6 +389,7 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
     ``curve.json``: ``{"games", "points": [{"stage", "step", "minutes", "success", "path"}]}``.
     """
     points, offset = [], 0.0
+    small = cfg.model_copy(update={"eval_workers": 1})  # a few games: worker start-up would cost more than play
     stages = [(d.name, d) for d in sft_dirs(cfg, out)]
     if not cfg.skip_rl:
         stages.append(("rl", out / "rl"))
@@ -407,7 +408,7 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
             store = ck / "experience.json" if name == "rl" else out / "experience.json"
             ename = f"curve/{name}_{step:05d}"
             stage(f"curve_{name}_{step}", lambda ck=ck, store=store, ename=ename: evaluate(
-                eval_config(cfg, out, ename, model_policy(cfg, ck), store, games), progress=False))
+                eval_config(small, out, ename, model_policy(cfg, ck), store, games), progress=False))
             s = json.loads((out / "eval" / ename / "summary.json").read_text())["overall"]
             points.append({"stage": name, "step": step, "minutes": round(offset + elapsed.get(step, 0) / 60, 2),
                            "success": s["success"], "path": str(ck)})

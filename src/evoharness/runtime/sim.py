@@ -262,8 +262,9 @@ class Simulator:
     def _set_n(self, s: int, n: int) -> None:
         """Change server s's number of in-flight calls (after `_advance`)."""
         c = s // self.R
-        self.c_tp[c] += self._tp[n] - self._tp[self.s_n[s]]
         self.s_n[s] = n
+        # summed afresh, not updated by +=/-=: float drift left an empty cell at ~1e-16, never idle
+        self.c_tp[c] = self._tp[n] if self.R == 1 else sum(self._tp[self.s_n[x]] for x in self._servers(c))
         if self.c_sync[c]:
             self.s_rate[s] = 0.0
             return

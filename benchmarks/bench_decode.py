@@ -195,7 +195,9 @@ def main() -> None:
 
 def best_rates(prefill: tuple[float, float], e2e: tuple[float, float], n_prompt: int, B: int, new: int) -> dict:
     """Rates from the best (wall, cpu) seconds of a 1-token call and a `new`-token call."""
-    dec = [max(e - p, 1e-9) for e, p in zip(e2e, prefill)]
+    # under heavy load the best wall times of the two calls can come from different repeats: a non-positive
+    # difference has no meaning (printed as nan), the CPU columns stay usable
+    dec = [e - p if e > p else float("nan") for e, p in zip(e2e, prefill)]
     return dict(pw=n_prompt / prefill[0], pc=n_prompt / prefill[1], dw=B * (new - 1) / dec[0], dc=B * (new - 1) / dec[1],
                 ew=B * new / e2e[0], ec=B * new / e2e[1])
 

@@ -8,7 +8,10 @@ Usage:
 Without --model-path a 'mini' Qwen3 model is initialised from scratch with a
 tokenizer trained on real BPE-harness prompts (generation then runs to the
 token cap every turn: an upper bound on generation time). Prints one row per
-RL step and the mean split, from the loop's own ``timing_s/*`` metrics.
+RL step and the mean split, from the loop's own ``timing_s/*`` metrics (wall
+seconds), then the same split in CPU seconds of this process (generation =
+inside the engine's ``generate``, training = inside the GRPO update): on a
+shared machine the CPU split is the robust one.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -68,6 +72,22 @@ def main() -> None:
         init(self, *a, **kw)
         engines.append(self)
     StaticEngine.__init__ = track
+    cpu = {"gen": 0.0, "train": 0.0}  # CPU seconds of this process inside generation / the GRPO update
+
+    def cpu_timed(fn, key):
+        def run(*a, **kw):
+            c = time.process_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                cpu[key] += time.process_time() - c
+        return run
+    import evoharness.runtime.inprocess as inprocess
+    from evoharness.engines.hf import Engine
+    for cls in (StaticEngine, Engine):
+        cls.generate = cpu_timed(cls.generate, "gen")
+    inprocess.grpo_step = cpu_timed(inprocess.grpo_step, "train")
+    inprocess.tree_grpo_step = cpu_timed(inprocess.tree_grpo_step, "train")
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model_path) if args.model_path else scratch_model(Path(tmp) / "model", args.preset)
         sizes = dict(model_path=str(model), out_dir=str(Path(tmp) / "rl"), steps=args.steps, engine=args.engine,
@@ -78,7 +98,9 @@ def main() -> None:
             cfg.max_prompt_tokens = 1024
             cfg.grpo.lr = 1e-5
         cfg.grpo.prompts_per_step, cfg.grpo.group_size = args.prompts, args.group
+        c0 = time.process_time()
         train_rl(cfg, progress=False)
+        cpu_total = time.process_time() - c0
         rows = [json.loads(ln) for ln in (Path(tmp) / "rl" / "metrics.jsonl").read_text().splitlines()]
         from evoharness.models.init import load_model
 
@@ -97,6 +119,9 @@ def main() -> None:
         print(f"| {label} | {r['steps_per_episode'] * n:.0f} | {r['completion_tokens_per_episode'] * n:.0f} | "
               f"{r['timing_s/gen']:.1f} | {r['timing_s/env']:.2f} | {r['timing_s/train']:.1f} | {tot:.1f} | "
               f"{100 * r['timing_s/gen'] / tot:.0f} | {100 * r['timing_s/env'] / tot:.1f} | {100 * r['timing_s/train'] / tot:.0f} |")
+    print(f"\nCPU seconds of this process (all {args.steps} step(s) of train_rl): total {cpu_total:.1f}, "
+          f"generation {cpu['gen']:.1f} ({100 * cpu['gen'] / cpu_total:.0f}%), GRPO update {cpu['train']:.1f} "
+          f"({100 * cpu['train'] / cpu_total:.0f}%), other {cpu_total - cpu['gen'] - cpu['train']:.1f}")
     for e in engines:
         st = e.stats
         if st["calls"]:

@@ -6,9 +6,13 @@ a few dozen small matmuls, and the module forward adds per-step work around
 them (module calls, mask building, cache bookkeeping). Measured here at batch
 32 (1 thread, 2026-11-30, 25th-percentile CPU ms per step, ~330-token
 contexts): HF forward + `StaticCache` 7.96 / 22.9 ms (1.8M / 10M model),
-+ `DynamicCache` 8.26 / 29.5, this loop 5.44 / 18.6. What is left is
-attention over the KV cache (memory-bound: ~60% of a step at batch 32) and
-the linears. This module runs the same arithmetic as ``Qwen3ForCausalLM``
++ `DynamicCache` 8.26 / 29.5, this loop 5.44 / 18.6 before and ~4.5 / ~13
+after oneDNN-packed linears and the transposed cache (A/B runs under load
+5-8, CPU time). Of the 1.8M model's 4.5 ms, attention over the KV cache is
+2.5 ms (26 MB read: 0.64 ms at the core's 41 GB/s; one-thread BLAS runs these
+2-row products at ~12 GB/s from a cold cache), the linears ~0.7 ms and the
+~120 small per-layer ops the rest (benchmarks/results/bench_decode.txt has
+the floor analysis). This module runs the same arithmetic as ``Qwen3ForCausalLM``
 (RMSNorm, q/k-norm, RoPE from the model's own rotary module, grouped-query
 SDPA, SwiGLU MLP, tied or untied head) as plain tensor ops on the model's own
 weights, with:

@@ -39,7 +39,12 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, min_macs: int = 1 << 20):
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.min_numel = -(-min_macs // self.weight.shape[0])  # input elements (rows x in) at the crossover
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None) if onednn_ok(self.weight) else None
+        self.packed = None
+        if onednn_ok(self.weight):
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            except RuntimeError:  # a oneDNN build without this CPU's kernels: F.linear is still right
+                self.packed = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None or x.numel() < self.min_numel:

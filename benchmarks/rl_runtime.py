@@ -2,6 +2,7 @@
 
     python benchmarks/rl_runtime.py [steps] [cells]     # default 3 steps, 3 cells: ~5 min on 2 shared cores
     RL_RUNTIME_KEEP=/tmp/runs python benchmarks/rl_runtime.py   # keep each run (trace, runtime.json, sim.toml)
+    RL_RUNTIME_RESIM=/tmp/runs python benchmarks/rl_runtime.py  # predict the kept runs again (seconds)
 
 A micro Qwen3 model (tokenizer trained on real BPE-harness prompts, as the
 tests build it), P=4 games x G=2 samples per step with a step-cap mix (T_max
@@ -73,6 +74,13 @@ def run(model: Path, out: Path, steps: int, schedule: str, cells: int, allreduce
     return {"wall": wall, "step_s": wall / steps, "success": last["success"], "reward": last["reward"], **rt}
 
 
+def saved(out: Path, steps: int) -> dict:
+    """A kept run's measurements (RL_RUNTIME_RESIM): its runtime.json and last metrics record."""
+    last = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    rt = json.loads((out / "runtime.json").read_text()) if (out / "runtime.json").exists() else {}
+    return {"success": last["success"], "reward": last["reward"], **rt}
+
+
 def predict(out: Path, schedule: str) -> dict:
     """The simulator on this run's own trace and fitted cluster (`runtime.calibrate`)."""
     from evoharness.runtime.calibrate import sim_config_from_run
@@ -89,9 +97,11 @@ def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     keep = os.environ.get("RL_RUNTIME_KEEP")     # a directory: keep the runs there (traces, sim.toml) to inspect
-    tmp = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="rl_runtime_"))
+    resim = os.environ.get("RL_RUNTIME_RESIM")   # a kept directory: predict its runs again, run nothing
+    tmp = Path(resim or keep) if resim or keep else Path(tempfile.mkdtemp(prefix="rl_runtime_"))
     try:
-        build_model(tmp / "model")
+        if not resim:
+            build_model(tmp / "model")
         lines = [f"RL on the runtime, measured vs simulated: micro Qwen3, 4 games x 2 samples, T_max mix 3/3/3/12, "
                  f"{steps} steps, K={k}",
                  "| schedule | cells | s/step meas | s/step sim | sim/meas | idle R meas/sim | idle T meas/sim "
@@ -103,11 +113,12 @@ def main() -> None:
         for label, cells in rows:
             name = label.split("/")[0]
             out = tmp / f"{label.replace('/', '_')}{cells}"
-            r = run(tmp / "model", out, steps, name, cells, allreduce="/files" not in label)
+            r = (saved(out, steps) if resim else
+                 run(tmp / "model", out, steps, name, cells, allreduce="/files" not in label))
             if "error" in r:
                 lines.append(f"| {label} | {cells} | {r['error']} |")
             elif name == "inprocess":
-                lines.append(f"| inprocess | 1 | {r['step_s']:.2f} (command) | - | - | - | - | - | - | - | - | "
+                lines.append(f"| inprocess | 1 | {r.get('step_s', float('nan')):.2f} (command) | - | - | - | - | - | - | - | - | "
                              f"{r['success']:.2f} | {r['reward']:.3f} |")
             else:
                 sim = predict(out, name)
@@ -122,15 +133,16 @@ def main() -> None:
                     f"{r['runtime/aborted_turns']:.0f} | {r['runtime/staleness_max']:.0f}/{sim['staleness_max']:.0f} | "
                     f"{r['success']:.2f} | {r['reward']:.3f} |")
             print(lines[-1], flush=True)
-        lines.append("\nFitted clusters (runtime.calibrate): gen tok/s, prefill speedup, train tok/s, "
-                     "micro-batch overhead s, sync s")
+        lines.append("\nFitted clusters (runtime.calibrate): gen tok/s, concurrency exponent, prefill speedup, "
+                     "train tok/s, micro-batch overhead s, sync s")
         for name, c in fits:
-            lines.append(f"  {name:>14}: {c['gen_tps_single']:8.1f} {c['prefill_speedup']:8.1f} "
+            lines.append(f"  {name:>14}: {c['gen_tps_single']:8.1f} {c['gen_concurrency_exponent']:5.2f} "
+                         f"{c['prefill_speedup']:8.1f} "
                          f"{c['train_tps']:10.0f} {c['micro_batch_overhead_s']:6.3f} {c['weight_sync_s']:6.3f}")
         lines.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
         print("\n".join(lines))
     finally:
-        if not keep:
+        if not (keep or resim):
             shutil.rmtree(tmp, ignore_errors=True)
 
 

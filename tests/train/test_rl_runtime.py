@@ -203,7 +203,10 @@ def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
     from evoharness.runtime.sim import simulate
 
     trace = [json.loads(ln) for ln in (out / "runtime" / "trace.jsonl").read_text().splitlines()]
-    sim = simulate(sim_config_from_run(out), "async")
+    assert all(x["cell"] in (0, 1) for t in trace for x in t["turns"])    # the cell that answered each call
+    sim_cfg = sim_config_from_run(out)
+    assert 0 < sim_cfg.cluster.gen_concurrency_exponent <= 1       # fitted on each call's cell concurrency
+    sim = simulate(sim_cfg, "async")
     assert sim.metrics["model_calls"] == sum(len(t["turns"]) for t in trace)
     assert sim.metrics["staleness_max"] == 1 and len(sim.step_end_s) == 3
     assert len(rt["calibration"]["micro_batches"]) == 12 and len(rt["calibration"]["sync_s"]) == 3

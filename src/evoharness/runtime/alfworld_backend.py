@@ -96,7 +96,7 @@ class AlfworldBackend(LocalModelBackend):
         self._adv_stats: dict[int, dict] = {}      # step -> GiGPO counters
         self._trained: dict[int, set[int]] = {}    # version -> executions trained on it
         self._t0 = time.monotonic()
-        self._call_t: dict[int, list[list[float]]] = {}   # execution -> [first issue, reply] s per turn
+        self._call_t: dict[int, list[list[float]]] = {}   # execution -> [first issue, reply s, cell] per turn
         self._env_s: dict[int, list[float]] = {}  # execution -> seconds in env reset/step (driver process)
         self._gen_s: dict[int, float] = {}        # execution -> seconds its calls decoded (cell process)
         self._last_sync = time.monotonic()
@@ -168,7 +168,7 @@ class AlfworldBackend(LocalModelBackend):
         lv, req = self.live[e], self._req.pop(e)
         self._gen_s[e] += result.pop("seconds")
         self._comps.setdefault(e, []).append(result)
-        self._call_t[e][-1][1] = time.monotonic() - self._t0
+        self._call_t[e][-1][1:] = [time.monotonic() - self._t0, cell]     # reply time, the cell that answered
         if not advance(lv, req, Completion(**result), self.env_timeout_s, self._cap(e)):
             lv.traj.wall_s = time.perf_counter() - lv.t0
             close_quietly(lv.env)
@@ -328,8 +328,9 @@ class AlfworldBackend(LocalModelBackend):
                 if not t.turns:
                     continue
                 turns = [{"prompt_tokens": x.prompt_tokens, "completion_tokens": x.completion_tokens,
-                          "start": round(a, 4), "end": round(b, 4), "policy_version": x.policy_version}
-                         for x, (a, b) in zip(t.turns, times)]
+                          "start": round(a, 4), "end": round(b, 4), "policy_version": x.policy_version,
+                          **({"cell": c[0]} if c else {})}
+                         for x, (a, b, *c) in zip(t.turns, times)]
                 f.write(json.dumps({"step": step, "task_id": f"{t.task_id}#u{e // self.N}", "episode_id": t.episode_id,
                                     "wall_s": t.wall_s, "turns": turns}) + "\n")
 

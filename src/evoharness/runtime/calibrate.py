@@ -10,9 +10,10 @@ cluster whose costs are least-squares fits of the same run:
 
 - decode: a call of c completion tokens and p new prompt tokens lasts
   ``(c + p / prefill_speedup) / gen_tps_single`` (non-negative least squares
-  over the run's calls; ``gen_concurrency_exponent = 1``: a cell process serves
-  its calls as one batch, so a call is not slowed by the others beyond what the
-  fit absorbs);
+  over the run's calls), then, where the trace names each call's cell, the
+  processor-sharing slowdown with n calls in flight on the cell,
+  ``n^(1 - gen_concurrency_exponent)``, by a log-linear fit on each call's
+  mean concurrency;
 - tool latency: the trace's gaps between an execution's calls (environment
   steps and harness rendering in the driver process, as they happened);
 - training: a micro-batch of T trajectory tokens lasts
@@ -54,6 +55,22 @@ def _nnls2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float, float]
     return best[1], best[2]
 
 
+def _cell_concurrency(raw: list[dict]) -> np.ndarray | None:
+    """Per call (trace order), the mean number of calls in flight on its cell over its
+    duration, itself included; None when the trace names no cell per call."""
+    calls = [(t["start"], t["end"], t["cell"]) for r in raw for t in r["turns"] if "cell" in t]
+    if len(calls) != sum(len(r["turns"]) for r in raw):
+        return None
+    out = []
+    for s, e, c in calls:
+        if e <= s:
+            out.append(1.0)
+            continue
+        overlap = sum(max(0.0, min(e, e2) - max(s, s2)) for s2, e2, c2 in calls if c2 == c)
+        out.append(max(1.0, overlap / (e - s)))
+    return np.asarray(out)
+
+
 def fit_cluster(run: str | Path) -> dict[str, Any]:
     """The cluster section fitted to `run`'s trace and ``runtime.json`` (see module docstring).
 
@@ -73,6 +90,16 @@ def fit_cluster(run: str | Path) -> dict[str, Any]:
         a = b
     gen_tps = 1.0 / a if a > 0 else 1e6
     prefill_speedup = a / b if b > 0 else 1e6
+    exponent = 1.0
+    n = _cell_concurrency(raw)
+    if n is not None and np.ptp(np.log(n)) > 0:
+        # processor sharing: d = work / (g · n^(x-1)) -> log(d / work) = -log g + (1 - x) log n
+        work = comp + new / prefill_speedup
+        ok = (dur > 0) & (work > 0)
+        k, _ = np.polyfit(np.log(n[ok]), np.log(dur[ok] / work[ok]), 1)
+        exponent = float(np.clip(1.0 - k, 0.05, 1.0))
+        # the speed that gives the run's total call time (a log fit's intercept underestimates it)
+        gen_tps = float(np.sum(work[ok] * n[ok] ** (1.0 - exponent)) / np.sum(dur[ok]))
     mb = np.array(rt.get("calibration", {}).get("micro_batches", []), dtype=float).reshape(-1, 2)
     if len(mb) >= 2 and np.ptp(mb[:, 0]) > 0:
         slope, icpt = np.polyfit(mb[:, 0], mb[:, 1], 1)
@@ -85,7 +112,7 @@ def fit_cluster(run: str | Path) -> dict[str, Any]:
     n = cfg["grpo"]["prompts_per_step"] * cfg["grpo"]["group_size"]
     return {
         "cells": rtc["cells"], "capacity": rtc.get("capacity") or -(-n // rtc["cells"]),
-        "gen_tps_single": gen_tps, "gen_concurrency_exponent": 1.0, "prefill_speedup": prefill_speedup,
+        "gen_tps_single": gen_tps, "gen_concurrency_exponent": exponent, "prefill_speedup": prefill_speedup,
         "train_tps": 1.0 / slope if slope > 0 else 1e9, "micro_batch_overhead_s": icpt,
         "weight_sync_s": float(rt.get("runtime/sync_s", 0.0)),
         "switch_to_train_s": float(rt.get("runtime/switch_to_train_s", 0.0)),

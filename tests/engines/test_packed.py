@@ -55,3 +55,18 @@ def test_small_products_take_f_linear():
     torch.testing.assert_close(lin(small), F.linear(small, w))
     if lin.packed is not None:
         torch.testing.assert_close(lin(big), F.linear(big, w / 2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_follows_autocast_and_input_dtype(x_dtype):
+    """Under bf16 autocast (a bf16 run's rollouts) and for non-fp32 inputs the product is
+    F.linear's, dtype included: the fp32 oneDNN kernel is not autocast-aware (it once
+    decoded garbage, 0 completion tokens, in a bf16 RL run)."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(320, 128, generator=g), torch.randn(320, generator=g)
+    x = torch.randn(32, 128, generator=g).to(x_dtype)
+    lin = PackedLinear(w, b, min_macs=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, ref = lin(x), F.linear(x, w, b)
+    assert y.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y, ref)

@@ -11,8 +11,9 @@ A oneDNN call costs ~10 us more than `F.linear` regardless of size, so
 products under `min_macs` multiply-adds (~1M: e.g. a batch-8 decode step's
 projections) run through `F.linear` instead (measured crossover).
 
-Where oneDNN is unavailable (not CPU, not fp32, a torch build without it)
-`PackedLinear` is plain `F.linear`.
+Where oneDNN is unavailable (not CPU, not fp32, a torch build without it),
+and for inputs that are not fp32 or run under autocast, `PackedLinear` is
+plain `F.linear`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class PackedLinear:
                 self.packed = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.numel() < self.min_numel:
+        # under autocast (bf16 rollouts of a bf16 run) F.linear casts as autocast says; the packed
+        # fp32 kernel is not autocast-aware and would mix dtypes
+        if self.packed is None or x.numel() < self.min_numel or x.dtype != torch.float32 \
+                or torch.is_autocast_enabled(x.device.type):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

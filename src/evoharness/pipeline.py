@@ -1,4 +1,4 @@
-"""The main job: teacher traces -> tokenizer + model -> SFT -> GRPO -> evaluation -> report.
+"""The main job: teacher traces -> tokenizer + model -> SFT (-> DAgger rounds) -> GRPO -> learning curve -> evaluations -> report.
 
 Each stage writes its outputs under ``out_dir`` and a ``.done`` marker; a rerun
 skips finished stages and resumes a stage that was interrupted (trace
@@ -38,7 +38,7 @@ def _default_sft() -> SFTConfig:
     # small batches, many steps (benchmarks/results/student/levers.md: at equal tokens 4K-token batches
     # beat 16K ones on the dev set); shared-prefix packing trains the same update faster (the system
     # prompt and a state's prompt run once per step); the step budget, not the clock, ends the stage
-    return SFTConfig(lr=2e-3, max_steps=900, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,
+    return SFTConfig(lr=2e-3, max_steps=1500, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,
                      max_completion_tokens=96, ckpt_every=300, keep_checkpoints=100, packing=True,
                      micro_batch_tokens=4096)
 
@@ -73,7 +73,9 @@ class RunConfig(Strict):
     # None: they run their step budgets, the same model on any machine
     budget_minutes: float | None = None
     dev_games: int = 60  # train games held out as the development set (seeded; never trained on)
-    dagger_rounds: int = 1  # student rollouts labelled by the teacher, then more SFT (train/dagger.py)
+    # student rollouts labelled by the teacher, then more SFT (train/dagger.py). Off by default: at the
+    # scales measured (benchmarks/results/student/levers.md) it did not beat the same steps on teacher traces
+    dagger_rounds: int = 0
     dagger_games: int = 100  # train games the student plays per round
     dagger_beta: float = 0.0  # probability the teacher's action is executed instead of the student's
     dagger_sft_steps: int = 300  # SFT steps per round on teacher + all DAgger examples so far

@@ -10,7 +10,7 @@ from evoharness.pipeline import RunConfig, run_pipeline
 
 TINY = ["train_games=2", "budget_minutes=0.02", "skip_rl=true", "eval_limit=1", "max_steps=30",
         "sft.max_steps=2", "sft.ckpt_every=0", "sft.progress=false", "vocab_size=300",
-        'model_preset="mini"', "dev_games=2", "dagger_games=2", "dagger_sft_steps=1", "curve_games=1"]
+        'model_preset="mini"', "dev_games=2", "dagger_rounds=1", "dagger_games=2", "dagger_sft_steps=1", "curve_games=1"]
 
 
 def test_rerun_with_other_settings_is_refused(tmp_path):

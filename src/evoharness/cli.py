@@ -141,6 +141,9 @@ def rl_cmd(
                                                      "ray (Ray actors; needs the ray extra)."),
     ray_address: Optional[str] = typer.Option(None, help="With --backend ray: the Ray cluster to join "
                                                          "(default: start a local head on 127.0.0.1)."),
+    env: Optional[str] = typer.Option(None, "--env", help="alfworld (default) | repo (repository tasks; "
+                                                          "needs --schedule)."),
+    tasks: Optional[str] = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
 ) -> None:
     """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
     from evoharness.config import ConfigError, load_config
@@ -149,7 +152,7 @@ def rl_cmd(
 
     flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out),
              "runtime.schedule": schedule, "runtime.cells": cells, "runtime.backend": backend,
-             "runtime.ray_address": ray_address}
+             "runtime.ray_address": ray_address, "env": env, "repo.tasks": tasks}
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
     try:
         cfg = load_config(RLConfig, config, overrides)

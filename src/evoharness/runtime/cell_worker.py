@@ -196,9 +196,9 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
                 outbox.put((cell, pid, kind, tok_i, {**dataclasses.asdict(comp), "seconds": share}))
             result = {**dataclasses.asdict(comps[0]), "seconds": share}
         elif kind == "call":
-            prompt_ids, max_new, seed = payload
+            prompt_ids, max_new, seed, *temp = payload     # temp: a workload's sampling temperature (default 1)
             r = engine.generate([GenRequest(list(prompt_ids), seed=seed)], max_new_tokens=max_new,
-                                temperature=1.0)[0]
+                                temperature=temp[0] if temp else 1.0)[0]
             result = (r.token_ids, r.logprobs, version)
         elif kind == "train":
             v, samples = payload

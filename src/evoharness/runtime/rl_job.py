@@ -86,6 +86,9 @@ def build_runtime(cfg: "RLConfig"):
     if cfg.runtime.schedule == "inprocess":
         from evoharness.runtime.inprocess import InProcessRuntime
 
+        if cfg.env == "repo":
+            raise ValueError("env = 'repo' runs on the runtime cells: --schedule colocate|async|elastic|elastic-async")
+
         return InProcessRuntime(cfg)
     return CellRuntime(cfg)
 
@@ -115,7 +118,9 @@ class CellRuntime:
                    "grpo.mini_batches > 1 runs with runtime.schedule = 'inprocess' only (the cells' streaming trainer "
                    "makes one update per step)": cfg.grpo.mini_batches != 1,
                    "the cells' job checkpoint is taken at every weight sync (ckpt_every = 1)": cfg.ckpt_every != 1,
-                   "runtime cells run on CPU for now (device = 'cpu')": cfg.device != "cpu"}
+                   "runtime cells run on CPU for now (device = 'cpu')": cfg.device != "cpu",
+                   "env = 'repo' has no periodic evaluation yet (eval_every = 0; `eval --env repo` evaluates)":
+                       cfg.env == "repo" and cfg.eval_every > 0}
         if why := [k for k, v in refused.items() if v]:
             raise ValueError("; ".join(why))
         self.cfg, self.out = cfg, Path(cfg.out_dir)
@@ -124,10 +129,10 @@ class CellRuntime:
             raise ValueError(f"{out} holds an in-process run (checkpoints/); give the runtime its own out_dir")
         self.job = out / "runtime" / "job.pkl"
         atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
-        tasks = train_tasks(cfg)
+        tasks = train_tasks(cfg) if cfg.env == "alfworld" else repo_tasks(cfg)
         order = list(range(len(tasks)))
         random.Random(cfg.seed).shuffle(order)           # the in-process loop's game order
-        store = load_experience_fresh(cfg.harness.experience_path)
+        store = load_experience_fresh(cfg.harness.experience_path) if cfg.env == "alfworld" else None
         sim = sim_config(cfg)
         self.step = 0
 
@@ -148,8 +153,14 @@ class CellRuntime:
                 members = [c for c, r in enumerate(fixed) if r == Role.TRAIN] if rt.schedule == "async" \
                     else list(range(rt.cells))
                 cls = ray_backend.RayAllReduceAlfworldBackend if ray else AllReduceAlfworldBackend
+                if cfg.env == "repo":
+                    from evoharness.runtime import repo_backend
+                    cls = repo_backend.ray_classes()[1] if ray else repo_backend.AllReduceRepoBackend
                 return cls(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None, members=members, **kw)
             cls = ray_backend.RayAlfworldBackend if ray else AlfworldBackend
+            if cfg.env == "repo":
+                from evoharness.runtime import repo_backend
+                cls = repo_backend.ray_classes()[0] if ray else repo_backend.RepoBackend
             return cls(sim, roles, cfg, tasks, order, store, str(out / "runtime"), None, **kw)
 
         if self.job.exists():
@@ -228,9 +239,27 @@ class CellRuntime:
             load_weights(model, str(self._weights()))
             save_exported(model, tmp, export_dtype(self.cfg.model_path))
             load_tokenizer(self.cfg.model_path).save_pretrained(str(tmp))
-            self.backend.store.save(tmp / "experience.json")
+            if self.backend.store is not None:        # (ALFWorld's experience store; none for env = 'repo')
+                self.backend.store.save(tmp / "experience.json")
 
         return atomic_dir(final, write)
+
+
+def repo_tasks(cfg: "RLConfig") -> list:
+    """The repository tasks RL trains on (``cfg.repo.tasks``, only ``repo.task_ids`` when given).
+
+    Raises:
+        ValueError: a task id that names no task.
+    """
+    from evoharness.envs.repo.task import load_tasks
+
+    tasks = load_tasks(cfg.repo.tasks)
+    if not cfg.repo.task_ids:
+        return tasks
+    known = {t.task_id: t for t in tasks}
+    if unknown := sorted(set(cfg.repo.task_ids) - set(known)):
+        raise ValueError(f"repo.task_ids {unknown} name no task in {cfg.repo.tasks!r}")
+    return [known[i] for i in cfg.repo.task_ids]
 
 
 def _keep_steps(path: Path, steps: int) -> None:

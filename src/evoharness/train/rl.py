@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from evoharness.config import Strict
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
+from evoharness.envs.repo.scaffold import AgentConfig
 from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
@@ -48,6 +49,16 @@ class LLMConsolidatorConfig(Strict):
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 60.0
     max_retries: int = 2
+
+
+class RepoRLConfig(Strict):
+    """``env = "repo"``: GRPO on repository tasks over the runtime cells (`runtime.repo_backend`;
+    docs/repo_env.md). Each execution's call records are trained as a trajectory tree
+    (``grpo.j_max`` paths per tree; None: every trainable token once)."""
+
+    tasks: str = "pack"                   # "pack", a task directory, or a directory of tasks
+    task_ids: list[str] = []              # only these (default: all of `tasks`)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
 
 
 class RLConfig(Strict):
@@ -99,6 +110,9 @@ class RLConfig(Strict):
     # where the steps run: "inprocess" (this module's loop) or a runtime schedule on K cell
     # processes (`runtime.rl_job`; colocate with 1 cell plays the same episodes and updates)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    # the RL workload: ALFWorld games, or repository tasks (`repo`; runtime schedules only)
+    env: Literal["alfworld", "repo"] = "alfworld"
+    repo: RepoRLConfig = Field(default_factory=RepoRLConfig)
 
 
 def train_rl(cfg: RLConfig, progress: bool = True) -> Path:

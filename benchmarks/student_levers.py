@@ -57,7 +57,7 @@ ARMS: dict[str, tuple[str, str, list[str]]] = {
                     "1 round on 80 games",
                     [f"sft.max_steps={8 * REF_STEPS * 2 // 3}", "sft.batch_tokens=4096", "dagger_rounds=1",
                      "dagger_games=80", f"dagger_sft_steps={8 * REF_STEPS // 3}"]),
-    "default_sft": ("the main job's SFT stage", "RunConfig defaults: 1500 steps x 4K, packed, no DAgger: full scale", []),
+    "default_sft": ("the main job's SFT stage", "RunConfig defaults: 2000 steps x 4K, no DAgger: full scale", []),
 }
 
 

@@ -42,19 +42,27 @@ def _metrics(out):
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_colocate_from_the_cli_plays_each_execution_once(model_dir, tmp_path):
-    """`evoharness rl --env repo --schedule colocate --cells 3`: 2 tasks x 2 samples x 2 steps.
-    The random model emits no tool call, so every episode ends by ``no_tool_call`` on an
+def _cli_args(model_dir, out, *extra):
+    return ["rl", "--env", "repo", "--tasks", "pack", "--model-path", str(model_dir), "--out", str(out),
+            "--set", "steps=2", "--set", "max_new_tokens=12", "--set", f"repo.task_ids={json.dumps(TASKS)}",
+            "--set", "repo.agent.max_no_tool_replies=2", "--set", "grpo.group_size=2",
+            "--set", "grpo.prompts_per_step=2", "--set", "grpo.lr=1e-3", "--set", "grpo.temperature=1.0", *extra]
+
+
+@pytest.fixture(scope="module")
+def colocate(model_dir, tmp_path_factory):
+    """`evoharness rl --env repo --schedule colocate --cells 3`: 2 tasks x 2 samples x 2 steps."""
+    out = tmp_path_factory.mktemp("colocate") / "rl"
+    res = CliRunner().invoke(app, _cli_args(model_dir, out, "--schedule", "colocate", "--cells", "3"))
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_colocate_from_the_cli_plays_each_execution_once(model_dir, colocate):
+    """The random model emits no tool call, so every episode ends by ``no_tool_call`` on an
     empty workspace (placeholder 0): every advantage is 0, which is recorded (and the update
     is exactly zero), not a crash. Each execution runs once; the trace replays (~15 s)."""
-    out = tmp_path / "rl"
-    res = CliRunner().invoke(app, [
-        "rl", "--env", "repo", "--tasks", "pack", "--model-path", str(model_dir), "--out", str(out),
-        "--schedule", "colocate", "--cells", "3",
-        "--set", "steps=2", "--set", "max_new_tokens=12", "--set", f"repo.task_ids={json.dumps(TASKS)}",
-        "--set", "repo.agent.max_no_tool_replies=2", "--set", "grpo.group_size=2", "--set", "grpo.prompts_per_step=2",
-        "--set", "grpo.lr=1e-3", "--set", "grpo.temperature=1.0"])
-    assert res.exit_code == 0, res.output
+    out = colocate
     got = _metrics(out)
     assert [m["step"] for m in got] == [1, 2]
     for m in got:
@@ -73,6 +81,31 @@ def test_colocate_from_the_cli_plays_each_execution_once(model_dir, tmp_path):
     assert (out / "runtime" / "sim.toml").exists()
     w0, w = load_file(str(model_dir / "model.safetensors")), load_file(str(out / "final" / "model.safetensors"))
     assert all(torch.equal(w0[k], w[k]) for k in w0)             # zero advantages, zero update
+
+
+SAME = ("score/placeholder", "stop/no_tool_call", "steps_per_episode", "completion_tokens_per_episode", "tree/calls",
+        "tree/tokens", "tree/trainable", "tree/selected", "tree/rows", "train/n_tokens", "policy_version")
+
+
+@pytest.fixture
+def ray_head():
+    ray = pytest.importorskip("ray")
+    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=2, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_actors_play_the_same_executions(model_dir, colocate, ray_head, tmp_path):
+    """The same run on 2 Ray actors (all-reduce train replicas): the same executions, calls,
+    completions and trees as 3 local cells, since a call's sample depends on (seed,
+    execution, call index) only, not on the cell that served it (~12 s)."""
+    out = tmp_path / "rl"
+    res = CliRunner().invoke(app, _cli_args(model_dir, out, "--schedule", "colocate", "--cells", "2",
+                                            "--backend", "ray"))
+    assert res.exit_code == 0, res.output
+    for a, b in zip(_metrics(out), _metrics(colocate), strict=True):
+        assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+        assert a["train/entropy"] == pytest.approx(b["train/entropy"], rel=1e-5)
 
 
 class ScriptedFirstSample(RepoBackend):

@@ -102,10 +102,11 @@ class CellChatPolicy:
         msgs = [{**m, "content": m.get("content") or ""} for m in messages]
         kw = {"tools": tools} if tools else {}
         try:
-            text = be.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
+            with be.tok_lock:
+                text = be.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
+                ids = be.tok(text, add_special_tokens=False)["input_ids"]
         except Exception as exc:  # noqa: BLE001 -- a template that cannot render these messages
             return ChatReply(finish_reason="error", error=f"cannot render the chat: {type(exc).__name__}: {exc}")
-        ids = be.tok(text, add_special_tokens=False)["input_ids"]
         if len(ids) + be.rl.max_new_tokens > be.max_model_len:
             return ChatReply(finish_reason="error", context_overflow=True,
                              error=f"context_length_exceeded: prompt {len(ids)} + max_new_tokens "
@@ -195,6 +196,7 @@ class RepoBackend(AlfworldBackend):
         self.rl, self.tasks, self.order, self.store = cfg, tasks, order, store
         self.on_step, self.env_timeout_s = on_step, env_timeout_s
         self.tok = load_tokenizer(cfg.model_path)
+        self.tok_lock = threading.Lock()    # a fast tokenizer used from several threads can fail ("Already borrowed")
         self.max_model_len = int(AutoConfig.from_pretrained(cfg.model_path).max_position_embeddings)
         # the cells serve bare-engine calls (no ALFWorld policy); "grpo" is their loss and optimizer
         self._options = {"grpo": g.model_dump(), "version": state["alf"]["newest"] if state else 0}
@@ -269,8 +271,9 @@ class RepoBackend(AlfworldBackend):
         ask = self._ask.pop(e)
         self._call_t[e][-1][1:] = [time.monotonic() - self._t0, cell]
         stop = set(getattr(self.tok, "all_special_ids", []))
-        text = self.tok.decode([t for t in ids if t not in stop], skip_special_tokens=False,
-                               clean_up_tokenization_spaces=False)
+        with self.tok_lock:
+            text = self.tok.decode([t for t in ids if t not in stop], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
         content, calls = parse_tool_calls(text)
         finish = "tool_calls" if calls else ("stop" if ids and ids[-1] in stop else "length")
         self.calls[e].append(CallRecord(

@@ -22,6 +22,9 @@ Colocate and async train cells (a fixed set) all-reduce their gradients in a
 torch.distributed group (`runtime.replicas`); elastic schedules, whose train
 membership changes within a step, exchange gradient files with the core.
 
+``env = "repo"`` swaps the workload for repository tasks
+(`runtime.repo_backend.RepoBackend`; docs/repo_env.md), on the same cells.
+
 ``runtime.backend = "ray"`` runs the cells as Ray actors
 (`runtime.ray_backend.RayAlfworldBackend`), joining ``runtime.ray_address``
 or starting a local head.

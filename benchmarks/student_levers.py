@@ -61,6 +61,24 @@ ARMS: dict[str, tuple[str, str, list[str]]] = {
 }
 
 
+# The reading of the committed table (benchmarks/results/student/levers.md), kept beside it.
+READING = [
+    "Train minutes were measured at load averages from 2 to 13 (other engineers' jobs): compare speeds with "
+    "`step_costs.md` (controlled, alternating), not with this column.",
+    "Steps vs batch size: at equal training tokens, 4K-token batches (4x the optimizer steps) beat 16K-token "
+    "batches on dev action accuracy, 15.9% vs 6.6%; doubling the 4K run to 480 steps gives 27.7%. Kept: 4K batches.",
+    "Packing: the same dev accuracy as unpacked (15.9%: the same update), but slower per step at 4K batches "
+    "(step_costs.md: ~0.55 vs ~0.48 s). Kept off.",
+    "DAgger (one round, a third of the steps on teacher + student-state labels): 13.7% vs 15.9% at 240 steps and "
+    "23.3% vs 27.7% at 480 steps on dev action accuracy; dev success 0 for both at both scales (the student "
+    "won 0 of 80 train games in its DAgger rollouts, agreeing with the teacher on 0% and 26% of its turns). "
+    "Not a win at these scales, so the default has no DAgger round (`dagger_rounds=1` turns it on); "
+    "its real test needs a student that already wins some games (the full-scale run).",
+    "Not measured (time on the shared machine): lr schedule, model size, GRPO levers (lr decay / KL, games per "
+    "step, consolidation vs none): with success at 0-2% at these scales GRPO has no reward signal to compare.",
+]
+
+
 def run_arm(name: str, out: Path) -> subprocess.Popen | None:
     d = out / name
     if (d / "report.md").is_file():
@@ -170,7 +188,8 @@ def write_table(out: Path, results: Path) -> list[dict]:
         md.append(f"| {r['arm']} | {r['lever']} | {r['setting']} | {r['optimizer_steps']} | {r['train_tokens'] / 1e6:.1f} | "
                   f"{r['train_min']} | {100 * r['dev_action_acc']:.1f}% | **{r['dev_success']}%** ({r['dev_n']}) | {r['vs_success']}% ({r['vs_n']}) | "
                   f"{r['dev_stopped']} / {r['vs_stopped']} |")
-    md += ["", "Command: `python benchmarks/student_levers.py --arms <names>`; per-arm runs under `runs/levers/<arm>/`.", ""]
+    md += ["", "Command: `python benchmarks/student_levers.py --arms <names>`; per-arm runs under `runs/levers/<arm>/`.", "",
+           "## Reading", ""] + [f"- {x}" for x in READING] + [""]
     (results / "levers.md").write_text("\n".join(md))
     (results / "levers.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(md))
@@ -216,6 +235,40 @@ def check_early_stop(arm_dir: Path, results: Path, n_games: int = 30) -> None:
     print("\n".join(md))
 
 
+def step_costs(out: Path, results: Path, steps: int = 25) -> None:
+    """Seconds per SFT optimizer step of the main job's default SFT config (4K-token batches,
+    1 thread), unpacked and packed, median of steps 6..N; written to step_costs.md."""
+    import shutil
+    import statistics
+
+    import torch
+
+    from evoharness.pipeline import RunConfig
+    from evoharness.train.sft import train_sft
+
+    torch.set_num_threads(1)
+    base = next(d for d in sorted(out.iterdir()) if (d / ".model.done").is_file())
+    rows, load0 = [], os.getloadavg()[0]
+    for packing in (False, True, False, True):
+        cfg = RunConfig().sft.model_copy(update={"max_steps": steps, "ckpt_every": 0, "progress": False,
+                                                 "packing": packing})
+        d = out / f"_steps_{int(packing)}"
+        shutil.rmtree(d, ignore_errors=True)
+        train_sft(cfg, base / "sft_examples.jsonl", base / "model_init", d)
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        dts = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(recs, recs[1:])][5:]
+        rows.append((packing, statistics.median(dts)))
+        shutil.rmtree(d, ignore_errors=True)
+    md = ["# SFT seconds per optimizer step (main job default: 'mini', 4K-token batches, 1 thread, fp32)", "",
+          f"Load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on the shared 2-core machine during the measurement; "
+          f"median of steps 6..{steps}, each setting measured twice, alternating.", "",
+          "| packing | s/step |", "|---|---|"] + [f"| {p} | {t:.3f} |" for p, t in rows]
+    md += ["", "Command: `python benchmarks/student_levers.py --step-costs`", ""]
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "step_costs.md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS))
@@ -224,8 +277,12 @@ def main() -> None:
     ap.add_argument("--results", default="benchmarks/results/student")
     ap.add_argument("--check-stop", default=None, help="an arm directory: check the early-stop rule on its model")
     ap.add_argument("--table", action="store_true", help="only rewrite the table from finished arms")
+    ap.add_argument("--step-costs", action="store_true", help="measure the default SFT's seconds per step")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.step_costs:
+        step_costs(out, Path(args.results))
+        return
     if args.check_stop:
         check_early_stop(Path(args.check_stop), Path(args.results))
         return

@@ -5,8 +5,9 @@ copy of the policy (a Hugging Face causal LM, fp32 on CPU) and serves jobs
 from its inbox, one at a time, in arrival order (policy calls queued back to
 back are decoded as one batch):
 
-- ``call``: decode a prompt with the in-process `engines.hf.Engine` and return the
-  completion ids, their behaviour log-probs and the weights' version. With a
+- ``call``: decode a prompt with the in-process `engines.hf.Engine` (at the payload's
+  temperature, default 1) and return the completion ids, their behaviour log-probs and
+  the weights' version. With a
   ``policy`` option the cell serves a `policies.local.LocalHFPolicy` instead and
   a call is one `PolicyRequest` (as a dict: ``messages``, ``episode_id``,
   ``turn``, ``admissible_commands``, ``meta_verbs``) answered with the

@@ -48,10 +48,11 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -94,7 +95,7 @@ class CellChatPolicy:
 
     name = "runtime"
 
-    def __init__(self, backend: "RepoBackend", e: int):
+    def __init__(self, backend: RepoBackend, e: int):
         self.be, self.e, self.n_calls = backend, e, 0
 
     def complete(self, messages, tools, *, execution_id, role, task) -> ChatReply:
@@ -207,8 +208,6 @@ class RepoBackend(AlfworldBackend):
         self.started: dict[int, int] = {}          # execution -> times its episode was started
         self.outcome: dict[int, dict[str, Any]] = {}     # finished execution -> its episode's outcome
         self.calls: dict[int, list[CallRecord]] = {}     # execution -> its model calls
-        self._closing = False
-        self.traj: dict = {}
         self._samples: dict[int, list[dict]] = {}
         self._rewards: dict[int, float | None] = {}
         self._adv: dict[int, float] = {}
@@ -350,7 +349,7 @@ class RepoBackend(AlfworldBackend):
             rows = tree_samples(tree, sel, am, group=group)
             self._tree[m] = {"calls": len(recs), "tokens": tree.n_tokens, "trainable": tree.n_trainable,
                              "selected": sel.n_tokens}
-            self._samples[m] = [{k: v for k, v in vars(s).items()} for s in rows]
+            self._samples[m] = [dict(vars(s)) for s in rows]
 
     def _step_done(self, version: int) -> None:
         """Weights `version` are live: record the step (the batch trained on version - 1)."""
@@ -446,7 +445,6 @@ class RepoBackend(AlfworldBackend):
 
     def close(self) -> None:
         """Stop the episode threads (a waiting call ends them with a model error), then the cells."""
-        self._closing = True
         for ask in list(self._ask.values()):
             if not ask.fut.done():
                 ask.fut.set_exception(CellCallsClosed("the runtime closed"))

@@ -153,6 +153,8 @@ def rl_cmd(
     flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out),
              "runtime.schedule": schedule, "runtime.cells": cells, "runtime.backend": backend,
              "runtime.ray_address": ray_address, "env": env, "repo.tasks": tasks}
+    if tasks is not None and env != "repo":
+        fail("--tasks applies to --env repo only")
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
     try:
         cfg = load_config(RLConfig, config, overrides)

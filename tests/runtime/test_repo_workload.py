@@ -197,3 +197,14 @@ def test_tree_samples_train_each_generated_token_once():
     assert all(r.advantage == 0.5 and r.group == 3 and r.episode_id == "x" for r in rows)
     one = select_paths(tree, j_max=1, seed=0)           # main outranks summary: the main leaf only
     assert sum(len(r.completion_ids) for r in tree_samples(tree, one, 1.0)) == one.n_tokens == 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "pack"], "--tasks applies to --env repo only"),
+    (["--env", "repo"], "env = 'repo' runs on the runtime cells"),
+    (["--env", "repo", "--schedule", "colocate", "--set", 'repo.task_ids=["nope"]'], "repo.task_ids ['nope']"),
+    (["--env", "repo", "--schedule", "colocate", "--set", "eval_every=1"], "no periodic evaluation"),
+])
+def test_cli_refuses_what_the_repo_workload_cannot_do(model_dir, tmp_path, args, message):
+    res = CliRunner().invoke(app, ["rl", "--model-path", str(model_dir), "--out", str(tmp_path / "x"), *args])
+    assert res.exit_code != 0 and message in res.output

@@ -229,3 +229,54 @@ def test_turn_subsampling_is_bounded_and_seeded():
     assert [s.completion_ids[0] for s in a] == sorted(s.completion_ids[0] for s in a)
     draws = {tuple(s.completion_ids[0] for s in turn_samples([traj], adv, max_turns=3, seed=k)) for k in range(8)}
     assert len(draws) > 1
+
+
+def _grads(model) -> torch.Tensor:
+    return torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None])
+
+
+def test_decoupled_ppo_equals_ppo_on_fresh_samples():
+    """Samples from the weights being trained (π_behaviour = π_prox): the same loss and gradient."""
+    out = {}
+    for mode in ("ppo", "decoupled"):
+        model = tiny_model()
+        samples = samples_for(model, SPEC)
+        set_token_weights(samples)
+        loss, _ = microbatch_loss(model, samples, GRPOConfig(kl_beta=0.0, off_policy=mode))
+        loss.backward()
+        out[mode] = (float(loss), _grads(model))
+    assert out["ppo"][0] == pytest.approx(out["decoupled"][0], rel=1e-6)
+    torch.testing.assert_close(out["ppo"][1], out["decoupled"][1], rtol=1e-5, atol=1e-7)
+
+
+def test_decoupled_ppo_keeps_stale_tokens_with_a_truncated_importance_weight():
+    """A sample whose policy moved past the clip since it was sampled (ratio e to the behaviour
+    policy): PPO drops its gradient, decoupled PPO trains it with weight min(e, c) times the
+    on-policy gradient (AReaL Eq. 5, truncated IS)."""
+    p, c = [1, 2, 3], [4, 5, 6]
+    grads = {}
+    for mode, cap, shift in (("ppo", 2.0, 1.0), ("decoupled", 2.0, 1.0), ("decoupled", 10.0, 1.0),
+                             ("decoupled", 2.0, 0.0)):
+        model = tiny_model()
+        s = TurnSample(p, c, [x - shift for x in behaviour(model, p, c)], 1.0, "e")
+        set_token_weights([s])
+        loss, st = microbatch_loss(model, [s], GRPOConfig(kl_beta=0.0, off_policy=mode, behaviour_weight_cap=cap))
+        loss.backward()
+        grads[(mode, cap, shift)] = _grads(model)
+        assert st["ratio_max"] == pytest.approx(torch.e ** shift, rel=1e-4)
+    fresh = grads[("decoupled", 2.0, 0.0)]
+    assert float(grads[("ppo", 2.0, 1.0)].abs().sum()) == 0.0
+    torch.testing.assert_close(grads[("decoupled", 2.0, 1.0)], 2.0 * fresh, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grads[("decoupled", 10.0, 1.0)], torch.e * fresh, rtol=1e-4, atol=1e-6)
+
+
+def test_decoupled_ppo_needs_one_update_per_batch_and_auto_resolves_by_staleness():
+    from evoharness.train.grpo import resolved_off_policy
+
+    with pytest.raises(ValueError, match="mini_batches = 1"):
+        GRPOConfig(off_policy="decoupled", mini_batches=2)
+    g = GRPOConfig()
+    assert g.off_policy == "auto"
+    assert resolved_off_policy(g, stale=True).off_policy == "decoupled"
+    assert resolved_off_policy(g, stale=False).off_policy == "ppo"
+    assert resolved_off_policy(GRPOConfig(off_policy="ppo"), stale=True).off_policy == "ppo"

@@ -190,8 +190,12 @@ def test_killed_cell_mid_rollout_loses_nothing(model_dir, tmp_path, inprocess):
 
 def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
     """async, one train cell, η = 1: batch 2 rolls out on v0 while v1 trains; no sample older than η."""
+    from evoharness.runtime.alfworld_backend import cell_grpo
+
     out = tmp_path / "async"
-    train_rl(_cfg(model_dir, out, steps=3, schedule="async", cells=2, staleness=1), progress=False)
+    cfg = _cfg(model_dir, out, steps=3, schedule="async", cells=2, staleness=1)
+    assert cell_grpo(cfg).off_policy == "decoupled"      # stale samples: decoupled PPO on the cells
+    train_rl(cfg, progress=False)
     rt = json.loads((out / "runtime.json").read_text())
     # batch 2 is dispatched at once under v0 and trained on v1: off-policy, within η
     assert rt["runtime/staleness_max"] == 1 and rt["runtime/micro_batches"] == 12

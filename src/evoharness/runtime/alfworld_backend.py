@@ -46,8 +46,16 @@ from evoharness.runtime.events import Event, RunMicroBatch, SyncWeights, WeightS
 from evoharness.runtime.local_backend import LocalModelBackend
 from evoharness.runtime.workload import SimConfig
 from evoharness.train.advantages import std_floor_active, turn_advantages, valid_members
+from evoharness.train.grpo import GRPOConfig, resolved_off_policy
 from evoharness.train.rewards import trajectory_reward
 from evoharness.runtime.inprocess import TimedEnv
+
+
+def cell_grpo(cfg: Any) -> GRPOConfig:
+    """The cells' loss settings: ``cfg.grpo`` with ``off_policy = "auto"`` resolved to
+    decoupled PPO on the schedules that train stale samples (async, elastic-async, η > 0)."""
+    rt = cfg.runtime
+    return resolved_off_policy(cfg.grpo, stale=rt.schedule in ("async", "elastic-async") and rt.staleness > 0)
 
 
 class AlfworldBackend(LocalModelBackend):
@@ -84,7 +92,7 @@ class AlfworldBackend(LocalModelBackend):
             "policy": dict(temperature=g.temperature, max_new_tokens=cfg.max_new_tokens,
                            max_prompt_tokens=cfg.max_prompt_tokens, constrained=cfg.constrained, seed=cfg.seed,
                            num_threads=cfg.decode_threads),
-            "grpo": g.model_dump(),
+            "grpo": cell_grpo(cfg).model_dump(),
             "version": state["alf"]["newest"] if state else 0,     # the cells start on the newest weights
         }
         self.live: dict[int, LiveEpisode] = {}

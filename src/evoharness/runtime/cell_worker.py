@@ -16,9 +16,10 @@ back are decoded as one batch):
   re-issued on another cell with the same weights returns the same completion.
 - ``train``: forward/backward of a micro-batch of turns with the weights of the
   batch's version (loaded from the shared weights directory when this cell
-  holds another one); the loss is `train.grpo.microbatch_loss` (PPO clip on
-  the ratio to the recorded behaviour log-probs, which bounds the update of
-  samples up to η versions stale), over chunks of ``micro_batch_size`` turns
+  holds another one); the loss is `train.grpo.microbatch_loss` (on the async
+  schedules decoupled PPO: clip against the weights being trained, the recorded
+  behaviour log-probs of samples up to η versions stale as a truncated
+  importance weight; `alfworld_backend.cell_grpo`), over chunks of ``micro_batch_size`` turns
   (length-sorted, as `train.grpo.accumulate_gradients`), with the KL term to
   the initial weights when ``kl_beta`` > 0. The gradient is written atomically to
   ``grads/v{version}/{token}.pt`` so any cell can train and the core sums

@@ -60,7 +60,7 @@ from evoharness.envs.repo.policies import ChatReply, ToolCall
 from evoharness.envs.repo.scaffold import run_repo_episode
 from evoharness.rollout.records import CallRecord
 from evoharness.rollout.tree import PathSelection, TrajectoryTree, select_paths
-from evoharness.runtime.alfworld_backend import AlfworldBackend, step_record
+from evoharness.runtime.alfworld_backend import AlfworldBackend, cell_grpo, step_record
 from evoharness.runtime.cells import Role
 from evoharness.runtime.local_backend import LocalModelBackend
 from evoharness.runtime.replicas import AllReduceAlfworldBackend
@@ -200,7 +200,7 @@ class RepoBackend(AlfworldBackend):
         self.tok_lock = threading.Lock()    # a fast tokenizer used from several threads can fail ("Already borrowed")
         self.max_model_len = int(AutoConfig.from_pretrained(cfg.model_path).max_position_embeddings)
         # the cells serve bare-engine calls (no ALFWorld policy); "grpo" is their loss and optimizer
-        self._options = {"grpo": g.model_dump(), "version": state["alf"]["newest"] if state else 0}
+        self._options = {"grpo": cell_grpo(cfg).model_dump(), "version": state["alf"]["newest"] if state else 0}
         self.live: dict = {}                        # (ALFWorld's live episodes: none here)
         self._asks: queue.Queue = queue.Queue()     # episode threads -> driver thread
         self._ask: dict[int, _Ask] = {}             # execution -> the call it waits on

@@ -14,6 +14,21 @@ a micro-batch, ``_C`` completion positions, ``_V`` vocabulary):
     H_k   = entropy of π_θ(· | context) at that position
     ℓ_k   = pg_k + β · kl_k − c_H · H_k
 
+Stale samples (async schedules, up to η versions old): ``off_policy = "decoupled"``
+is decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy
+optimization"; AReaL, arXiv 2505.24298 Eq. 5): the clip acts on the ratio to
+the proximal policy π_prox (the weights the update starts from, here the ones
+the gradient is taken at, so one update per batch: ``mini_batches = 1``) and
+the behaviour policy enters only as a truncated importance weight
+(truncated IS, Espeholt et al. 2018; cap ``behaviour_weight_cap``):
+
+    r_k   = exp(log π_θ(y_k) − log π_prox(y_k)),   w_k = min(exp(log π_prox − log π_behaviour), c)
+    pg_k  = −w_k · min(r_k A, clip(r_k, 1 − ε_low, 1 + ε_high) A)
+
+Standard PPO (``"ppo"``, the formula above) instead clips ρ_k itself, so a token
+whose policy moved more than ε since it was sampled gets no gradient at all.
+With fresh samples (π_prox = π_behaviour) the two are the same update.
+
 Aggregation (QwenGyre "averaged over tokens within an execution, then across
 executions"): with N_j the completion tokens of trajectory j in the whole step
 batch and M the number of trajectories in it,
@@ -45,7 +60,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -78,10 +93,17 @@ class GRPOConfig(Strict):
     micro_batch_size: int = Field(8, gt=0, description="turns (with packing: packed rows) per forward/backward")
     mini_batches: int = Field(1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); "
                                                     "groups are kept whole")
+    off_policy: Literal["auto", "ppo", "decoupled"] = Field(
+        "auto", description="ppo: clip the ratio to the behaviour policy; decoupled: decoupled PPO with a truncated "
+                            "behaviour importance weight (module docstring); auto: decoupled on the schedules that "
+                            "train stale samples (async, elastic-async with staleness > 0), ppo elsewhere")
+    behaviour_weight_cap: float = Field(2.0, gt=0.0, description="decoupled: cap c of the importance weight "
+                                                                 "π_prox / π_behaviour (truncated IS)")
     max_train_turns: int | None = Field(None, gt=0, description="turns trained per trajectory (sampled); None: all")
     packing: bool = Field(False, description="train on tree-packed trajectory trees (train/tree_loss.py): "
                                              "shared prompt prefixes run once, QwenGyre dedup sampling")
-    j_max: int | None = Field(None, gt=0, description="with packing: root-to-leaf paths trained per trajectory "
+    j_max: int | None = Field(None, gt=0, description="trajectory trees (packing, the repository workload): "
+                                                      "root-to-leaf paths trained per trajectory "
                                                       "(role-priority dedup sampling); None: all")
     pack_tokens: int = Field(4096, gt=0, description="with packing: token budget of one packed row")
     reward: RewardConfig = Field(default_factory=RewardConfig)
@@ -89,9 +111,21 @@ class GRPOConfig(Strict):
 
     @model_validator(mode="after")
     def _one_work_cap(self) -> "GRPOConfig":
+        if self.off_policy == "decoupled" and self.mini_batches != 1:
+            raise ValueError("grpo.off_policy=decoupled takes π_prox as the weights the gradient is taken at: "
+                             "it needs grpo.mini_batches = 1")
         if self.packing and self.max_train_turns is not None:
             raise ValueError("grpo.max_train_turns samples turn rows; with grpo.packing cap the work with grpo.j_max")
         return self
+
+
+def resolved_off_policy(g: GRPOConfig, stale: bool) -> GRPOConfig:
+    """`g` with ``off_policy = "auto"`` resolved: decoupled PPO where the schedule trains
+    samples older than the weights they update (`stale`: async, elastic-async with η > 0),
+    PPO elsewhere."""
+    if g.off_policy != "auto":
+        return g
+    return g.model_copy(update={"off_policy": "decoupled" if stale else "ppo"})
 
 
 @dataclass
@@ -312,12 +346,20 @@ def token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tensor, a
             ref: log π_ref (None when ``cfg.kl_beta == 0``).
 
     Returns:
-        ``per_tok`` (ℓ_k), ``pg``, ``kl``, ``ent``, ``ratio`` and ``clipped`` (bool:
-        the clipped branch of the PPO min is the active one).
+        ``per_tok`` (ℓ_k), ``pg``, ``kl``, ``ent``, ``ratio`` (to the behaviour policy,
+        both objectives) and ``clipped`` (bool: the clipped branch of the PPO min is the
+        active one).
     """
     ratio = torch.exp((logp - old).clamp(-20.0, 20.0))
-    pg1 = -adv * ratio
-    pg2 = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    if cfg.off_policy == "decoupled":  # clip against π_prox (= these weights), IS weight to the behaviour
+        prox = logp.detach()
+        r = torch.exp(logp - prox)
+        w = ratio.detach().clamp(max=cfg.behaviour_weight_cap)
+        pg1 = -adv * w * r
+        pg2 = -adv * w * r.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    else:
+        pg1 = -adv * ratio
+        pg2 = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     pg = torch.maximum(pg1, pg2)
     kl = torch.zeros_like(logp)
     if cfg.kl_beta > 0:

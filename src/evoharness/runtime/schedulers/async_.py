@@ -17,12 +17,18 @@ micro-batches as they become trainable. Weight updates pause the rollout cells
 (`batching.StalenessBatcher`: oldest behaviour version first, a unit whose
 deadline is not due only if older ones keep their seats), so a straggler no
 longer holds up its batch while staleness stays <= η.
+
+A lost satellite (`Scheduler.on_cell_lost`) keeps the split: a rollout cell's
+executions are re-issued on the other rollout cells (fewer groups fit until
+its replacement serves), a train cell's micro-batch is claimed again by the
+other train cells (the core among them) and its replacement switches back to
+train.
 """
 
 from __future__ import annotations
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import Command, ExecutionFinished, SyncWeights, WeightSyncDone
+from evoharness.runtime.events import Command, ExecutionFinished, RoleSwitchDone, WeightSyncDone
 from evoharness.runtime.schedulers.base import Scheduler
 from evoharness.runtime.schedulers.batching import StalenessBatcher
 
@@ -113,8 +119,21 @@ class Async(Scheduler):
             ready.clear()
             self.claim(out)
 
+    def replacement_role(self, cell: int) -> Role:
+        return self.initial_roles()[cell]
+
+    def on_role_switch_done(self, ev: RoleSwitchDone, out: list[Command]) -> None:
+        """Only a lost cell's replacement switches (the split is fixed)."""
+        self.pool.set_role(self.pool.cells[ev.cell], ev.role)
+        if ev.role == Role.TRAIN:
+            self.idle_train.append(ev.cell)
+            self.claim(out)
+        else:
+            self.route(out)
+            self._maybe_dispatch(out)
+
     def on_step_trained(self, out: list[Command]) -> None:
-        out.append(SyncWeights(self.version + 1, tuple(range(self.K))))
+        self.sync_weights(out)
 
     def on_weight_sync_done(self, ev: WeightSyncDone, out: list[Command]) -> None:
         self.version = ev.version

@@ -7,7 +7,18 @@ runtime. Shared pieces live here: the gateway queue with least-loaded routing,
 the d/p/f counters, GRPO group completion, and a streaming trainer whose train
 cells claim micro-batches (one execution's trajectory each) from a shared
 queue (QwenGyre, arXiv 2609.33848, "streaming training with dynamic
-membership"; weights stay fixed within a step).
+membership"; weights stay fixed within a step), and what a lost cell costs.
+
+A lost cell (`CellLost`, any schedule): a satellite's running micro-batch goes
+back to the front of the shared queue, its executions come back as
+`ExecutionOrphaned` and are re-issued on the rollout cells left, and its
+replacement reports in rollout (`RoleSwitchDone(cell, ROLLOUT)`); the schedule
+then puts it where it wants it (``replacement_role``). Until then the cell gets
+no command. The core (cell 0) holds the only optimizer state in every schedule
+(colocate and async on gradient files, elastic ones always): losing it fails
+the job, which resumes from its last checkpoint (`runtime.driver.Driver`).
+(Train cells that all-reduce in a `torch.distributed` group, colocate and async
+with ``runtime.allreduce``, are the backend's concern: `runtime.replicas`.)
 """
 
 from __future__ import annotations
@@ -18,7 +29,8 @@ from evoharness.runtime.cells import CellPool, Counters, Role
 from evoharness.runtime.events import (Bind, CellLost, Command, Dispatch, Event, ExecutionDispatched,
                                        ExecutionFinished, ExecutionOrphaned, ExecutionStarted,
                                        MicroBatchDone, ModelCallFinished, ModelCallStarted,
-                                       RoleSwitchDone, RunMicroBatch, WeightSyncDone)
+                                       RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
+                                       WeightSyncDone)
 
 
 class Scheduler:
@@ -74,13 +86,23 @@ class Scheduler:
         self.mb_pending = 0                       # micro-batches of this step not yet done
         self.running_mb: dict[int, tuple[int, ...]] = {}   # train cell -> executions it is training
         self.cells_lost = 0
+        self.replacing: set[int] = set()          # lost cells whose replacement has not reported yet
+        self.rejoining: set[int] = set()          # ... or has not landed in the role it is sent to
+        self.sync_held = False                    # a weight sync waits for them (`sync_weights`)
         self._handlers = {
             ExecutionDispatched: self.on_dispatched, ExecutionStarted: self.on_started,
             ExecutionFinished: self.on_finished, ExecutionOrphaned: self.on_orphaned,
             ModelCallStarted: self.on_model_call, ModelCallFinished: self.on_model_call,
-            MicroBatchDone: self.on_micro_batch_done, RoleSwitchDone: self.on_role_switch_done,
+            MicroBatchDone: self.on_micro_batch_done, RoleSwitchDone: self._role_switch_done,
             WeightSyncDone: self.on_weight_sync_done, CellLost: self.on_cell_lost,
         }
+
+    def __setstate__(self, state: dict) -> None:
+        # a job checkpoint pickled before lost cells were handled here: no `replacing`, old handler
+        self.__dict__.update(state)
+        for k, v in (("replacing", set()), ("rejoining", set()), ("sync_held", False)):
+            self.__dict__.setdefault(k, v)
+        self._handlers[RoleSwitchDone] = self._role_switch_done
 
     # ---- interface ---------------------------------------------------------
     def initial_roles(self) -> list[Role]:
@@ -180,9 +202,66 @@ class Scheduler:
     def on_weight_sync_done(self, ev: WeightSyncDone, out: list[Command]) -> None:
         pass
 
+    def sync_cells(self) -> tuple[int, ...]:
+        """The cells a weight sync goes to (default: all)."""
+        return tuple(range(self.K))
+
+    def sync_weights(self, out: list[Command]) -> None:
+        """The optimizer step and weight sync of version + 1 to `sync_cells`, held
+        while a lost cell's replacement is on its way: it then joins with the
+        newest weights and a job checkpoint at the sync (`runtime.driver`) finds
+        no role switch in flight."""
+        if self.rejoining:
+            self.sync_held = True
+        else:
+            out.append(SyncWeights(self.version + 1, self.sync_cells()))
+
+    def _role_switch_done(self, ev: RoleSwitchDone, out: list[Command]) -> None:
+        if ev.cell in self.replacing:
+            self.replacing.discard(ev.cell)
+            self.on_replacement(ev, out)
+        else:
+            self.on_role_switch_done(ev, out)
+        if ev.cell in self.rejoining and self.pool.cells[ev.cell].role in (Role.ROLLOUT, Role.TRAIN):
+            self.rejoining.discard(ev.cell)
+            if self.sync_held and not self.rejoining:
+                self.sync_held = False
+                out.append(SyncWeights(self.version + 1, self.sync_cells()))
+
     def on_cell_lost(self, ev: CellLost, out: list[Command]) -> None:
-        raise RuntimeError(f"{self.name} does not handle a lost cell (cell {ev.cell}); run elastic-async, "
-                           "or resume the job from its last checkpoint")
+        """A satellite failed: its micro-batch is claimed again (by an idle
+        train cell now, else by the next one that frees up), its executions
+        follow as `ExecutionOrphaned`, and its replacement is awaited.
+
+        Raises:
+            RuntimeError: the core cell 0 failed (it holds the only optimizer
+                state); the job resumes from its last checkpoint.
+        """
+        if ev.cell == 0:
+            raise RuntimeError(f"{self.name}: the core cell 0 failed (it holds the only optimizer state); "
+                               "resume the job from its last checkpoint")
+        role = self.lose_cell(ev.cell)
+        self.replacing.add(ev.cell)
+        self.rejoining.add(ev.cell)
+        self.cell_lost(ev.cell, role, out)
+        self.claim(out)
+
+    def cell_lost(self, cell: int, role: Role, out: list[Command]) -> None:
+        """Hook: the schedule's own books after satellite `cell` (in `role`) was lost."""
+
+    def replacement_role(self, cell: int) -> Role:
+        """Where the schedule wants the replacement of lost `cell` now (ROLLOUT or TRAIN)."""
+        return Role.ROLLOUT
+
+    def on_replacement(self, ev: RoleSwitchDone, out: list[Command]) -> None:
+        """The replacement of a lost cell reported in rollout: it serves there
+        (as a cell switched back to rollout) or, if `replacement_role` says so,
+        moves on to train."""
+        if ev.role == Role.ROLLOUT and self.replacement_role(ev.cell) == Role.TRAIN:
+            self.pool.set_role(self.pool.cells[ev.cell], Role.TO_TRAIN)
+            out.append(SwitchRole(ev.cell, Role.TRAIN))
+            return
+        self.on_role_switch_done(ev, out)
 
     def lose_cell(self, cell: int) -> Role:
         """Shared part of losing `cell`: its running micro-batch goes back to

@@ -28,13 +28,19 @@ trains only when its slowest member finished, so the paper's rule alone moves
 cells that then sit idle while their rollout throughput is lost and the
 remaining executions are packed onto fewer cells. Once w(t) = 0 the gate no
 longer applies.
+
+A lost satellite (`Scheduler.on_cell_lost`): its executions are re-issued on
+the rollout cells left (queued while w(t) exceeds their room), a micro-batch
+it trained is claimed again by the core or another train cell, a transfer it
+was in ends (a weight sync that waited for it goes ahead), and its
+replacement joins rollout, from where the waterlevel rule may move it again.
 """
 
 from __future__ import annotations
 
 from evoharness.runtime.cells import Role
 from evoharness.runtime.events import (Command, ExecutionFinished, ExecutionStarted, Migrate, RoleSwitchDone,
-                                       SwitchRole, SyncWeights, WeightSyncDone)
+                                       SwitchRole, WeightSyncDone)
 from evoharness.runtime.schedulers.base import Scheduler
 
 
@@ -136,6 +142,20 @@ class Elastic(Scheduler):
         else:
             self.route(out)
 
+    def cell_lost(self, cell: int, role: Role, out: list[Command]) -> None:
+        if role == Role.TRAIN:
+            self.train_cells -= 1
+        if self.transferring == cell:
+            self.transferring = None
+            if self.sync_waiting:
+                self.sync_waiting = False
+                self._sync(out)
+        self.maybe_transfer(out)
+
+    def on_replacement(self, ev: RoleSwitchDone, out: list[Command]) -> None:
+        super().on_replacement(ev, out)
+        self.maybe_transfer(out)
+
     def on_step_trained(self, out: list[Command]) -> None:
         if self.transferring is not None:
             self.sync_waiting = True   # sync once the cell in transfer has landed
@@ -143,7 +163,7 @@ class Elastic(Scheduler):
             self._sync(out)
 
     def _sync(self, out: list[Command]) -> None:
-        out.append(SyncWeights(self.version + 1, tuple(range(self.K))))
+        self.sync_weights(out)
 
     def on_weight_sync_done(self, ev: WeightSyncDone, out: list[Command]) -> None:
         self.version = ev.version

@@ -34,8 +34,8 @@ fixed, and training is never held to one step's rollout.
 from __future__ import annotations
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (CellLost, Command, ExecutionFinished, MicroBatchDone, Migrate,
-                                       RoleSwitchDone, SwitchRole, SyncWeights, WeightSyncDone)
+from evoharness.runtime.events import (Command, ExecutionFinished, MicroBatchDone, Migrate,
+                                       RoleSwitchDone, SwitchRole, WeightSyncDone)
 from evoharness.runtime.schedulers.base import Scheduler
 from evoharness.runtime.schedulers.batching import StalenessBatcher
 
@@ -132,10 +132,12 @@ class ElasticAsync(Scheduler):
         self._balance(out)
 
     def _sync(self, out: list[Command]) -> None:
-        """Every cell but a failed one being replaced (it loads the newest weights when it joins)."""
-        self.syncing = True
-        cells = tuple(c.id for c in self.pool.cells if c.role in (Role.ROLLOUT, Role.TRAIN))
-        out.append(SyncWeights(self.version + 1, cells))
+        self.syncing = True       # (no transfer starts while a sync waits or runs)
+        self.sync_weights(out)
+
+    def sync_cells(self) -> tuple[int, ...]:
+        """Every cell but one lost during the sync (its replacement loads the newest weights)."""
+        return tuple(c.id for c in self.pool.cells if c.role in (Role.ROLLOUT, Role.TRAIN))
 
     def on_weight_sync_done(self, ev: WeightSyncDone, out: list[Command]) -> None:
         self.syncing = False
@@ -197,19 +199,13 @@ class ElasticAsync(Scheduler):
         self.transfers += 1
         return True
 
-    def on_cell_lost(self, ev: CellLost, out: list[Command]) -> None:
-        """A satellite failed: its micro-batch is claimed again, its executions
-        come back orphaned (re-issued elsewhere), its replacement joins rollout.
-        The core holds the only optimizer state: losing it fails the job (resume
-        from the last checkpoint)."""
-        if ev.cell == 0:
-            raise RuntimeError("the core cell failed: resume the job from its last checkpoint")
-        role = self.lose_cell(ev.cell)
+    def cell_lost(self, cell: int, role: Role, out: list[Command]) -> None:
+        """A lost satellite (`Scheduler.on_cell_lost`): its replacement joins
+        rollout and the balance moves it on from there."""
         if role == Role.TRAIN:
             self.train_cells -= 1
-        if self.transferring == ev.cell:
-            self.transferring = None
-        self.claim(out)
+        if self.transferring == cell:
+            self.transferring = None    # a sync waiting for it waits for its replacement instead
 
     def on_role_switch_done(self, ev: RoleSwitchDone, out: list[Command]) -> None:
         cell = self.pool.cells[ev.cell]

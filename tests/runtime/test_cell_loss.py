@@ -1,0 +1,164 @@
+"""A lost cell under colocate, async and elastic: SIGKILL of a real cell process mid-run.
+
+A satellite killed while it serves calls: its executions are re-issued on the
+other cells and the step completes; killed while it trains a micro-batch: the
+micro-batch is claimed again. Either way every execution finishes and trains
+exactly once, no agent turn is aborted, the loss is counted, and the
+replacement process serves the schedule. The core (cell 0, the only optimizer
+state) failing fails the job with a message that names the resume, and the job
+resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rl_cells import KillOnCommand
+
+from evoharness.runtime.cells import Role
+from evoharness.runtime.driver import Driver
+from evoharness.runtime.events import (Bind, CellLost, ExecutionDispatched, ExecutionFinished, ExecutionStarted,
+                                       MicroBatchDone, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
+                                       WeightSyncDone)
+from evoharness.runtime.local_backend import LocalBackend
+from evoharness.runtime.sim import build_scheduler
+
+SCALE = 0.002   # real seconds per simulated second (the long-tail workload's 3 steps: ~1-3 s)
+
+
+class Killer(KillOnCommand, LocalBackend):
+    """Kills the cell of the first command `kill_on` picks (``killed_pid``: its
+    process); ``after``: the commands to that cell since."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.after, self.killed_pid = [], None
+
+    def apply(self, c):
+        cell = getattr(c, "cell", None)
+        if self.killed and cell == self.killed[0]:
+            self.after.append(c)
+        pid = self.procs[cell].pid if cell is not None else None
+        super().apply(c)
+        if self.killed and self.killed_pid is None:
+            self.killed_pid = pid
+
+
+def _nth(kind, cell, n):
+    """A `kill_on`: the n-th command of `kind` to `cell` (n from 1)."""
+    seen = iter(range(1, 1000))
+    return lambda c: isinstance(c, kind) and c.cell == cell and next(seen) == n
+
+
+def _cfg(make_cfg, policy):
+    # async: a train split of 2 (the core and a satellite) beside one rollout cell
+    return make_cfg(steps=3, cluster={"cells": 3}, policy={"staleness": 1, "async_train_cells": 2})
+
+
+def _run(cfg, sched, kill_on, checkpoint=None):
+    be = Killer(cfg, sched.initial_roles(), time_scale=SCALE, kill_on=kill_on)
+    try:
+        stats = Driver(sched, be, stall_s=30, checkpoint=checkpoint).run()
+    finally:
+        be.close()
+    return be, stats
+
+
+def _exactly_once(cfg, sched, be, stats):
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert sched.done and len(stats.step_end_s) == cfg.steps
+    assert sum(stats.staleness.values()) == n           # the driver checked: each finished and trained once
+    assert max(stats.staleness) <= (1 if sched.name == "async" else 0)
+    assert stats.aborted_turns == 0 and be.counts["aborted_turns"] == 0
+    assert be.killed and stats.cells_lost == 1 == be.counts["cells_lost"] == sched.cells_lost
+    lost = be.killed[0]                                  # a new process, and it answered
+    assert be.procs[lost].pid != be.killed_pid and be.procs[lost].pid in be.pids_seen[lost]
+    assert not sched.replacing and not sched.rejoining and not sched.sync_held
+
+
+@pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
+def test_a_rollout_cell_killed_mid_step_has_its_executions_reissued(make_cfg, policy):
+    """SIGKILL cell 2 (a rollout cell in every schedule) right after its second
+    execution was bound to it: the calls in flight there are re-issued elsewhere,
+    the step completes, and the replacement serves rollout again."""
+    cfg = _cfg(make_cfg, policy)
+    sched = build_scheduler(policy, cfg)
+    be, stats = _run(cfg, sched, _nth(Bind, 2, 2))
+    _exactly_once(cfg, sched, be, stats)
+    assert be.counts["reissued_calls"] >= 1 and stats.micro_batches_reclaimed == 0
+    assert any(isinstance(c, Bind) for c in be.after)     # the replacement serves the later steps' calls
+
+
+@pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
+def test_a_train_cell_killed_while_it_holds_a_micro_batch_has_it_reclaimed(make_cfg, policy):
+    """SIGKILL the first satellite handed a micro-batch while it trains it: the
+    micro-batch goes back to the shared queue and another train cell trains it;
+    the replacement joins the role the schedule wants (async: back to its train
+    split; colocate, elastic: rollout, from where it trains again later)."""
+    cfg = _cfg(make_cfg, policy)
+    sched = build_scheduler(policy, cfg)
+    be, stats = _run(cfg, sched, lambda c: isinstance(c, RunMicroBatch) and c.cell != 0)
+    _exactly_once(cfg, sched, be, stats)
+    assert stats.micro_batches_reclaimed == 1
+    lost = be.killed[0]
+    if policy == "async":    # its replacement switched back to train and trained later micro-batches
+        assert sched.pool.cells[lost].role == Role.TRAIN
+        assert [type(c) for c in be.after[:1]] == [SwitchRole] and be.after[0].role == Role.TRAIN
+    assert any(isinstance(c, RunMicroBatch) for c in be.after)
+
+
+@pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
+def test_losing_the_core_fails_the_job_and_it_resumes_from_its_checkpoint(make_cfg, policy, tmp_path):
+    """SIGKILL the core (cell 0) as it trains step 2, after the first job checkpoint: the
+    run fails naming the resume; `Driver.resume` on fresh cells plays the rest,
+    and across both runs every execution finishes and trains exactly once."""
+    cfg = _cfg(make_cfg, policy)
+    sched = build_scheduler(policy, cfg)
+    ckpt = tmp_path / "job.ckpt"
+    kill_on = lambda c: isinstance(c, RunMicroBatch) and c.cell == 0 and c.version == 1   # noqa: E731
+    with pytest.raises(RuntimeError, match="core cell 0 failed.*resume the job from its last checkpoint"):
+        _run(cfg, sched, kill_on, checkpoint=ckpt)
+    d = Driver.resume(ckpt, lambda s, st: LocalBackend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE,
+                                                       state=st), stall_s=30)
+    assert d._pending[0] == WeightSyncDone(1)              # taken at step 1's weight sync
+    try:
+        stats = d.run()
+    finally:
+        d.backend.close()
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert d.sched.done and len(stats.step_end_s) == cfg.steps and len(d._finished) == n
+    assert sum(stats.staleness.values()) == n and stats.aborted_turns == 0
+
+
+def test_a_weight_sync_waits_for_a_replacement_on_its_way(make_cfg):
+    """Colocate, 2 cells, one group: cell 1 is lost while it trains; the core
+    trains the rest, but the step's weight sync is held until the replacement
+    reports (it then gets the newest weights, and a job checkpoint at the sync
+    finds no switch in flight), and goes to both cells."""
+    cfg = make_cfg(cluster={"cells": 2}, workload={"groups_per_step": 1})
+    sched = build_scheduler("colocate", cfg)
+    sched.start()
+    for e in range(sched.N):
+        sched.handle(ExecutionDispatched(e, 0))
+    for e in range(sched.N):
+        sched.handle(ExecutionStarted(e, sched.pool.cell_of[e]))
+        out = sched.handle(ExecutionFinished(e, sched.pool.cell_of[e], 10 + e))
+    assert out == [SwitchRole(0, Role.TRAIN), SwitchRole(1, Role.TRAIN)]
+    mb0 = sched.handle(RoleSwitchDone(0, Role.TRAIN))[0]
+    mb1 = sched.handle(RoleSwitchDone(1, Role.TRAIN))[0]
+    assert (mb0.cell, mb1.cell) == (0, 1)
+    assert sched.handle(CellLost(1)) == [] and sched.mb_queue[0] == mb1.executions[0]   # back, first in line
+    out, mb = [], mb0
+    while sched.mb_pending:                              # the core trains everything else
+        out = sched.handle(MicroBatchDone(0, mb.executions))
+        mb = next((c for c in out if isinstance(c, RunMicroBatch)), None)
+    assert out == [] and sched.sync_held                 # trained, the sync waits
+    assert sched.handle(RoleSwitchDone(1, Role.ROLLOUT)) == [SyncWeights(1, (0, 1))]
+    assert not sched.sync_held and sched.pool.cells[1].role == Role.ROLLOUT
+
+
+def test_scheduler_refuses_the_core_clearly(make_cfg):
+    for policy in ("colocate", "async", "elastic", "elastic-async"):
+        sched = build_scheduler(policy, _cfg(make_cfg, policy))
+        sched.start()
+        with pytest.raises(RuntimeError, match=f"{policy}: the core cell 0 failed"):
+            sched.handle(CellLost(0))

@@ -201,3 +201,37 @@ def test_elastic_real_model_rollout_cell_killed_plays_the_inprocess_run(model_di
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0
     assert max(stats.staleness) == 0 and sum(stats.staleness.values()) == 8
     assert_same_steps(be.records, rl_reference.metrics)
+
+
+@pytest.mark.slow
+def test_a_lost_all_reduce_member_fails_the_job_naming_the_resume(model_dir, tmp_path):
+    """Colocate on 2 real-model cells that all-reduce their gradients (`runtime.replicas`):
+    SIGKILL cell 1 in step 2, once the group has formed and stepped. The group cannot
+    continue, so the run fails at once (no collective left hanging) with a message that
+    names the resume."""
+    import os
+    import signal
+    import time
+
+    from rl_cells import drive_with_killer, job_parts, rl_config
+
+    from evoharness.harness.bpe import ExperienceStore
+    from evoharness.runtime.replicas import AllReduceAlfworldBackend
+
+    cfg = rl_config(model_dir, tmp_path, schedule="colocate", cells=2)
+    sim, sched, tasks, order = job_parts(cfg)
+    be = AllReduceAlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(),
+                                  str(tmp_path / "rt"), members=[0, 1])
+
+    def killer():
+        while not be.step_stats:                 # step 1's all-reduce done: the group exists
+            time.sleep(0.002)
+        calls = be.counts["calls"]
+        while be.counts["calls"] < calls + 2:
+            time.sleep(0.002)
+        os.kill(be.procs[1].pid, signal.SIGKILL)
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"cell 1 of the all-reduce group \[0, 1\] failed.*resume the job"):
+        drive_with_killer(sched, be, killer)
+    assert time.monotonic() - t0 < 90 and len(be.step_stats) == 1   # failed in step 2, not after a stall

@@ -25,9 +25,18 @@ optimizer step, each where its assumptions hold:
 
 `AllReduceAlfworldBackend` is `runtime.alfworld_backend.AlfworldBackend` with
 the first mechanism; `ReplicaGroup` is what a cell process holds
-(`runtime.cell_worker`, jobs ``train`` and ``dp_step``). A cell lost mid-run
-breaks its group: colocate and async do not handle lost cells anyway (the job
-resumes from its last checkpoint with a fresh group).
+(`runtime.cell_worker`, jobs ``train`` and ``dp_step``).
+
+A lost member fails the job at once, with a message naming the resume (the job
+checkpoint of the last weight sync; the resumed backend forms a fresh group),
+rather than re-forming the group: the gradients of the micro-batches it already
+finished this step lived only in its memory (the scheduler knows only the one
+it was running, and re-claims that), every survivor would have to tear down
+and re-rendezvous its process group together with the replacement (until then
+a collective with the dead rank fails under gloo, and blocks until its timeout
+under NCCL), and the replacement would need the step's optimizer state. A lost
+cell outside the group (an async rollout cell) is handled by the scheduler as
+everywhere else.
 """
 
 from __future__ import annotations
@@ -150,6 +159,18 @@ class AllReduceAlfworldBackend(AlfworldBackend):
         if not others:
             del self._sync_left[version]
             self._events.append(WeightSyncDone(version))
+
+    def _lose(self, c: int) -> None:
+        """A member of the group died: fail the job (module docstring); another cell: as usual.
+
+        Raises:
+            RuntimeError: `c` is a member (the job resumes from its last checkpoint).
+        """
+        if c in self.members:
+            raise RuntimeError(f"cell {c} of the all-reduce group {self.members} failed: its accumulated "
+                               "gradients are lost and the group cannot continue; resume the job from its last "
+                               "checkpoint (a fresh group forms)")
+        super()._lose(c)
 
     def _job_lost(self, token: int, job: tuple) -> None:
         if job[0] == "dp_step":

@@ -1,8 +1,10 @@
-"""Shared fixtures: real ALFWorld games from the bundled pack."""
+"""Shared fixtures: real ALFWorld games from the bundled pack, the micro model, the in-process RL run."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,37 @@ import pytest
 os.environ.setdefault("EVOHARNESS_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "test"))
 
 from evoharness.envs.alfworld.games import TASK_TYPES, discover_games  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A micro model whose tokenizer is trained on real BPE-harness prompts (tests/micro_model.py)."""
+    from micro_model import build_micro_model_dir
+
+    return build_micro_model_dir(tmp_path_factory.mktemp("micro"))
+
+
+@dataclass(frozen=True)
+class RLReference:
+    """The in-process RL loop's run: its out dir, per-step records and final weights."""
+
+    out: Path
+    metrics: list[dict]
+    weights: dict
+
+
+@pytest.fixture(scope="session")
+def rl_reference(model_dir, tmp_path_factory) -> RLReference:
+    """`evoharness rl` in process on `rl_cells.rl_config` (~17 s, once a session): what every
+    runtime schedule and backend must reproduce (tests/train/test_rl_runtime.py, tests/runtime/)."""
+    from rl_cells import metrics, rl_config
+    from safetensors.torch import load_file
+
+    from evoharness.train.rl import train_rl
+
+    out = tmp_path_factory.mktemp("rl_inprocess")
+    final = train_rl(rl_config(model_dir, out), progress=False)
+    return RLReference(out, metrics(out), load_file(str(final / "model.safetensors")))
 
 
 @pytest.fixture(scope="session")

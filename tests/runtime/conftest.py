@@ -69,3 +69,12 @@ class Recorder:
 @pytest.fixture
 def recorder():
     return Recorder
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A local Ray head on 127.0.0.1 (2 CPUs) for a test module; skips when Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=2, log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from rl_cells import KillOnCommand
 
 from evoharness.runtime.driver import Driver
 from evoharness.runtime.events import Bind, RunMicroBatch
@@ -70,20 +71,8 @@ def test_a_blunt_switch_aborts_the_calls_in_flight_and_counts_them(make_cfg):
     assert be.counts["aborted_turns"] == len(members) == cfg.workload.group_size
 
 
-class Killer(LocalBackend):
+class Killer(KillOnCommand, LocalBackend):
     """SIGKILLs a satellite cell's process right after a chosen command reaches it."""
-
-    def __init__(self, *a, kill_on, **kw):
-        super().__init__(*a, **kw)
-        self.kill_on, self.killed = kill_on, []
-
-    def apply(self, c):
-        super().apply(c)
-        if not self.killed and self.kill_on(c):
-            cell = c.cell
-            os.kill(self.procs[cell].pid, signal.SIGKILL)
-            self.procs[cell].join()
-            self.killed.append(cell)
 
 
 @pytest.mark.parametrize("what", ["rollout", "train"])

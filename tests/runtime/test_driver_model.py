@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 from micro_model import MICRO
+from rl_cells import KillOnCommand, assert_micro_batch_reclaimed
 
 from evoharness.runtime.driver import Driver
 from evoharness.runtime.local_backend import LocalModelBackend
@@ -110,20 +111,8 @@ def test_gateway_drains_a_switched_rollout_cell_without_aborting_a_turn(make_cfg
     assert be.counts["drain_s_max"] > 0
 
 
-class _Killer(LocalModelBackend):
+class _Killer(KillOnCommand, LocalModelBackend):
     """SIGKILLs a cell's process right after the first command `kill_on` picks reaches it."""
-
-    def __init__(self, *a, kill_on, **kw):
-        super().__init__(*a, **kw)
-        self.kill_on, self.killed = kill_on, []
-
-    def apply(self, c):
-        super().apply(c)
-        if not self.killed and self.kill_on(c):
-            import os
-            import signal
-            os.kill(self.procs[c.cell].pid, signal.SIGKILL)
-            self.killed.append(c.cell)
 
 
 def test_a_killed_train_cell_has_its_micro_batch_reclaimed(make_cfg, model_dir, tmp_path):
@@ -141,8 +130,4 @@ def test_a_killed_train_cell_has_its_micro_batch_reclaimed(make_cfg, model_dir, 
         stats = Driver(sched, be, stall_s=120).run()
     finally:
         be.close()
-    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
-    assert be.killed and stats.cells_lost == 1 == be.counts["cells_lost"]
-    assert stats.micro_batches_reclaimed >= 1 and stats.aborted_turns == 0
-    assert sum(stats.staleness.values()) == n                     # every execution trained once
-    assert [s["micro_batches"] for s in be.step_stats] == [n // cfg.steps] * cfg.steps
+    assert_micro_batch_reclaimed(be, stats, cfg)

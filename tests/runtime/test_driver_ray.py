@@ -8,14 +8,7 @@ from evoharness.runtime.driver import Driver
 from evoharness.runtime.events import Bind
 from evoharness.runtime.sim import build_scheduler
 
-ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def ray_head():
-    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=2, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytest.importorskip("ray")
 
 
 @pytest.mark.parametrize("policy", ["colocate", "elastic-async"])

@@ -6,14 +6,10 @@ turned into a trajectory tree and trained by the train cells."""
 from __future__ import annotations
 
 import json
-import os
-import random
-import signal
-import threading
-import time
 
 import pytest
 import torch
+from rl_cells import drive_with_killer, gateway_satellite_killer, job_parts, metrics
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -38,10 +34,6 @@ def model_dir(tmp_path_factory):
                                  max_position_embeddings=4096)
 
 
-def _metrics(out):
-    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def _cli_args(model_dir, out, *extra):
     return ["rl", "--env", "repo", "--tasks", "pack", "--model-path", str(model_dir), "--out", str(out),
             "--set", "steps=2", "--set", "max_new_tokens=12", "--set", f"repo.task_ids={json.dumps(TASKS)}",
@@ -63,7 +55,7 @@ def test_colocate_from_the_cli_plays_each_execution_once(model_dir, colocate):
     empty workspace (placeholder 0): every advantage is 0, which is recorded (and the update
     is exactly zero), not a crash. Each execution runs once; the trace replays (~15 s)."""
     out = colocate
-    got = _metrics(out)
+    got = metrics(out)
     assert [m["step"] for m in got] == [1, 2]
     for m in got:
         assert m["score/placeholder"] == 4 and m["score/scored"] == m["score/dropped"] == 0
@@ -87,14 +79,6 @@ SAME = ("score/placeholder", "stop/no_tool_call", "steps_per_episode", "completi
         "tree/tokens", "tree/trainable", "tree/selected", "tree/rows", "train/n_tokens", "policy_version")
 
 
-@pytest.fixture
-def ray_head():
-    ray = pytest.importorskip("ray")
-    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=2, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def test_ray_actors_play_the_same_executions(model_dir, colocate, ray_head, tmp_path):
     """The same run on 2 Ray actors (all-reduce train replicas): the same executions, calls,
     completions and trees as 3 local cells, since a call's sample depends on (seed,
@@ -103,7 +87,7 @@ def test_ray_actors_play_the_same_executions(model_dir, colocate, ray_head, tmp_
     res = CliRunner().invoke(app, _cli_args(model_dir, out, "--schedule", "colocate", "--cells", "2",
                                             "--backend", "ray"))
     assert res.exit_code == 0, res.output
-    for a, b in zip(_metrics(out), _metrics(colocate), strict=True):
+    for a, b in zip(metrics(out), metrics(colocate), strict=True):
         assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
         assert a["train/entropy"] == pytest.approx(b["train/entropy"], rel=1e-5)
 
@@ -125,42 +109,17 @@ def test_elastic_async_through_the_gateway_survives_a_killed_rollout_cell(model_
     """elastic-async on 2 cells, calls through the gateway; a satellite rollout cell is
     SIGKILLed mid-step: its calls are re-issued, no turn is aborted, every execution runs
     exactly once, and the records -> trees -> samples take a real gradient step (~20 s)."""
-    from evoharness.runtime.driver import Driver
-    from evoharness.runtime.rl_job import repo_tasks, sim_config
-    from evoharness.runtime.sim import build_scheduler
+    from evoharness.runtime.rl_job import repo_tasks
 
     cfg = RLConfig(model_path=str(model_dir), out_dir=str(tmp_path), steps=2, max_new_tokens=12, seed=0, env="repo")
     cfg.repo.task_ids, cfg.repo.agent.max_no_tool_replies = TASKS, 2
     cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr, cfg.grpo.temperature = 2, 2, 1e-3, 1.0
     cfg.runtime.schedule, cfg.runtime.cells, cfg.runtime.staleness, cfg.runtime.capacity = "elastic-async", 2, 0, 4
-    tasks = repo_tasks(cfg)
-    order = list(range(len(tasks)))
-    random.Random(cfg.seed).shuffle(order)
-    sim = sim_config(cfg)
-    sched = build_scheduler("elastic-async", sim)
+    sim, sched, tasks, order = job_parts(cfg, repo_tasks(cfg))
     be = ScriptedFirstSample(sim, sched.initial_roles(), cfg, tasks, order, None, str(tmp_path / "rt"),
                              via_gateway=True)
     killed = []
-
-    def killer():      # SIGKILL a satellite (not the core) while gateway calls run on it
-        while True:
-            try:
-                cells = {be._jobs[t][1] for t in list(be._gw_jobs)} - {0}
-            except (KeyError, RuntimeError):           # the driver thread moved on meanwhile
-                cells = set()
-            if cells and be.counts["calls"] >= 3:
-                break
-            time.sleep(0.002)
-        os.kill(be.procs[min(cells)].pid, signal.SIGKILL)
-        killed.append(min(cells))
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
-    try:
-        stats = Driver(sched, be, stall_s=120).run()
-    finally:
-        be.close()
-    t.join(timeout=1)
+    stats = drive_with_killer(sched, be, gateway_satellite_killer(be, 3, killed))
     assert killed and stats.cells_lost == 1 == be.counts["cells_lost"]
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0 == be.counts["aborted_turns"]
     assert be.started == {e: 1 for e in range(8)} and sorted(be.outcome) == list(range(8))

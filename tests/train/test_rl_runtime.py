@@ -7,62 +7,23 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 
 import pytest
-from safetensors.torch import load_file
+from rl_cells import (EXACT, assert_same_steps, assert_same_update, drive_with_killer, job_parts, metrics,
+                      rl_config)
 from typer.testing import CliRunner
 
 from evoharness.cli import app
-from evoharness.train.rl import RLConfig, train_rl
-
-EXACT = ("success", "reward", "steps_per_episode", "completion_tokens_per_episode", "invalid_per_episode",
-         "experience_ops", "experience_epoch", "policy_version", "train/n_tokens", "adv/signal_groups",
-         "prompt/cut_tokens", "rollout/env_errors")
-CLOSE = ("train/loss", "train/kl", "train/entropy", "train/grad_norm", "train/forced_fraction")
+from evoharness.train.rl import train_rl
 
 
-def _cfg(model_dir, out, steps=2, **runtime):
-    cfg = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=steps, max_steps=4, max_new_tokens=12,
-                   max_prompt_tokens=512, decode_threads=1, seed=3)
-    cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 2, 1e-3
-    cfg.grpo.temperature, cfg.grpo.micro_batch_size = 1.0, 8
-    for k, v in runtime.items():
-        setattr(cfg.runtime, k, v)
-    return cfg
-
-
-def _metrics(out):
-    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def inprocess(model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("inprocess")
-    final = train_rl(_cfg(model_dir, out), progress=False)
-    return _metrics(out), load_file(str(final / "model.safetensors"))
-
-
-def _same_run(out, final, inprocess, model_dir):
-    ref_metrics, ref_w = inprocess
-    got = _metrics(out)
-    assert [m["step"] for m in got] == [1, 2]
-    for a, b in zip(got, ref_metrics):
-        assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
-        for k in CLOSE:
-            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-7), k
-    # the same two AdamW updates: weights agree far below the size of the update (1%: a cell decodes
-    # the calls queued together as one batch, so behaviour log-probs differ in the last float bits
-    # from the in-process batch, and AdamW's 1/sqrt(v) scales that up where gradients are tiny;
-    # 1.2e-3 of the update was seen once; another sample or update would differ by ~100%)
-    w0 = load_file(str(model_dir / "model.safetensors"))
-    w = load_file(str(final / "model.safetensors"))
-    for k in ref_w:
-        moved = (ref_w[k] - w0[k]).abs().max()
-        assert (w[k] - ref_w[k]).abs().max() <= 1e-2 * moved + 1e-7, k
+def _same_run(out, final, ref, model_dir):
+    """`rl_reference`'s steps and update; each of the 2 x 4 episodes in the call trace once, its calls in order."""
+    assert_same_steps(metrics(out), ref.metrics)
+    assert_same_update(final, ref.weights, model_dir)
     assert (final / "experience.json").is_file() and (out / "report.md").is_file()
-    # the call trace replays in the simulator: each of the 2 x 4 episodes once, its calls in order
+    # the call trace replays in the simulator
     from evoharness.runtime.workload import load_trace
     trace = [json.loads(ln) for ln in (out / "runtime" / "trace.jsonl").read_text().splitlines()]
     assert sorted(t["episode_id"] for t in trace) == sorted({t["episode_id"] for t in trace}) and len(trace) == 8
@@ -71,13 +32,13 @@ def _same_run(out, final, inprocess, model_dir):
     return json.loads((out / "runtime.json").read_text())
 
 
-def test_colocate_one_cell_reproduces_the_inprocess_loop(model_dir, tmp_path, inprocess):
+def test_colocate_one_cell_reproduces_the_inprocess_loop(model_dir, tmp_path, rl_reference):
     out = tmp_path / "colocate"
-    cfg = _cfg(model_dir, out, schedule="colocate", cells=1)
+    cfg = rl_config(model_dir, out, schedule="colocate", cells=1)
     cfg.eval_every, cfg.eval_limit = 2, 2            # the periodic evaluation runs in the driver process
     final = train_rl(cfg, progress=False)
-    rt = _same_run(out, final, inprocess, model_dir)
-    assert "eval/success" not in _metrics(out)[0] and _metrics(out)[1]["eval/n"] == 2
+    rt = _same_run(out, final, rl_reference, model_dir)
+    assert "eval/success" not in metrics(out)[0] and metrics(out)[1]["eval/n"] == 2
     assert rt["runtime/aborted_turns"] == 0 and rt["runtime/staleness_max"] == 0
     assert rt["runtime/micro_batches"] == 8            # one per execution, 2 steps x 4
     # the same command again resumes the finished job from its last checkpoint: nothing runs twice
@@ -87,7 +48,7 @@ def test_colocate_one_cell_reproduces_the_inprocess_loop(model_dir, tmp_path, in
     other = tmp_path / "inprocess_run"
     (other / "checkpoints").mkdir(parents=True)
     with pytest.raises(ValueError, match="in-process run"):
-        train_rl(_cfg(model_dir, other, schedule="colocate", cells=1), progress=False)
+        train_rl(rl_config(model_dir, other, schedule="colocate", cells=1), progress=False)
 
 
 JOB = '''
@@ -98,14 +59,14 @@ if __name__ == "__main__":
 '''
 
 
-def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, inprocess):
+def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, rl_reference):
     """SIGKILL of the driver process (its cells exit with it) after step 1's checkpoint; the same
     command resumes: the metrics and the final weights are the uninterrupted run's (~15 s)."""
     import subprocess
     import sys
 
     out = tmp_path / "job"
-    cfg = _cfg(model_dir, out, schedule="colocate", cells=1)
+    cfg = rl_config(model_dir, out, schedule="colocate", cells=1)
     (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
     (tmp_path / "job.py").write_text(JOB)
     proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "cfg.json")],
@@ -116,54 +77,45 @@ def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, inp
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert ckpt.exists() and len(_metrics(out)) == 1           # killed in step 2
+    assert ckpt.exists() and len(metrics(out)) == 1           # killed in step 2
     final = train_rl(cfg, progress=False)
-    rt = _same_run(out, final, inprocess, model_dir)
+    rt = _same_run(out, final, rl_reference, model_dir)
     assert rt["runtime/aborted_turns"] == 0
 
 
-def test_colocate_three_cells_all_reduce_the_same_update(model_dir, tmp_path, inprocess):
+def test_colocate_three_cells_all_reduce_the_same_update(model_dir, tmp_path, rl_reference):
     """colocate on 3 cells: the cells form a gloo group, each accumulates its own micro-batches'
     gradients and all-reduces them at the sync (no gradient files): the in-process episodes and
     update, whichever cell trained which execution (runtime.replicas; ~20 s)."""
     out = tmp_path / "colocate3"
-    final = train_rl(_cfg(model_dir, out, schedule="colocate", cells=3), progress=False)
-    rt = _same_run(out, final, inprocess, model_dir)
+    final = train_rl(rl_config(model_dir, out, schedule="colocate", cells=3), progress=False)
+    rt = _same_run(out, final, rl_reference, model_dir)
     assert rt["runtime/micro_batches"] == 8 and rt["runtime/aborted_turns"] == 0
     assert not list((out / "runtime").glob("grads/v*/*.pt"))       # nothing went through files
     assert (out / "runtime" / "dist").is_dir()                      # the group's rendezvous (gloo FileStore)
 
 
-def test_elastic_three_cells_migrates_calls_and_trains_the_same_update(model_dir, tmp_path, inprocess):
+def test_elastic_three_cells_migrates_calls_and_trains_the_same_update(model_dir, tmp_path, rl_reference):
     """Cells switch roles mid-step; migrated calls are re-issued on another cell (6-20 s)."""
     out = tmp_path / "elastic"
-    final = train_rl(_cfg(model_dir, out, schedule="elastic", cells=3), progress=False)
-    rt = _same_run(out, final, inprocess, model_dir)
+    final = train_rl(rl_config(model_dir, out, schedule="elastic", cells=3), progress=False)
+    rt = _same_run(out, final, rl_reference, model_dir)
     assert rt["runtime/switches"] > 0 and rt["runtime/aborted_turns"] == 0
     assert rt["runtime/staleness_max"] == 0
 
 
-def test_killed_cell_mid_rollout_loses_nothing(model_dir, tmp_path, inprocess):
+def test_killed_cell_mid_rollout_loses_nothing(model_dir, tmp_path, rl_reference):
     """SIGKILL of the rollout cell in step 1 (elastic-async, core cell 0 trains): its calls
     are re-issued on the replacement, and the run still plays and trains exactly the
     in-process episodes (~15 s)."""
-    from evoharness.envs.alfworld.games import discover_games
     from evoharness.harness.bpe import ExperienceStore
     from evoharness.runtime.alfworld_backend import AlfworldBackend
-    from evoharness.runtime.driver import Driver
-    from evoharness.runtime.rl_job import sim_config
-    from evoharness.runtime.sim import build_scheduler
 
     # elastic-async handles a lost cell; with η = 0 it plays the in-process batches in order
     # (capacity 4: with the rollout cell hosting fewer than a step's executions the scheduler deadlocks,
     # in the simulator too: `simulate` elastic-async, 2 cells, capacity 2, 2x2 executions)
-    cfg = _cfg(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4)
-    tasks = discover_games("train")
-    import random
-    order = list(range(len(tasks)))
-    random.Random(cfg.seed).shuffle(order)
-    sim = sim_config(cfg)
-    sched = build_scheduler("elastic-async", sim)
+    cfg = rl_config(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4)
+    sim, sched, tasks, order = job_parts(cfg)
     be = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"))
     killed = []
 
@@ -173,19 +125,10 @@ def test_killed_cell_mid_rollout_loses_nothing(model_dir, tmp_path, inprocess):
         os.kill(be.procs[1].pid, signal.SIGKILL)
         killed.append(be.procs[1].pid)
 
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
-    try:
-        stats = Driver(sched, be, stall_s=120).run()
-    finally:
-        be.close()
-    t.join(timeout=1)
+    stats = drive_with_killer(sched, be, killer)
     assert killed and stats.cells_lost == 1 and be.counts["cells_lost"] == 1
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0
-    ref_metrics, _ = inprocess
-    for a, b in zip(be.records, ref_metrics):
-        assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
-    assert len(be.records) == 2
+    assert_same_steps(be.records, rl_reference.metrics)
 
 
 def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
@@ -193,13 +136,13 @@ def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
     from evoharness.runtime.alfworld_backend import cell_grpo
 
     out = tmp_path / "async"
-    cfg = _cfg(model_dir, out, steps=3, schedule="async", cells=2, staleness=1)
+    cfg = rl_config(model_dir, out, steps=3, schedule="async", cells=2, staleness=1)
     assert cell_grpo(cfg).off_policy == "decoupled"      # stale samples: decoupled PPO on the cells
     train_rl(cfg, progress=False)
     rt = json.loads((out / "runtime.json").read_text())
     # batch 2 is dispatched at once under v0 and trained on v1: off-policy, within η
     assert rt["runtime/staleness_max"] == 1 and rt["runtime/micro_batches"] == 12
-    got = _metrics(out)
+    got = metrics(out)
     assert [m["policy_version"] for m in got] == [1, 2, 3]
     assert all(m["train/n_tokens"] > 0 and m["train/grad_norm"] > 0 for m in got)
     # the run's own trace, step by step, on a cluster fitted to its measurements (runtime.calibrate)
@@ -224,10 +167,10 @@ def test_step_cap_mix_plays_the_same_episodes_in_process_and_on_cells(model_dir,
     runtime and the cells play the same capped episodes (~10 s)."""
     runs = {}
     for name, rt in (("inprocess", {}), ("colocate", {"schedule": "colocate", "cells": 1})):
-        cfg = _cfg(model_dir, tmp_path / name, steps=1, **rt)
+        cfg = rl_config(model_dir, tmp_path / name, steps=1, **rt)
         cfg.step_caps, cfg.max_steps = [1, 5], 5
         train_rl(cfg, progress=False)
-        runs[name] = _metrics(tmp_path / name)[0]
+        runs[name] = metrics(tmp_path / name)[0]
     assert {k: runs["inprocess"][k] for k in EXACT} == {k: runs["colocate"][k] for k in EXACT}
     trace = [json.loads(ln) for ln in (tmp_path / "colocate" / "runtime" / "trace.jsonl").read_text().splitlines()]
     turns = sorted(len(t["turns"]) for t in trace)
@@ -246,21 +189,12 @@ def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, 
     """A job checkpoint taken mid-rollout (as async schedules have at a weight sync): the
     live episodes are rebuilt from their recorded completions (same turns, same prompts),
     the experience store's pending writes are not doubled, and calls in flight are re-issued."""
-    import random
-
-    from evoharness.envs.alfworld.games import discover_games
     from evoharness.harness.bpe import ExperienceStore
     from evoharness.runtime.alfworld_backend import AlfworldBackend
-    from evoharness.runtime.rl_job import sim_config
-    from evoharness.runtime.sim import build_scheduler
 
-    cfg = _cfg(model_dir, tmp_path, schedule="colocate", cells=1)
+    cfg = rl_config(model_dir, tmp_path, schedule="colocate", cells=1)
     cfg.max_steps = 12
-    tasks = discover_games("train")
-    order = list(range(len(tasks)))
-    random.Random(cfg.seed).shuffle(order)
-    sim = sim_config(cfg)
-    sched = build_scheduler("colocate", sim)
+    sim, sched, tasks, order = job_parts(cfg)
     be = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"))
     try:
         for c in sched.start():
@@ -297,7 +231,7 @@ def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, 
 def test_cells_refuse_what_their_streaming_trainer_cannot_honour(model_dir, tmp_path, setting, message):
     """The in-process runtime honours every GRPO lever (tests/train/test_rl_kill.py runs
     mini_batches = 2); the cells make one update per step and say so before starting any process."""
-    cfg = _cfg(model_dir, tmp_path, schedule="colocate", cells=2)
+    cfg = rl_config(model_dir, tmp_path, schedule="colocate", cells=2)
     for key, value in setting.items():
         obj, _, name = key.rpartition(".")
         setattr(getattr(cfg, obj) if obj else cfg, name, value)

@@ -84,10 +84,7 @@ class AlfworldBackend(LocalModelBackend):
                  work_dir: str, on_step: Callable[[dict], None] | None = None, env_timeout_s: float = 120.0,
                  ready_timeout_s: float = 300.0, state: dict[str, Any] | None = None, via_gateway: bool = False):
         g = cfg.grpo
-        if g.mini_batches != 1:
-            raise ValueError("the runtime path trains one update per step (grpo.mini_batches = 1)")
-        self.rl, self.tasks, self.order, self.store = cfg, tasks, order, store
-        self.on_step, self.env_timeout_s = on_step, env_timeout_s
+        self._bind_job(cfg, tasks, order, store, on_step, env_timeout_s)
         self._options = {
             "policy": dict(temperature=g.temperature, max_new_tokens=cfg.max_new_tokens,
                            max_prompt_tokens=cfg.max_prompt_tokens, constrained=cfg.constrained, seed=cfg.seed,
@@ -112,6 +109,18 @@ class AlfworldBackend(LocalModelBackend):
         store.freeze()
         super().__init__(sim, roles, cfg.model_path, work_dir, lr=g.lr, time_scale=1.0,
                          ready_timeout_s=ready_timeout_s, state=state, via_gateway=via_gateway)
+
+    def _bind_job(self, cfg: Any, tasks: list, order: list[int], store: Any,
+                  on_step: Callable[[dict], None] | None, env_timeout_s: float) -> None:
+        """Check and keep the job's RL config, tasks and callbacks (before the cells start).
+
+        Raises:
+            ValueError: ``grpo.mini_batches`` > 1 (the streaming trainer makes one update per step).
+        """
+        if cfg.grpo.mini_batches != 1:
+            raise ValueError("the runtime path trains one update per step (grpo.mini_batches = 1)")
+        self.rl, self.tasks, self.order, self.store = cfg, tasks, order, store
+        self.on_step, self.env_timeout_s = on_step, env_timeout_s
 
     def _cell_args(self, cell: int) -> tuple[str, str, float, dict[str, Any]]:
         return self.model_dir, self.work_dir, self.lr, self._options

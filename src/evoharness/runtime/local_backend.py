@@ -398,10 +398,14 @@ class LocalBackend:
             if self.gw is not None and Role(payload) == Role.ROLLOUT:
                 self.gw.resume(cell)
         elif kind == "sync":
-            self._sync_left[payload] -= 1
-            if self._sync_left[payload] == 0:
-                del self._sync_left[payload]
-                self._events.append(WeightSyncDone(payload))
+            self._synced(payload)
+
+    def _synced(self, version: int) -> None:
+        """One cell of weight sync `version` is done (or lost); the last one completes the sync."""
+        self._sync_left[version] -= 1
+        if self._sync_left[version] == 0:
+            del self._sync_left[version]
+            self._events.append(WeightSyncDone(version))
 
     def _call_done(self, e: int, cell: int, result: Any) -> None:
         """A model call of `e` completed on `cell` (the replay has nothing to record)."""
@@ -489,10 +493,7 @@ class LocalBackend:
             return
         kind, _, key = job
         if kind in ("sync", "load"):
-            self._sync_left[key] -= 1
-            if self._sync_left[key] == 0:
-                del self._sync_left[key]
-                self._events.append(WeightSyncDone(key))
+            self._synced(key)
 
     def close(self) -> None:
         if self.gw is not None:
@@ -710,17 +711,20 @@ class LocalModelBackend(LocalBackend):
             version, cells = self._jobs.pop(token)[2]
             self.step_stats.append(result)
             self.newest = version
-            others = [x for x in cells if x != 0]
-            self._sync_left[version] = len(others)
-            for x in others:
-                self._send(x, "load", version, key=version)
-            if not others:
-                del self._sync_left[version]
-                self._events.append(WeightSyncDone(version))
+            self._load_on([x for x in cells if x != 0], version)
             return
         if kind == "load":
             kind = "sync"          # counted like the replay's per-cell sync acknowledgement
         super()._on_job(cell, pid, kind, token, result)
+
+    def _load_on(self, cells: list[int], version: int) -> None:
+        """`cells` load the weights file `version` the core wrote; with none the sync is done at once."""
+        self._sync_left[version] = len(cells)
+        for x in cells:
+            self._send(x, "load", version, key=version)
+        if not cells:
+            del self._sync_left[version]
+            self._events.append(WeightSyncDone(version))
 
     def _job_lost(self, token: int, job: tuple) -> None:
         if job[0] == "train":

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from evoharness.runtime.alfworld_backend import AlfworldBackend
-from evoharness.runtime.events import SyncWeights, WeightSyncDone
+from evoharness.runtime.events import SyncWeights
 
 
 class ReplicaGroup:
@@ -152,13 +152,7 @@ class AllReduceAlfworldBackend(AlfworldBackend):
         core = next(r for r in done if r["rank"] == 0)
         self.step_stats.append({**core, "micro_batches": sum(r["micro_batches"] for r in done)})
         self.newest = version
-        others = [x for x in cells if x not in self.members]     # rollout cells load the core's file
-        self._sync_left[version] = len(others)
-        for x in others:
-            self._send(x, "load", version, key=version)
-        if not others:
-            del self._sync_left[version]
-            self._events.append(WeightSyncDone(version))
+        self._load_on([x for x in cells if x not in self.members], version)     # rollout cells: the core's file
 
     def _lose(self, c: int) -> None:
         """A member of the group died: fail the job (module docstring); another cell: as usual.

@@ -190,12 +190,9 @@ class RepoBackend(AlfworldBackend):
         from evoharness.models.init import load_tokenizer
 
         g = cfg.grpo
-        if g.mini_batches != 1:
-            raise ValueError("the runtime path trains one update per step (grpo.mini_batches = 1)")
+        self._bind_job(cfg, tasks, order, store, on_step, env_timeout_s)
         if not tasks:
             raise ValueError("no repository tasks to train on")
-        self.rl, self.tasks, self.order, self.store = cfg, tasks, order, store
-        self.on_step, self.env_timeout_s = on_step, env_timeout_s
         self.tok = load_tokenizer(cfg.model_path)
         self.tok_lock = threading.Lock()    # a fast tokenizer used from several threads can fail ("Already borrowed")
         self.max_model_len = int(AutoConfig.from_pretrained(cfg.model_path).max_position_embeddings)
@@ -222,12 +219,6 @@ class RepoBackend(AlfworldBackend):
         self.counts.setdefault("restarted_executions", 0)
 
     # ---- executions: repository episodes on threads -----------------------------------
-    def _spec(self, e: int) -> tuple[Any, str, int]:
-        step, i = divmod(e, self.N)
-        group, k = divmod(i, self.gs)
-        task = self.tasks[self.order[(step * self.cfg.workload.groups_per_step + group) % len(self.order)]]
-        return task, f"{task.task_id}#u{step}g{k}", step
-
     def _launch(self, e: int) -> None:
         """Start execution e's episode thread (its first call arrives on `_asks`)."""
         task, xid, _ = self._spec(e)

@@ -6,102 +6,41 @@ and trains exactly the in-process loop's episodes."""
 from __future__ import annotations
 
 import json
-import os
-import random
-import signal
 import threading
 import time
 
-import pytest
+from rl_cells import assert_same_steps, drive_with_killer, gateway_satellite_killer, job_parts, metrics, rl_config
 
-from evoharness.train.rl import RLConfig, train_rl
-
-EXACT = ("success", "reward", "steps_per_episode", "completion_tokens_per_episode", "invalid_per_episode",
-         "policy_version", "train/n_tokens", "rollout/env_errors")
+from evoharness.train.rl import train_rl
 
 
-def _cfg(model_dir, out, **runtime) -> RLConfig:
-    cfg = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=2, max_steps=4, max_new_tokens=12,
-                   max_prompt_tokens=512, decode_threads=1, seed=3)
-    cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 2, 1e-3
-    cfg.grpo.temperature, cfg.grpo.micro_batch_size = 1.0, 8
-    for k, v in runtime.items():
-        setattr(cfg.runtime, k, v)
-    return cfg
-
-
-def _metrics(out):
-    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def inprocess(gw_model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("inprocess")
-    train_rl(_cfg(gw_model_dir, out), progress=False)
-    return _metrics(out)
-
-
-def _same_steps(got, want):
-    assert [m["step"] for m in got] == [1, 2]
-    for a, b in zip(got, want):
-        assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
-        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
-
-
-def test_elastic_through_the_gateway_drains_switching_cells(gw_model_dir, tmp_path, inprocess):
+def test_elastic_through_the_gateway_drains_switching_cells(model_dir, tmp_path, rl_reference):
     """elastic on 3 cells: cells leave rollout mid-step and are drained through the gateway
     (their calls re-issued where the executions go); 0 aborted turns, same steps (~20 s)."""
     out = tmp_path / "elastic"
-    train_rl(_cfg(gw_model_dir, out, schedule="elastic", cells=3, via_gateway=True), progress=False)
+    train_rl(rl_config(model_dir, out, schedule="elastic", cells=3, via_gateway=True), progress=False)
     rt = json.loads((out / "runtime.json").read_text())
     assert rt["runtime/switches"] > 0 and rt["runtime/drains"] > 0
     assert rt["runtime/aborted_turns"] == 0 and rt["runtime/micro_batches"] == 8
-    _same_steps(_metrics(out), inprocess)
+    assert_same_steps(metrics(out), rl_reference.metrics)
 
 
-def test_a_killed_rollout_cell_behind_the_gateway_loses_no_turn(gw_model_dir, tmp_path, inprocess):
+def test_a_killed_rollout_cell_behind_the_gateway_loses_no_turn(model_dir, tmp_path, rl_reference):
     """SIGKILL of a rollout cell mid-step (elastic-async, the scheduler that replaces a lost
     cell): the gateway re-issues its calls where the executions are bound next; the step
     completes and the run equals the in-process loop (~20 s)."""
-    from evoharness.envs.alfworld.games import discover_games
     from evoharness.harness.bpe import ExperienceStore
     from evoharness.runtime.alfworld_backend import AlfworldBackend
-    from evoharness.runtime.driver import Driver
-    from evoharness.runtime.rl_job import sim_config
-    from evoharness.runtime.sim import build_scheduler
 
-    cfg = _cfg(gw_model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4)
-    tasks = discover_games("train")
-    order = list(range(len(tasks)))
-    random.Random(cfg.seed).shuffle(order)
-    sim = sim_config(cfg)
-    sched = build_scheduler("elastic-async", sim)
+    cfg = rl_config(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4)
+    sim, sched, tasks, order = job_parts(cfg)
     be = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"),
                          via_gateway=True)
     killed = []
-
-    def killer():      # SIGKILL a satellite (not the core) while gateway calls run on it
-        while True:
-            try:
-                cells = {be._jobs[t][1] for t in list(be._gw_jobs)} - {0}
-            except (KeyError, RuntimeError):           # the driver thread moved on meanwhile
-                cells = set()
-            if cells and be.counts["calls"] >= 5:
-                break
-            time.sleep(0.002)
-        os.kill(be.procs[min(cells)].pid, signal.SIGKILL)
-        killed.append(min(cells))
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
-    try:
-        stats = Driver(sched, be, stall_s=120).run()
-    finally:
-        be.close()
-    t.join(timeout=1)
+    stats = drive_with_killer(sched, be, gateway_satellite_killer(be, 5, killed))
     assert killed and stats.cells_lost == 1 == be.counts["cells_lost"]
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0 == be.counts["aborted_turns"]
-    _same_steps(be.records, inprocess)
+    assert_same_steps(be.records, rl_reference.metrics)
 
 
 def test_http_calls_follow_the_execution_binding(gw_model_dir, serve):

@@ -11,6 +11,9 @@ resumes from its last checkpoint.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 from rl_cells import KillOnCommand
 
@@ -22,7 +25,7 @@ from evoharness.runtime.events import (Bind, CellLost, ExecutionDispatched, Exec
 from evoharness.runtime.local_backend import LocalBackend
 from evoharness.runtime.sim import build_scheduler
 
-SCALE = 0.002   # real seconds per simulated second (the long-tail workload's 3 steps: ~1-3 s)
+SCALE = 0.002   # real seconds per simulated second (the long-tail workload's 2 steps: ~1-3 s)
 
 
 class Killer(KillOnCommand, LocalBackend):
@@ -51,7 +54,7 @@ def _nth(kind, cell, n):
 
 def _cfg(make_cfg, policy):
     # async: a train split of 2 (the core and a satellite) beside one rollout cell
-    return make_cfg(steps=3, cluster={"cells": 3}, policy={"staleness": 1, "async_train_cells": 2})
+    return make_cfg(steps=2, cluster={"cells": 3}, policy={"staleness": 1, "async_train_cells": 2})
 
 
 def _run(cfg, sched, kill_on, checkpoint=None):
@@ -127,6 +130,56 @@ def test_losing_the_core_fails_the_job_and_it_resumes_from_its_checkpoint(make_c
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert d.sched.done and len(stats.step_end_s) == cfg.steps and len(d._finished) == n
     assert sum(stats.staleness.values()) == n and stats.aborted_turns == 0
+
+
+class SyncKiller(LocalBackend):
+    """SIGKILLs cell `victim` as the first weight sync is commanded."""
+
+    def __init__(self, *a, victim, **kw):
+        super().__init__(*a, **kw)
+        self.victim, self.killed = victim, []
+
+    def apply(self, c):
+        super().apply(c)
+        if isinstance(c, SyncWeights) and not self.killed:
+            os.kill(self.procs[self.victim].pid, signal.SIGKILL)
+            self.procs[self.victim].join()
+            self.killed.append(self.victim)
+
+
+@pytest.mark.parametrize("policy", ["async", "elastic"])
+def test_a_checkpoint_taken_while_a_replacement_is_on_its_way_resumes(make_cfg, policy, tmp_path):
+    """A satellite dies during the first weight sync (async: train cell 1; elastic: cell 2),
+    so the job checkpoint at that sync is taken while its replacement is still starting.
+    The job stops there and resumes on fresh cells: the replacement's place goes to a fresh
+    cell in the role the schedule wants (async: switched back to train), nothing waits for
+    the lost one, and across both runs every execution finishes and trains exactly once."""
+    cfg = _cfg(make_cfg, policy)
+    sched = build_scheduler(policy, cfg)
+    victim = 1 if policy == "async" else 2
+    be = SyncKiller(cfg, sched.initial_roles(), time_scale=SCALE, victim=victim)
+    d, ckpt = Driver(sched, be, stall_s=30), tmp_path / "job.ckpt"
+    try:
+        for version in d.steps():
+            assert version == 1 and sched.replacing == {victim}    # the replacement is still starting
+            d.save(ckpt)
+            break                                                  # the job is killed here
+    finally:
+        be.close()
+    d = Driver.resume(ckpt, lambda s, st: LocalBackend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE,
+                                                       state=st), stall_s=30)
+    want = Role.TRAIN if policy == "async" else Role.ROLLOUT
+    assert d.sched.pool.cells[victim].role == (Role.TO_TRAIN if want == Role.TRAIN else Role.ROLLOUT)
+    try:
+        stats = d.run()
+    finally:
+        d.backend.close()
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert d.sched.done and len(stats.step_end_s) == cfg.steps and len(d._finished) == n
+    assert sum(stats.staleness.values()) == n and stats.aborted_turns == 0 and stats.cells_lost == 1
+    assert not d.sched.rejoining and not d.sched.sync_held
+    if policy == "async":
+        assert d.sched.pool.cells[victim].role == Role.TRAIN
 
 
 def test_a_weight_sync_waits_for_a_replacement_on_its_way(make_cfg):

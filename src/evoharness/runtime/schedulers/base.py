@@ -89,6 +89,7 @@ class Scheduler:
         self.replacing: set[int] = set()          # lost cells whose replacement has not reported yet
         self.rejoining: set[int] = set()          # ... or has not landed in the role it is sent to
         self.sync_held = False                    # a weight sync waits for them (`sync_weights`)
+        self._resume_switch: list[int] = []       # restored: replacements to switch to train (`__setstate__`)
         self._handlers = {
             ExecutionDispatched: self.on_dispatched, ExecutionStarted: self.on_started,
             ExecutionFinished: self.on_finished, ExecutionOrphaned: self.on_orphaned,
@@ -98,11 +99,24 @@ class Scheduler:
         }
 
     def __setstate__(self, state: dict) -> None:
-        # a job checkpoint pickled before lost cells were handled here: no `replacing`, old handler
+        """Restored from a job checkpoint (`runtime.driver.Driver.resume`), the schedule drives
+        fresh cells: a lost cell's replacement that was on its way is one of them, in rollout,
+        or, where the schedule wants it in train, switched there by the first event handled."""
         self.__dict__.update(state)
+        # (a checkpoint pickled before lost cells were handled here: no books, the old handler)
         for k, v in (("replacing", set()), ("rejoining", set()), ("sync_held", False)):
             self.__dict__.setdefault(k, v)
         self._handlers[RoleSwitchDone] = self._role_switch_done
+        self._resume_switch = []
+        for c in sorted(self.replacing):
+            cell = self.pool.cells[c]
+            self.pool.set_role(cell, Role.ROLLOUT)
+            if self.replacement_role(c) == Role.TRAIN:
+                self.pool.set_role(cell, Role.TO_TRAIN)
+                self._resume_switch.append(c)
+            else:
+                self.rejoining.discard(c)
+        self.replacing.clear()
 
     # ---- interface ---------------------------------------------------------
     def initial_roles(self) -> list[Role]:
@@ -113,6 +127,9 @@ class Scheduler:
 
     def handle(self, event: Event) -> list[Command]:
         out: list[Command] = []
+        if self._resume_switch:
+            out += [SwitchRole(c, Role.TRAIN) for c in self._resume_switch]
+            self._resume_switch = []
         self._handlers[type(event)](event, out)
         return out
 

@@ -288,3 +288,22 @@ def test_a_lost_all_reduce_member_fails_the_job_naming_the_resume(model_dir, tmp
     with pytest.raises(RuntimeError, match=r"cell 1 of the all-reduce group \[0, 1\] failed.*resume the job"):
         drive_with_killer(sched, be, killer)
     assert time.monotonic() - t0 < 90 and len(be.step_stats) == 1   # failed in step 2, not after a stall
+
+
+def test_a_restored_scheduler_switches_a_replacement_that_was_going_to_train(make_cfg):
+    """Async: train cell 1 is lost during a weight sync and its replacement, back in rollout,
+    is on its way to train when the checkpoint is taken. Restored (as `Driver.resume` does),
+    the schedule sends the fresh cell to train with the first event and counts on it again."""
+    import pickle
+
+    sched = build_scheduler("async", _cfg(make_cfg, "async"))
+    sched.start()
+    sched.handle(CellLost(1))
+    assert sched.handle(RoleSwitchDone(1, Role.ROLLOUT)) == [SwitchRole(1, Role.TRAIN)]
+    restored = pickle.loads(pickle.dumps(sched))
+    assert restored.pool.cells[1].role == Role.TO_TRAIN and restored.rejoining == {1}
+    first = restored.handle(ExecutionDispatched(0, 0))
+    assert first[0] == SwitchRole(1, Role.TRAIN) and SwitchRole(1, Role.TRAIN) not in first[1:]
+    assert restored.handle(ExecutionDispatched(1, 0))[:1] != [SwitchRole(1, Role.TRAIN)]   # once
+    restored.handle(RoleSwitchDone(1, Role.TRAIN))
+    assert 1 in restored.idle_train and not restored.rejoining

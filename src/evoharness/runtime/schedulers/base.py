@@ -100,15 +100,16 @@ class Scheduler:
 
     def __setstate__(self, state: dict) -> None:
         """Restored from a job checkpoint (`runtime.driver.Driver.resume`), the schedule drives
-        fresh cells: a lost cell's replacement that was on its way is one of them, in rollout,
-        or, where the schedule wants it in train, switched there by the first event handled."""
+        fresh cells: a lost cell's replacement that was on its way (starting, or switching on to
+        train: a cell lost during a weight sync) is one of them, in rollout, or, where the
+        schedule wants it in train, switched there by the first event handled."""
         self.__dict__.update(state)
         # (a checkpoint pickled before lost cells were handled here: no books, the old handler)
         for k, v in (("replacing", set()), ("rejoining", set()), ("sync_held", False)):
             self.__dict__.setdefault(k, v)
         self._handlers[RoleSwitchDone] = self._role_switch_done
         self._resume_switch = []
-        for c in sorted(self.replacing):
+        for c in sorted(self.rejoining):
             cell = self.pool.cells[c]
             self.pool.set_role(cell, Role.ROLLOUT)
             if self.replacement_role(c) == Role.TRAIN:

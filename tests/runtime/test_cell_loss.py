@@ -307,3 +307,30 @@ def test_a_restored_scheduler_switches_a_replacement_that_was_going_to_train(mak
     assert restored.handle(ExecutionDispatched(1, 0))[:1] != [SwitchRole(1, Role.TRAIN)]   # once
     restored.handle(RoleSwitchDone(1, Role.TRAIN))
     assert 1 in restored.idle_train and not restored.rejoining
+
+
+def test_colocate_on_ray_reclaims_a_killed_train_actors_micro_batch(make_cfg, ray_head):
+    """The same scheduler objects on Ray actors (`runtime.ray_backend`, a local head on
+    127.0.0.1; skipped without Ray): colocate's satellite actor killed while it trains a
+    micro-batch; the micro-batch is claimed again and every execution trains exactly once."""
+    from evoharness.runtime.ray_backend import RayBackend
+
+    class Killer(RayBackend):
+        killed: list = []
+
+        def apply(self, c):
+            super().apply(c)
+            if isinstance(c, RunMicroBatch) and c.cell != 0 and not self.killed:
+                self.kill_cell(c.cell)
+                self.killed = [c.cell]
+
+    cfg = _cfg(make_cfg, "colocate")
+    sched = build_scheduler("colocate", cfg)
+    be = Killer(cfg, sched.initial_roles(), time_scale=SCALE)
+    try:
+        stats = Driver(sched, be, stall_s=60).run()
+    finally:
+        be.close()
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert be.killed and stats.cells_lost == 1 == sched.cells_lost and stats.micro_batches_reclaimed == 1
+    assert sched.done and sum(stats.staleness.values()) == n and stats.aborted_turns == 0

@@ -104,14 +104,6 @@ def test_a_killed_cell_is_replaced_and_nothing_is_lost_or_repeated(make_cfg, wha
         assert stats.micro_batches_reclaimed == 1
 
 
-def test_other_schedules_refuse_a_lost_cell_clearly(make_cfg):
-    from evoharness.runtime.events import CellLost
-    sched = build_scheduler("colocate", make_cfg())
-    sched.start()
-    with pytest.raises(RuntimeError, match="does not handle a lost cell"):
-        sched.handle(CellLost(1))
-
-
 def _dies_mid_reply(cell, inbox, outbox):
     """A cell process that dies half-way through writing a reply larger than its
     pipe holds (nobody reads it yet), as a SIGKILL or the OOM killer can land."""

@@ -101,7 +101,9 @@ class Driver:
         checkpoint: if set, a job checkpoint (`save`) is written there at
             every weight sync, before the scheduler sees it. At that moment no
             micro-batch and no role switch is in flight in any schedule, only
-            rollout, which the backend can re-issue. `Driver.resume` carries
+            rollout, which the backend can re-issue (or the replacement of a cell
+            lost during the sync itself: a restored scheduler gives its place to a
+            fresh cell). `Driver.resume` carries
             on from it. (A caller of `steps` may instead `save` when it likes.)
     """
 
@@ -203,7 +205,8 @@ class Driver:
     def steps(self) -> Iterator[int]:
         """Drive to the end, yielding each new weights version as its `WeightSyncDone`
         arrives, before the scheduler sees it: a consistent point (no micro-batch, switch
-        or sync in flight in any schedule, only rollout the backend can re-issue) where
+        or sync in flight in any schedule, only rollout the backend can re-issue, or a
+        lost cell's replacement, which a restored scheduler starts afresh) where
         the caller records the step and may `save` a job checkpoint. Time spent by the
         caller between yields is not counted in the run's wall time, nor in the backend's
         role times (its ``paused()`` context, when it has one).

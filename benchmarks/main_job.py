@@ -13,6 +13,7 @@ A rerun with the same ``--out`` resumes the job.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from pathlib import Path
 
@@ -30,13 +31,21 @@ def main() -> None:
     args = ap.parse_args()
     overrides = [f'out_dir="{args.out}"'] + ([f"budget_minutes={args.budget_minutes}"] if args.budget_minutes else [])
     cfg = load_config(RunConfig, None, overrides)
+    start = _load()
     report = run_pipeline(cfg)
     dest = Path(args.results)
     dest.mkdir(parents=True, exist_ok=True)
+    # the machine's load beside the wall times (the job's own processes count in it)
+    (dest / "machine.txt").write_text(f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {start}, "
+                                      f"at end {_load()}\n")
     for name in FILES:
         if (report.parent / name).is_file():
             shutil.copy2(report.parent / name, dest / name)
     print(f"report: {dest / 'report.md'}")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

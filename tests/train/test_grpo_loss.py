@@ -244,7 +244,7 @@ def test_decoupled_ppo_equals_ppo_on_fresh_samples():
         set_token_weights(samples)
         loss, _ = microbatch_loss(model, samples, GRPOConfig(kl_beta=0.0, off_policy=mode))
         loss.backward()
-        out[mode] = (float(loss), _grads(model))
+        out[mode] = (float(loss.detach()), _grads(model))
     assert out["ppo"][0] == pytest.approx(out["decoupled"][0], rel=1e-6)
     torch.testing.assert_close(out["ppo"][1], out["decoupled"][1], rtol=1e-5, atol=1e-7)
 

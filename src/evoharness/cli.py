@@ -86,7 +86,7 @@ def eval_cmd(
 @app.command("run")
 def run_cmd(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (RunConfig)."),
-    budget_minutes: Optional[float] = typer.Option(None, help="Wall-clock budget for the whole job."),
+    budget_minutes: Optional[float] = typer.Option(None, help="Optional wall-clock cap (minutes) on the training stages; the default step budgets give the same model on any machine."),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/main); a rerun resumes."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set sft.lr=1e-3"),
 ) -> None:

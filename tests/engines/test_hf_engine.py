@@ -4,24 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import COMMANDS, chat_prompts
+from engine_helpers import COMMANDS, chat_prompts, hf_greedy
 
 from evoharness.engines.grammar import GenRequest
 from evoharness.engines.hf import Engine
 from evoharness.harness.base import META_VERBS
-
-
-def hf_greedy(model, tokenizer, prompts, new, stop_ids):
-    batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt", padding_side="left")
-    sup = list(range(len(tokenizer), model.config.vocab_size)) or None
-    with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=new, do_sample=False, suppress_tokens=sup,
-                             eos_token_id=stop_ids or None, pad_token_id=tokenizer.pad_token_id)
-    res = []
-    for row in out[:, batch["input_ids"].shape[1]:].tolist():
-        cut = next((k + 1 for k, t in enumerate(row) if t in stop_ids), len(row))
-        res.append(row[:cut])
-    return res
 
 
 @pytest.mark.parametrize("shared_system", [False, True])

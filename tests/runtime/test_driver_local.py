@@ -50,19 +50,27 @@ def test_every_schedule_runs_on_processes_exactly_once(make_cfg, policy):
     assert stats.wall_s > 0.5 * predicted
 
 
+def _group_bound_to(be, cell: int) -> list[int]:
+    """Dispatch GRPO group 0 and bind all its executions to `cell`; returns their ids."""
+    from evoharness.runtime.events import Dispatch
+
+    be.apply(Dispatch(0, 0))
+    members = [ev.execution for ev in be.poll(1.0)]
+    for e in members:
+        be.apply(Bind(e, cell))
+    return members
+
+
 def test_a_blunt_switch_aborts_the_calls_in_flight_and_counts_them(make_cfg):
     """Without `Migrate` a cell leaving rollout orphans its executions and the
     calls in flight are aborted (what elastic's re-issue avoids): bind a group
     to cell 1 and switch it at once, while every call still runs there."""
     from evoharness.runtime.cells import Role
-    from evoharness.runtime.events import Dispatch, ExecutionOrphaned, SwitchRole
+    from evoharness.runtime.events import ExecutionOrphaned, SwitchRole
     cfg = make_cfg(cluster={"cells": 2})
     be = LocalBackend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
     try:
-        be.apply(Dispatch(0, 0))
-        members = [ev.execution for ev in be.poll(1.0)]
-        for e in members:
-            be.apply(Bind(e, 1))
+        members = _group_bound_to(be, 1)
         be.apply(SwitchRole(1, Role.TRAIN))
         orphans = [ev for ev in be.poll(1.0) if isinstance(ev, ExecutionOrphaned)]
     finally:
@@ -157,14 +165,11 @@ def test_a_migrate_or_bind_of_an_execution_that_just_finished_is_ignored(make_cf
     execution came back orphaned and was bound again (elastic then saw more
     executions on its cells than outstanding work and failed its room check)."""
     from evoharness.runtime.cells import Role
-    from evoharness.runtime.events import Dispatch, ExecutionFinished, ExecutionOrphaned, Migrate, SwitchRole
+    from evoharness.runtime.events import ExecutionFinished, ExecutionOrphaned, Migrate, SwitchRole
     cfg = make_cfg(cluster={"cells": 2})
     be = LocalBackend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
     try:
-        be.apply(Dispatch(0, 0))
-        members = [ev.execution for ev in be.poll(1.0)]
-        for e in members:
-            be.apply(Bind(e, 0))
+        _group_bound_to(be, 0)
         done = None
         deadline = time.monotonic() + 60
         while done is None and time.monotonic() < deadline:

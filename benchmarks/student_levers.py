@@ -29,35 +29,45 @@ import time
 from pathlib import Path
 
 # the reduced scale of every arm (the dev subset and the valid_seen prefix are balanced across types)
-SCALE = ["skip_rl=true", "curve_games=0", "dev_eval_limit=30", "eval_limit=42", "sft.ckpt_every=0", "sft.progress=false"]
+SCALE = ["skip_rl=true", "curve_games=0", "dev_eval_limit=30", "eval_limit=42", "sft.ckpt_every=0", "sft.progress=false",
+         "threads=1"]
+NO_PROMPT_LOSS = "sft.prompt_loss_weight=0"  # the arms measured before the prompt loss became the default
 REF_STEPS = 60  # the reference arm's SFT optimizer steps at 16K-token batches
 
 # name -> (lever, what differs, overrides)
 ARMS: dict[str, tuple[str, str, list[str]]] = {
     "base": ("reference", f"{REF_STEPS} steps x 16K tokens, no DAgger",
-             [f"sft.max_steps={REF_STEPS}", "sft.batch_tokens=16384", "dagger_rounds=0"]),
+             [f"sft.max_steps={REF_STEPS}", "sft.batch_tokens=16384", NO_PROMPT_LOSS, "dagger_rounds=0"]),
     "batch4k": ("steps vs batch size", f"{4 * REF_STEPS} steps x 4K tokens (same tokens)",
-                [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0"]),
+                [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", NO_PROMPT_LOSS, "dagger_rounds=0"]),
     "dagger": ("DAgger", f"{REF_STEPS * 2 // 3} + {REF_STEPS // 3} steps x 16K; 1 round on 80 train games",
-               [f"sft.max_steps={REF_STEPS * 2 // 3}", "sft.batch_tokens=16384", "dagger_rounds=1",
+               [f"sft.max_steps={REF_STEPS * 2 // 3}", "sft.batch_tokens=16384", NO_PROMPT_LOSS, "dagger_rounds=1",
                 "dagger_games=80", f"dagger_sft_steps={REF_STEPS // 3}"]),
     "dagger4k": ("DAgger (4K batches)", f"{4 * REF_STEPS * 2 // 3} + {4 * REF_STEPS // 3} steps x 4K; 1 round on 80 games",
-                 [f"sft.max_steps={4 * REF_STEPS * 2 // 3}", "sft.batch_tokens=4096", "dagger_rounds=1",
+                 [f"sft.max_steps={4 * REF_STEPS * 2 // 3}", "sft.batch_tokens=4096", NO_PROMPT_LOSS, "dagger_rounds=1",
                   "dagger_games=80", f"dagger_sft_steps={4 * REF_STEPS // 3}"]),
     "packing4k": ("shared-prefix packing", f"{4 * REF_STEPS} steps x 4K tokens, sft.packing=true",
-                  [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", "sft.packing=true",
+                  [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", NO_PROMPT_LOSS, "dagger_rounds=0", "sft.packing=true",
                    "sft.micro_batch_tokens=4096"]),
     "lr_const4k": ("lr schedule", f"{4 * REF_STEPS} steps x 4K, constant lr (min_lr_ratio=1)",
-                   [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", "sft.min_lr_ratio=1.0"]),
+                   [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", NO_PROMPT_LOSS, "dagger_rounds=0", "sft.min_lr_ratio=1.0"]),
     "tiny4k": ("model size", f"{4 * REF_STEPS} steps x 4K, 'tiny' (1.8M) instead of 'mini' (1.1M)",
-               [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0", 'model_preset="tiny"']),
+               [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", NO_PROMPT_LOSS, "dagger_rounds=0", 'model_preset="tiny"']),
     "batch4k_x2": ("steps vs batch size (2x scale)", f"{8 * REF_STEPS} steps x 4K tokens",
-                   [f"sft.max_steps={8 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0"]),
+                   [f"sft.max_steps={8 * REF_STEPS}", "sft.batch_tokens=4096", NO_PROMPT_LOSS, "dagger_rounds=0"]),
     "dagger4k_x2": ("DAgger (4K batches, 2x scale)", f"{8 * REF_STEPS * 2 // 3} + {8 * REF_STEPS // 3} steps x 4K; "
                     "1 round on 80 games",
-                    [f"sft.max_steps={8 * REF_STEPS * 2 // 3}", "sft.batch_tokens=4096", "dagger_rounds=1",
+                    [f"sft.max_steps={8 * REF_STEPS * 2 // 3}", "sft.batch_tokens=4096", NO_PROMPT_LOSS, "dagger_rounds=1",
                      "dagger_games=80", f"dagger_sft_steps={8 * REF_STEPS // 3}"]),
-    "default_sft": ("the main job's SFT stage", "RunConfig defaults: 2000 steps x 4K, no DAgger: full scale", []),
+    "prompt_loss4k": ("prompt loss", f"{4 * REF_STEPS} steps x 4K, + prompt-token loss x 2 (sft.prompt_loss_weight=2)",
+                      [f"sft.max_steps={4 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0",
+                       "sft.prompt_loss_weight=2.0"]),
+    "prompt_loss4k_x2": ("prompt loss (2x scale)", f"{8 * REF_STEPS} steps x 4K, sft.prompt_loss_weight=2",
+                         [f"sft.max_steps={8 * REF_STEPS}", "sft.batch_tokens=4096", "dagger_rounds=0",
+                          "sft.prompt_loss_weight=2.0"]),
+    "default_sft_old": ("the previous main job's SFT stage", "2000 steps x 4K, no prompt loss: full scale",
+                        [NO_PROMPT_LOSS]),
+    "default_sft": ("the main job's SFT stage", "RunConfig defaults: full scale", []),
 }
 
 
@@ -254,7 +264,7 @@ def step_costs(out: Path, results: Path, steps: int = 25) -> None:
     rows, load0 = [], os.getloadavg()[0]
     for packing in (False, True, False, True):
         cfg = RunConfig().sft.model_copy(update={"max_steps": steps, "ckpt_every": 0, "progress": False,
-                                                 "packing": packing})
+                                                 "packing": packing, "prompt_loss_weight": 0.0})
         d = out / f"_steps_{int(packing)}"
         shutil.rmtree(d, ignore_errors=True)
         train_sft(cfg, base / "sft_examples.jsonl", base / "model_init", d)
@@ -272,6 +282,63 @@ def step_costs(out: Path, results: Path, steps: int = 25) -> None:
     print("\n".join(md))
 
 
+def _sweep_base(out: Path) -> Path:
+    """An arm directory whose teacher traces, tokenizer and initial model the sweep shares."""
+    return next(d for d in sorted(out.iterdir()) if (d / ".model.done").is_file())
+
+
+def sweep_one(out: Path, weight: float, steps: int) -> None:
+    """One prompt-loss sweep point: the default SFT config with `steps` and `weight`, 1 thread;
+    writes ``result.json`` (train seconds, dev action accuracy) into its directory."""
+    import torch
+
+    from evoharness.pipeline import RunConfig
+    from evoharness.train.sft import train_sft
+
+    torch.set_num_threads(1)
+    base, d = _sweep_base(out), out / "prompt_loss_sweep" / f"w{weight:g}_s{steps}"
+    cfg = RunConfig().sft.model_copy(update={"max_steps": steps, "ckpt_every": 0, "progress": False,
+                                             "prompt_loss_weight": weight})
+    t = time.perf_counter()
+    final = train_sft(cfg, base / "sft_examples.jsonl", base / "model_init", d)
+    train_s = time.perf_counter() - t
+    acc = action_accuracy(final, dev_teacher_states(out))
+    (d / "result.json").write_text(json.dumps({"weight": weight, "steps": steps, "train_s": round(train_s),
+                                                "dev_action_acc": acc}))
+
+
+def prompt_loss_sweep(out: Path, results: Path, weights: list[float], steps: int, parallel: int) -> None:
+    """SFT with the prompt-token loss at each weight (same data, init, steps), dev action
+    accuracy of each; `parallel` 1-thread processes at once; writes prompt_loss_sweep.md/.json."""
+    todo, running = list(weights), []
+    while todo or running:
+        while todo and len(running) < parallel:
+            w = todo.pop(0)
+            running.append(subprocess.Popen([sys.executable, __file__, "--out", str(out), "--sweep-one", str(w),
+                                             "--sweep-steps", str(steps)], env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        for p in list(running):
+            if p.poll() is not None:
+                if p.returncode:
+                    sys.exit(f"sweep point exited {p.returncode}")
+                running.remove(p)
+        time.sleep(5)
+    rows = [json.loads((out / "prompt_loss_sweep" / f"w{w:g}_s{steps}" / "result.json").read_text()) for w in weights]
+    md = [f"# SFT prompt-token loss weight (issue 11): {steps} steps x 4K tokens, 'mini', 1 thread", "",
+          "Every point trains the main job's default SFT config from the same initial model on the same teacher "
+          f"traces for {steps} optimizer steps, changing only `sft.prompt_loss_weight` (the step minimises "
+          "L_completion + w * L_prompt). Dev action accuracy as in levers.md (the student's greedy constrained "
+          f"action vs the teacher's, on the teacher's states of 30 development games). {parallel} points at once on "
+          f"the 2-core machine (load average {os.getloadavg()[0]:.1f} at the end).", "",
+          "| prompt loss weight | train s | dev action acc. |", "|---|---|---|"]
+    md += [f"| {r['weight']:g} | {r['train_s']} | {100 * r['dev_action_acc']:.1f}% |" for r in rows]
+    md += ["", f"Command: `python benchmarks/student_levers.py --prompt-loss-sweep {','.join(f'{w:g}' for w in weights)} "
+           f"--sweep-steps {steps}`", ""]
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "prompt_loss_sweep.md").write_text("\n".join(md))
+    (results / "prompt_loss_sweep.json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(md))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS))
@@ -281,8 +348,18 @@ def main() -> None:
     ap.add_argument("--check-stop", default=None, help="an arm directory: check the early-stop rule on its model")
     ap.add_argument("--table", action="store_true", help="only rewrite the table from finished arms")
     ap.add_argument("--step-costs", action="store_true", help="measure the default SFT's seconds per step")
+    ap.add_argument("--prompt-loss-sweep", default=None, help="comma-separated prompt loss weights to compare")
+    ap.add_argument("--sweep-steps", type=int, default=600)
+    ap.add_argument("--sweep-one", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     out = Path(args.out)
+    if args.sweep_one is not None:
+        sweep_one(out, args.sweep_one, args.sweep_steps)
+        return
+    if args.prompt_loss_sweep:
+        prompt_loss_sweep(out, Path(args.results), [float(w) for w in args.prompt_loss_sweep.split(",")],
+                          args.sweep_steps, args.parallel)
+        return
     if args.step_costs:
         step_costs(out, Path(args.results))
         return

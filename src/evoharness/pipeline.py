@@ -26,6 +26,7 @@ from typing import Callable, Literal
 from pydantic import Field, model_validator
 
 from evoharness.config import Strict
+from evoharness.envs.alfworld.games import TASK_TYPES
 from evoharness.eval.evaluate import EnvConfig, EvalConfig, evaluate
 from evoharness.harness.factory import HarnessConfig
 from evoharness.jsonl import read_jsonl
@@ -36,20 +37,20 @@ from evoharness.train.sft import SFTConfig
 
 def _default_sft() -> SFTConfig:
     # small batches, many steps (benchmarks/results/student/levers.md: at equal tokens 4K-token batches
-    # beat 16K ones on the dev set); no packing: a 4K batch holds ~6 distinct states, and the tree mask
-    # cost more than the shared system prompt saved (0.53 vs 0.49 s/step, quiet); the step budget,
-    # not the clock, ends the stage (~0.5 s/step at 1 thread on a quiet machine: ~17 min)
-    return SFTConfig(lr=2e-3, max_steps=2000, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,
-                     max_completion_tokens=96, ckpt_every=400, keep_checkpoints=100)
+    # beat 16K ones on the dev set); the prompt tokens trained too, at weight 2 (levers.md: the largest
+    # lever measured); no packing: a 4K batch holds ~6 distinct states, and the tree mask cost more than
+    # the shared system prompt saved; the step budget, not the clock, ends the stage (~0.29 s/step at
+    # 2 threads on a quiet machine: ~20 min)
+    return SFTConfig(lr=2e-3, max_steps=4000, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,
+                     max_completion_tokens=96, prompt_loss_weight=2.0, ckpt_every=1000, keep_checkpoints=100)
 
 
 def _default_rl() -> RLConfig:
-    """configs/rl_cpu.toml's settings (pick + look games, T=0.6, 2 updates per batch),
-    at 2 games x 8 samples per step; 8 steps (~30 s each on a quiet machine): GRPO cannot add a
-    gain above noise at this budget, so it stays short and the main job keeps the checkpoint
-    best on the development set (`select_rl_checkpoint`)."""
-    rl = RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
-                  task_types=["pick_and_place_simple", "look_at_obj_in_light"], ckpt_every=4, keep_checkpoints=100)
+    """configs/rl_cpu.toml's settings (T=0.6, 2 updates per batch) on every task type, at 2 games x
+    8 samples per step; 16 steps (~15-20 s each on a quiet machine); the main job keeps the
+    checkpoint best on the development set (`select_rl_checkpoint`)."""
+    rl = RLConfig(steps=16, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
+                  task_types=list(TASK_TYPES), ckpt_every=4, keep_checkpoints=100)
     g = rl.grpo
     g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 2, 8, 2
     g.lr, g.temperature, g.micro_batch_size = 1e-4, 0.6, 16
@@ -104,10 +105,11 @@ class RunConfig(Strict):
     constrained: bool = True
     sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)
     rl_budget_share: float = 0.12
-    # torch CPU threads for the whole job. 1 by default: with any other busy
-    # process on 2 cores, OpenMP spin-waiting made 2 threads 2.5x slower than 1
-    # for SFT and 30x slower for decoding (machine-notes.md); set 2 on a quiet box.
-    threads: int | None = 1
+    # torch CPU threads for the whole job (evaluations run in `eval_workers` 1-thread processes).
+    # 2: SFT runs 1.9x faster than on 1 on a quiet 2-core machine (the setting the step budgets
+    # are sized for). With another busy process, OpenMP spin-waiting made 2 threads 2.5x slower
+    # than 1 (machine-notes.md): set 1 on a shared box.
+    threads: int | None = 2
 
     @model_validator(mode="after")
     def _one_prompt_recipe(self) -> "RunConfig":
@@ -371,6 +373,9 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     notes = [
         f"Model: Qwen3-architecture '{cfg.model_preset}' initialised from scratch, tokenizer trained locally "
         f"(vocab {cfg.vocab_size}); decoding {'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",
+        f"SFT: {cfg.sft.batch_tokens}-token batches, lr {cfg.sft.lr:g} (cosine), loss on the completion"
+        + (f" + {cfg.sft.prompt_loss_weight:g} x the prompt-token loss" if cfg.sft.prompt_loss_weight else " tokens only")
+        + f"; GRPO on {', '.join(cfg.rl.task_types) if cfg.rl.task_types else 'every task type'}; torch threads {cfg.threads}.",
         f"Budget in optimizer steps: SFT {cfg.sft.max_steps}, DAgger {cfg.dagger_rounds} round(s) x {cfg.dagger_games} games "
         f"+ {cfg.dagger_sft_steps} SFT steps, GRPO {0 if cfg.skip_rl else cfg.rl.steps}"
         + (f"; wall cap {cfg.budget_minutes:.0f} min" if cfg.budget_minutes else "; no wall cap")

@@ -13,7 +13,7 @@ from evoharness.models.tokenizer import build_tokenizer
 from evoharness.policies.base import PolicyRequest
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.train.sft import (IGNORE, SFTConfig, collate, completion_loss, labels_for, load_examples,
-                                  plan_epoch, tokenize_examples, train_sft)
+                                  plan_epoch, prompt_labels, sft_losses, tokenize_examples, train_sft)
 
 MICRO = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16)
@@ -125,6 +125,37 @@ def test_loss_ignores_every_prompt_position(model_dir):
         logits = model(ids).logits[0, n_prompt - 1:-1]
         ref = torch.nn.functional.cross_entropy(logits, ids[0, n_prompt:], reduction="sum")
     assert torch.allclose(base, ref, rtol=1e-5)
+
+
+def test_prompt_loss_covers_exactly_the_prompt_tokens(model_dir):
+    """The auxiliary prompt loss (``prompt_loss_weight``) is the CE of predicting prompt
+    tokens 1..n_prompt-1 from their prefixes; the completion loss of the same forward pass is
+    `completion_loss`'s, and pads are in neither."""
+    from evoharness.models.init import load_tokenizer
+    tok, model = load_tokenizer(model_dir), load_model(model_dir)
+    rows = tokenize_examples(tok, EXAMPLES[:2], 10_000, 10_000)
+    ids, labels = collate(rows, tok.pad_token_id)
+    p_lab = prompt_labels(ids, labels, tok.pad_token_id, rows)
+    for i, (row, n_prompt) in enumerate(rows):
+        assert p_lab[i, :n_prompt].tolist() == row[:n_prompt] and (p_lab[i, n_prompt:] == IGNORE).all()
+    with torch.no_grad():
+        loss_c, loss_p, n_p = sft_losses(model, ids, labels, p_lab)
+        ref_c, _ = completion_loss(model, ids, labels)
+        logits = model(ids).logits
+        ref_p = sum(torch.nn.functional.cross_entropy(logits[i, :n - 1], ids[i, 1:n], reduction="sum")
+                    for i, (_, n) in enumerate(rows))
+    assert n_p == sum(n - 1 for _, n in rows)
+    assert torch.allclose(loss_c, ref_c, rtol=1e-5) and torch.allclose(loss_p, ref_p, rtol=1e-5)
+
+
+def test_prompt_loss_weight_trains_the_prompt_and_refuses_packing(tmp_path, model_dir):
+    cfg = SFTConfig(lr=1e-2, max_steps=30, warmup_steps=2, batch_tokens=4096, ckpt_every=0, progress=False,
+                    prompt_loss_weight=1.0)
+    train_sft(cfg, EXAMPLES, model_dir, tmp_path / "run")
+    recs = [json.loads(ln) for ln in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+    assert recs[-1]["prompt_loss"] < 0.5 * recs[0]["prompt_loss"]  # the prompt text is learned too
+    with pytest.raises(ValueError, match="packing"):
+        train_sft(cfg.model_copy(update={"packing": True}), EXAMPLES, model_dir, tmp_path / "run2")
 
 
 def test_plan_epoch_is_a_seeded_bucketed_permutation():

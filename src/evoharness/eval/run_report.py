@@ -200,10 +200,15 @@ def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], 
         bounds.append(offset)
     if sft:
         xs = [r["step"] for r in sft]
-        _plot_curves(out / "sft_loss.png", [("SFT loss (assistant tokens)", [("loss", xs, [r["loss"] for r in sft]),
-                                                                              ("smoothed", xs, _smooth([r["loss"] for r in sft], 20))])])
+        panels = [("SFT loss (assistant tokens)", [("loss", xs, [r["loss"] for r in sft]),
+                                                   ("smoothed", xs, _smooth([r["loss"] for r in sft], 20))])]
+        prompt = [r for r in sft if "prompt_loss" in r]
+        if prompt:  # the auxiliary loss on prompt tokens (sft.prompt_loss_weight)
+            panels.append(("prompt-token loss", [("prompt loss", [r["step"] for r in prompt], [r["prompt_loss"] for r in prompt])]))
+        _plot_curves(out / "sft_loss.png", panels)
+        final = f"final loss {sft[-1]['loss']:.4f}" + (f" (prompt tokens: {prompt[-1]['prompt_loss']:.4f})" if prompt else "")
         md += ["## Stage 1: SFT (teacher traces, then DAgger rounds)", "",
-               f"{len(sft)} steps (stage ends at steps {', '.join(map(str, bounds))}); final loss {sft[-1]['loss']:.4f}.", "",
+               f"{len(sft)} steps (stage ends at steps {', '.join(map(str, bounds))}); {final}.", "",
                "![sft loss](sft_loss.png)", ""]
     if rl_metrics:
         md += rl_section(out, read_jsonl(rl_metrics))

@@ -8,7 +8,11 @@ An example is ``{"messages": [{"role", "content"}, ...], "completion": str}``
     labels    = -100 on every prompt token, the token ids on the completion
 
 so the loss (mean cross-entropy per completion token over the whole step) is
-computed on assistant tokens only. A prompt over `max_prompt_tokens` is fitted
+computed on assistant tokens only. With ``prompt_loss_weight`` w > 0 the step
+minimises ``L_completion + w * L_prompt``, L_prompt the mean next-token
+cross-entropy over the prompt tokens of the same rows (one forward pass): a
+from-scratch student learns to read the observation and copy object names from
+the prompt far sooner (benchmarks/results/student/levers.md). A prompt over `max_prompt_tokens` is fitted
 exactly as the policies fit theirs at rollout and evaluation time
 (`harness.prompt.fit_prompt_ids`: oldest history first, never the system prompt
 or OBJECTIVE).
@@ -83,6 +87,10 @@ class SFTConfig(Strict):
     warmup_steps: int = 10
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with rl and eval (harness.prompt)
     max_completion_tokens: int = 256
+    # Weight of an auxiliary next-token loss on the prompt tokens (0: completion only). The
+    # prompt is ~95% of a row's tokens; predicting it (admissible commands from the observation,
+    # history lines from earlier turns) is the copying a from-scratch student needs to learn.
+    prompt_loss_weight: float = 0.0
     grad_clip: float = 1.0             # <= 0: no clipping
     seed: int = 0
     device: str = "cpu"
@@ -206,6 +214,15 @@ def collate(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tenso
     return ids, labels
 
 
+def prompt_labels(ids: torch.Tensor, labels: torch.Tensor, pad_id: int, rows: list[tuple[list[int], int]]) -> torch.Tensor:
+    """[b, T] labels of the prompt tokens (-100 on completion and pad): the targets of the
+    auxiliary prompt loss (`SFTConfig.prompt_loss_weight`)."""
+    out = torch.full_like(labels, IGNORE)
+    for i, (_, n_prompt) in enumerate(rows):
+        out[i, :n_prompt] = ids[i, :n_prompt]
+    return out
+
+
 def split_micro(rows: list[tuple[list[int], int]], micro_tokens: int | None) -> list[list[tuple[list[int], int]]]:
     """Split a batch into micro-batches of at most `micro_tokens` padded tokens."""
     if not micro_tokens:
@@ -235,11 +252,25 @@ def completion_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> tup
         -100 reach the LM head.
     """
     hidden = model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+    return _ce_sum(model, hidden, labels)
+
+
+def _ce_sum(model, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     target = labels[:, 1:]
     keep = target != IGNORE
     logits = model.get_output_embeddings()(hidden[:, :-1][keep]).float()
     loss = torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum")
     return loss, int(keep.sum())
+
+
+def sft_losses(model, input_ids: torch.Tensor, labels: torch.Tensor,
+               p_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One forward pass: (completion loss sum, prompt loss sum, prompt target tokens);
+    ``p_labels`` from `prompt_labels`."""
+    hidden = model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+    loss_c, _ = _ce_sum(model, hidden, labels)
+    loss_p, n_p = _ce_sum(model, hidden, p_labels)
+    return loss_c, loss_p, n_p
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -318,6 +349,8 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
         ValueError: no usable examples, or a checkpoint made on other data.
     """
     cfg, out = config, Path(out_dir)
+    if cfg.packing and cfg.prompt_loss_weight > 0:
+        raise ValueError("sft.packing trains completions only: set prompt_loss_weight=0 or packing=false")
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     dev = torch.device(cfg.device)
@@ -401,14 +434,22 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
         t0 = time.perf_counter()
         micro = split_micro(batch, cfg.micro_batch_tokens) if not cfg.packing else []
         n_target = sum(len(r[0]) - r[1] for r in batch)
+        n_prompt = sum(r[1] - 1 for r in batch)  # the first token has no prediction
         opt.zero_grad(set_to_none=True)
-        loss_sum, n_tok = 0.0, 0
+        loss_sum, prompt_sum, n_tok = 0.0, 0.0, 0
         for mb in micro:
             ids, labels = collate(mb, pad_id)
             n_tok += ids.numel()
             with autocast():
-                loss, _ = completion_loss(model, ids.to(dev), labels.to(dev))
-            (loss / max(1, n_target)).backward()
+                if cfg.prompt_loss_weight > 0:
+                    loss, loss_p, _ = sft_losses(model, ids.to(dev), labels.to(dev),
+                                                 prompt_labels(ids, labels, pad_id, mb).to(dev))
+                    total_loss = loss / max(1, n_target) + cfg.prompt_loss_weight * loss_p / max(1, n_prompt)
+                    prompt_sum += float(loss_p.detach())
+                else:
+                    loss, _ = completion_loss(model, ids.to(dev), labels.to(dev))
+                    total_loss = loss / max(1, n_target)
+            total_loss.backward()
             loss_sum += float(loss.detach())
         if cfg.packing:  # the step's rows as one tree: shared prompt prefixes run once (train/packing.py)
             for loss, n in packed_sft_micro(model, batch, cfg.micro_batch_tokens, pad_id, autocast):
@@ -424,6 +465,8 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
         rec = {"step": step, "epoch": epoch, "loss": loss_sum / max(1, n_target), "lr": lr,
                "grad_norm": float(grad_norm), "tokens": n_tok, "target_tokens": n_target,
                "tok_per_s": n_tok / dt, "elapsed_s": round(time.monotonic() - t_start, 3)}
+        if cfg.prompt_loss_weight > 0:
+            rec["prompt_loss"] = prompt_sum / max(1, n_prompt)
         append_jsonl(metrics, rec)
         bar.update(1)
         bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{rec['tok_per_s']:.0f}")

@@ -40,7 +40,7 @@ def _default_sft() -> SFTConfig:
     # beat 16K ones on the dev set); the prompt tokens trained too, at weight 2 (levers.md: the largest
     # lever measured); no packing: a 4K batch holds ~6 distinct states, and the tree mask cost more than
     # the shared system prompt saved; the step budget, not the clock, ends the stage (~0.29 s/step at
-    # 2 threads on a quiet machine: ~20 min)
+    # 2 threads on a quiet machine: 20 min)
     return SFTConfig(lr=2e-3, max_steps=4000, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,
                      max_completion_tokens=96, prompt_loss_weight=2.0, ckpt_every=1000, keep_checkpoints=100)
 
@@ -106,7 +106,7 @@ class RunConfig(Strict):
     sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)
     rl_budget_share: float = 0.12
     # torch CPU threads for the whole job (evaluations run in `eval_workers` 1-thread processes).
-    # 2: SFT runs 1.9x faster than on 1 on a quiet 2-core machine (the setting the step budgets
+    # 2: SFT runs 1.7x faster than on 1 on a quiet 2-core machine (student/step_costs.md) (the setting the step budgets
     # are sized for). With another busy process, OpenMP spin-waiting made 2 threads 2.5x slower
     # than 1 (machine-notes.md): set 1 on a shared box.
     threads: int | None = 2

@@ -44,6 +44,27 @@ def test_experience_epoch_continues_from_collect_into_rl(model_dir, tmp_path):
         store.consolidate(epoch=0)
 
 
+def test_rl_with_consolidation_off_keeps_the_store_it_started_from(model_dir, tmp_path):
+    """`consolidate_experience=False`: the rollouts' use counts (and any notes or pickups) are
+    dropped at each step, so the final store's entries are the starting store's; with it on
+    (the default) the same run changes them."""
+    exp = tmp_path / "experience.json"
+    collect_traces(discover_games("train")[:4], ExpertPolicy(), lambda store: BPEHarness(store),
+                   lambda task: make_env(task, engine="fast"), tmp_path / "traces.jsonl", max_steps=30,
+                   batch_size=2, experience_path=exp, progress=False)
+    start = json.loads(exp.read_text())["entries"]
+    finals = {}
+    for on in (False, True):
+        cfg = RLConfig(model_path=str(model_dir), out_dir=str(tmp_path / f"rl_{on}"), steps=2, max_steps=3,
+                       max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, consolidate_experience=on)
+        cfg.harness.experience_path = str(exp)
+        cfg.grpo.group_size, cfg.grpo.prompts_per_step = 2, 1
+        finals[on] = json.loads((train_rl(cfg, progress=False) / "experience.json").read_text())
+        assert finals[on]["pending"] == []
+    assert finals[False]["entries"] == start
+    assert finals[True]["entries"] != start
+
+
 def test_mini_batches_keep_groups_whole_when_a_game_fails_to_load(model_dir):
     tasks = discover_games("train")[:3]
     broken = f"{tasks[0].task_id}#1"  # the second sample of group 0 never loads

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 from evoharness.envs.alfworld import make_env
+from evoharness.harness.bpe.experience import NoConsolidation
 from evoharness.harness.factory import make_harness
 from evoharness.policies.base import Completion, PolicyRequest
 from evoharness.rollout.episode import (EpisodeSpec, LiveEpisode, advance, close_quietly, describe_error,
@@ -297,7 +298,7 @@ class AlfworldBackend(LocalModelBackend):
         """Weights `version` are live: consolidate the experience store and record the step
         (the batch trained on version - 1), before the scheduler dispatches more work."""
         self.store.unfreeze()
-        ops = self.store.consolidate()
+        ops = self.store.consolidate(None if self.rl.consolidate_experience else NoConsolidation())
         self.store.freeze()
         execs = sorted(self._trained.pop(version - 1, set()))
         train = [r for r in self.train_stats if r.get("version") == version - 1]

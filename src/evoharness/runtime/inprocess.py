@@ -297,7 +297,11 @@ class InProcessRuntime:
             self.order = list(range(len(tasks)))
             random.Random(cfg.seed).shuffle(self.order)
         consolidator = None
-        if cfg.llm_consolidator:
+        if not cfg.consolidate_experience:
+            from evoharness.harness.bpe.experience import NoConsolidation
+
+            consolidator = NoConsolidation()
+        elif cfg.llm_consolidator:
             from evoharness.harness.bpe.llm_consolidator import LLMConsolidator
 
             consolidator = LLMConsolidator(**cfg.llm_consolidator.model_dump())

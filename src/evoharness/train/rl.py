@@ -104,6 +104,9 @@ class RLConfig(Strict):
     eval_limit: int | None = 42
     max_minutes: float | None = None
     llm_consolidator: LLMConsolidatorConfig | None = None
+    # consolidate the rollouts' notes, pickups and use counts into the experience store after each
+    # step (the paper's epoch boundary); False: they are dropped and the store RL starts from stays fixed
+    consolidate_experience: bool = True
     # sample through a loopback OpenAI-compatible gateway on the live weights (`runtime.gateway.served_policy`):
     # the same trajectories as in-process, plus the gateway's call records in out_dir/gateway
     rollout_via_gateway: bool = False

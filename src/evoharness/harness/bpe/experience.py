@@ -220,6 +220,14 @@ def infer_note_category(text: str, task_type: str = "") -> tuple[str, str]:
     return "general", t
 
 
+class NoConsolidation:
+    """A consolidator that applies nothing: the batch's notes, pickups, misses and use counts
+    are dropped and the store stays as it was (RL with a fixed store, `RLConfig.consolidate_experience`)."""
+
+    def __call__(self, store: "ExperienceStore", pending: list[Pending]) -> list[Op]:
+        return []
+
+
 class RuleConsolidator:
     """Default rule-based consolidator (no LLM).
 

@@ -120,9 +120,19 @@ def test_losing_the_core_fails_the_job_and_it_resumes_from_its_checkpoint(make_c
     kill_on = lambda c: isinstance(c, RunMicroBatch) and c.cell == 0 and c.version == 1   # noqa: E731
     with pytest.raises(RuntimeError, match="core cell 0 failed.*resume the job from its last checkpoint"):
         _run(cfg, sched, kill_on, checkpoint=ckpt)
-    d = Driver.resume(ckpt, lambda s, st: LocalBackend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE,
-                                                       state=st), stall_s=30)
+    d = _resume(cfg, ckpt)
     assert d._pending[0] == WeightSyncDone(1)              # taken at step 1's weight sync
+    _finish_exactly_once(cfg, d)
+
+
+def _resume(cfg, ckpt) -> Driver:
+    """The job resumed from `ckpt` on fresh local cells, in the roles the checkpoint holds."""
+    return Driver.resume(ckpt, lambda s, st: LocalBackend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE,
+                                                          state=st), stall_s=30)
+
+
+def _finish_exactly_once(cfg, d: Driver):
+    """Run the resumed job to the end; every execution finished and trained once, no aborted turn."""
     try:
         stats = d.run()
     finally:
@@ -130,6 +140,7 @@ def test_losing_the_core_fails_the_job_and_it_resumes_from_its_checkpoint(make_c
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert d.sched.done and len(stats.step_end_s) == cfg.steps and len(d._finished) == n
     assert sum(stats.staleness.values()) == n and stats.aborted_turns == 0
+    return stats
 
 
 class SyncKiller(LocalBackend):
@@ -166,17 +177,11 @@ def test_a_checkpoint_taken_while_a_replacement_is_on_its_way_resumes(make_cfg, 
             break                                                  # the job is killed here
     finally:
         be.close()
-    d = Driver.resume(ckpt, lambda s, st: LocalBackend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE,
-                                                       state=st), stall_s=30)
+    d = _resume(cfg, ckpt)
     want = Role.TRAIN if policy == "async" else Role.ROLLOUT
     assert d.sched.pool.cells[victim].role == (Role.TO_TRAIN if want == Role.TRAIN else Role.ROLLOUT)
-    try:
-        stats = d.run()
-    finally:
-        d.backend.close()
-    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
-    assert d.sched.done and len(stats.step_end_s) == cfg.steps and len(d._finished) == n
-    assert sum(stats.staleness.values()) == n and stats.aborted_turns == 0 and stats.cells_lost == 1
+    stats = _finish_exactly_once(cfg, d)
+    assert stats.cells_lost == 1
     assert not d.sched.rejoining and not d.sched.sync_held
     if policy == "async":
         assert d.sched.pool.cells[victim].role == Role.TRAIN

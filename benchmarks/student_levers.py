@@ -26,7 +26,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # the reduced scale of every arm (the dev subset and the valid_seen prefix are balanced across types)
 SCALE = ["skip_rl=true", "curve_games=0", "dev_eval_limit=30", "eval_limit=42", "sft.ckpt_every=0", "sft.progress=false",
@@ -293,6 +295,25 @@ def step_costs(out: Path, results: Path, steps: int = 25) -> None:
     print("\n".join(md))
 
 
+def run_parallel(names: list, start: Callable[[Any], subprocess.Popen | None], parallel: int) -> dict:
+    """Start ``start(name)`` for each name, at most `parallel` processes at once (a None start:
+    nothing to run); returns {name: exit code} of the processes run."""
+    todo, running, codes = list(names), {}, {}
+    while todo or running:
+        while todo and len(running) < parallel:
+            name = todo.pop(0)
+            if (p := start(name)) is not None:
+                running[name] = p
+                print(f"[{time.strftime('%H:%M:%S')}] started {name}", flush=True)
+        for name, p in list(running.items()):
+            if p.poll() is not None:
+                print(f"[{time.strftime('%H:%M:%S')}] {name} exited {p.returncode}", flush=True)
+                codes[name] = p.returncode
+                del running[name]
+        time.sleep(5)
+    return codes
+
+
 def _sweep_base(out: Path) -> Path:
     """An arm directory whose teacher traces, tokenizer and initial model the sweep shares."""
     return next(d for d in sorted(out.iterdir()) if (d / ".model.done").is_file())
@@ -321,18 +342,12 @@ def sweep_one(out: Path, weight: float, steps: int) -> None:
 def prompt_loss_sweep(out: Path, results: Path, weights: list[float], steps: int, parallel: int) -> None:
     """SFT with the prompt-token loss at each weight (same data, init, steps), dev action
     accuracy of each; `parallel` 1-thread processes at once; writes prompt_loss_sweep.md/.json."""
-    todo, running = list(weights), []
-    while todo or running:
-        while todo and len(running) < parallel:
-            w = todo.pop(0)
-            running.append(subprocess.Popen([sys.executable, __file__, "--out", str(out), "--sweep-one", str(w),
-                                             "--sweep-steps", str(steps)], env={**os.environ, "OMP_NUM_THREADS": "1"}))
-        for p in list(running):
-            if p.poll() is not None:
-                if p.returncode:
-                    sys.exit(f"sweep point exited {p.returncode}")
-                running.remove(p)
-        time.sleep(5)
+    def start(w: float) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, __file__, "--out", str(out), "--sweep-one", str(w),
+                                 "--sweep-steps", str(steps)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    if failed := [f"w={w:g}" for w, rc in run_parallel(weights, start, parallel).items() if rc]:
+        sys.exit(f"sweep points failed: {failed}")
     rows = [json.loads((out / "prompt_loss_sweep" / f"w{w:g}_s{steps}" / "result.json").read_text()) for w in weights]
     md = [f"# SFT prompt-token loss weight (issue 11): {steps} steps x 4K tokens, 'mini', 1 thread", "",
           "Every point trains the main job's default SFT config from the same initial model on the same teacher "
@@ -383,18 +398,7 @@ def main() -> None:
     todo = [a.strip() for a in args.arms.split(",") if a.strip()]
     if unknown := [a for a in todo if a not in ARMS]:
         sys.exit(f"unknown arms {unknown}; known: {list(ARMS)}")
-    running: dict[str, subprocess.Popen] = {}
-    while todo or running:
-        while todo and len(running) < args.parallel:
-            name = todo.pop(0)
-            if (p := run_arm(name, out)) is not None:
-                running[name] = p
-                print(f"[{time.strftime('%H:%M:%S')}] started {name}", flush=True)
-        for name, p in list(running.items()):
-            if p.poll() is not None:
-                print(f"[{time.strftime('%H:%M:%S')}] {name} exited {p.returncode}", flush=True)
-                del running[name]
-        time.sleep(5)
+    run_parallel(todo, lambda name: run_arm(name, out), args.parallel)
     write_table(out, Path(args.results))
 
 

@@ -135,7 +135,7 @@ def test_prompt_loss_covers_exactly_the_prompt_tokens(model_dir):
     tok, model = load_tokenizer(model_dir), load_model(model_dir)
     rows = tokenize_examples(tok, EXAMPLES[:2], 10_000, 10_000)
     ids, labels = collate(rows, tok.pad_token_id)
-    p_lab = prompt_labels(ids, labels, tok.pad_token_id, rows)
+    p_lab = prompt_labels(ids, rows)
     for i, (row, n_prompt) in enumerate(rows):
         assert p_lab[i, :n_prompt].tolist() == row[:n_prompt] and (p_lab[i, n_prompt:] == IGNORE).all()
     with torch.no_grad():

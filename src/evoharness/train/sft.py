@@ -12,8 +12,8 @@ computed on assistant tokens only. With ``prompt_loss_weight`` w > 0 the step
 minimises ``L_completion + w * L_prompt``, L_prompt the mean next-token
 cross-entropy over the prompt tokens of the same rows (one forward pass): a
 from-scratch student learns to read the observation and copy object names from
-the prompt far sooner (benchmarks/results/student/levers.md). A prompt over `max_prompt_tokens` is fitted
-exactly as the policies fit theirs at rollout and evaluation time
+the prompt far sooner (benchmarks/results/student/levers.md). A prompt over
+`max_prompt_tokens` is fitted exactly as the policies fit theirs at rollout and evaluation time
 (`harness.prompt.fit_prompt_ids`: oldest history first, never the system prompt
 or OBJECTIVE).
 
@@ -214,10 +214,10 @@ def collate(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tenso
     return ids, labels
 
 
-def prompt_labels(ids: torch.Tensor, labels: torch.Tensor, pad_id: int, rows: list[tuple[list[int], int]]) -> torch.Tensor:
-    """[b, T] labels of the prompt tokens (-100 on completion and pad): the targets of the
-    auxiliary prompt loss (`SFTConfig.prompt_loss_weight`)."""
-    out = torch.full_like(labels, IGNORE)
+def prompt_labels(ids: torch.Tensor, rows: list[tuple[list[int], int]]) -> torch.Tensor:
+    """[b, T] labels of the prompt tokens of `collate`'s ``ids`` (-100 on completion and pad):
+    the targets of the auxiliary prompt loss (`SFTConfig.prompt_loss_weight`)."""
+    out = torch.full_like(ids, IGNORE)
     for i, (_, n_prompt) in enumerate(rows):
         out[i, :n_prompt] = ids[i, :n_prompt]
     return out
@@ -443,7 +443,7 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
             with autocast():
                 if cfg.prompt_loss_weight > 0:
                     loss, loss_p, _ = sft_losses(model, ids.to(dev), labels.to(dev),
-                                                 prompt_labels(ids, labels, pad_id, mb).to(dev))
+                                                 prompt_labels(ids, mb).to(dev))
                     total_loss = loss / max(1, n_target) + cfg.prompt_loss_weight * loss_p / max(1, n_prompt)
                     prompt_sum += float(loss_p.detach())
                 else:

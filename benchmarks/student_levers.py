@@ -97,8 +97,10 @@ READING = [
     "default_sft_old is the previous default at full scale (2000 steps, no prompt loss). The new default at full "
     "scale (4000 steps, prompt loss 2, 2 threads) is the main job itself: 57.9% valid_seen (81/140), 36.7% dev "
     "(22/60), benchmarks/results/main_job/report.md; its `default_sft` arm here (1 thread, subsets) was not run.",
-    "Not measured (time on the shared machine): lr schedule, model size (arm `tiny4k` is defined), GRPO levers "
-    "(lr decay / KL, games per step, consolidation vs none).",
+    "Full-scale levers (whole main jobs: more SFT steps, every ALFWorld train game, GRPO with the experience "
+    "store fixed vs consolidated): full_scale.md (`python benchmarks/student_full_scale.py`).",
+    "Not measured (time on the shared machine): lr schedule, model size (arm `tiny4k` is defined), GRPO lr "
+    "decay / KL target, games per step.",
 ]
 
 

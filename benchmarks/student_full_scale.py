@@ -1,0 +1,146 @@
+"""Full-scale student levers (issue 11): whole main-job runs side by side, paired per game.
+
+Usage: python benchmarks/student_full_scale.py [--arms a,b] [--out runs/full] [--results benchmarks/results/student]
+
+Each arm is `evoharness run` (the whole main job: teacher traces, SFT, GRPO, evaluations) with
+its overrides, in ``--out/<arm>`` (an existing finished run there is reused, not rerun). The
+table gives each arm's SFT and SFT + GRPO on valid_seen and on the arm's development set,
+GRPO against SFT paired per game within the arm, and the arm's SFT against the reference
+arm's SFT paired on valid_seen and on the arm's development games (the reference model is
+evaluated there when the development sets differ, on the games it never trained on).
+Budgets are optimizer steps, so the rows compare equal-step training whatever the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from evoharness.eval.run_report import paired, wasted_steps
+from evoharness.jsonl import read_jsonl
+
+REF = "main_4000"
+# name -> (lever, setting, `evoharness run` overrides)
+ARMS: dict[str, tuple[str, str, list[str]]] = {
+    REF: ("reference: the previous main job", "540 train games, SFT 4000 steps; GRPO 16 steps consolidating the "
+          "student's notes into the experience store", ["rl.consolidate_experience=true"]),
+    "main": ("experience store fixed during GRPO (the main job's defaults)",
+             "540 train games, SFT 4000 steps; GRPO 16 steps, store fixed", []),
+    "sft5000": ("more SFT steps", "540 train games, SFT 5000 steps; GRPO 16 steps, store fixed",
+                ["sft.max_steps=5000"]),
+    "all_games": ("every ALFWorld train game", "all 3,493 non-dev train games ($ALFWORLD_DATA), SFT 4000 steps; "
+                  "GRPO 16 steps, store fixed; 1 thread, 1 eval worker",
+                  ["env.data_path=env", "threads=1", "eval_workers=1"]),
+}
+
+
+def run_arm(name: str, d: Path) -> None:
+    if (d / "report.md").is_file():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    sets = [x for o in ARMS[name][2] for x in ("--set", o)]
+    with open(d / "run.log", "a") as log:
+        subprocess.run([sys.executable, "-m", "evoharness.cli", "run", "--out", str(d), *sets],
+                       stdout=log, stderr=subprocess.STDOUT, check=True)
+
+
+def episodes(d: Path, system: str, panel: str) -> list[dict]:
+    """A run's episodes: `system` 'sft' or 'sft_grpo' (the SFT evaluation when the job kept the
+    SFT model), `panel` 'vs' or 'dev'."""
+    name = ("dev_" if panel == "dev" else "") + system
+    if not (d / "eval" / name / "episodes.jsonl").is_file():
+        name = ("dev_" if panel == "dev" else "") + "sft"
+    return read_jsonl(d / "eval" / name / "episodes.jsonl")
+
+
+def ref_on_dev(ref: Path, d: Path) -> list[dict]:
+    """The reference SFT model on arm `d`'s development games it did not train on (evaluated
+    once into ``d/eval/dev_ref_sft``; the reference's own episodes when the dev sets agree)."""
+    dev = json.loads((d / "dev_games.json").read_text())
+    if dev == json.loads((ref / "dev_games.json").read_text()):
+        return episodes(ref, "sft", "dev")
+    from evoharness.eval.evaluate import evaluate
+    from evoharness.pipeline import RunConfig, eval_config, model_policy
+
+    seen = {e["task_id"] for e in read_jsonl(ref / "teacher_traces.jsonl")}
+    games = [g for g in dev if g not in seen]
+    cfg = RunConfig.model_validate(json.loads((d / "run_config.json").read_text()))
+    out = d / "eval" / "dev_ref_sft"
+    if not (out / "summary.json").is_file():
+        evaluate(eval_config(cfg, d, "dev_ref_sft", model_policy(cfg, ref / "sft" / "final"),
+                             ref / "experience.json", games))
+    return read_jsonl(out / "episodes.jsonl")
+
+
+def rate(eps: list[dict]) -> str:
+    return f"{100 * sum(e['won'] for e in eps) / len(eps):.1f}% ({sum(e['won'] for e in eps)}/{len(eps)})"
+
+
+def vs(p: dict) -> str:
+    return f"+{p['b_only']} / -{p['a_only']} (p={p['p']:.2g})"
+
+
+def per_episode(eps: list[dict]) -> tuple[float, float]:
+    """(note calls, wasted steps) per episode."""
+    notes = sum(e.get("meta_calls", {}).get("note", 0) for e in eps) / len(eps)
+    return notes, sum(sum(wasted_steps(e).values()) for e in eps) / len(eps)
+
+
+def row(name: str, d: Path, ref: Path) -> str:
+    sft_vs, rl_vs = episodes(d, "sft", "vs"), episodes(d, "sft_grpo", "vs")
+    sft_dev, rl_dev = episodes(d, "sft", "dev"), episodes(d, "sft_grpo", "dev")
+    total = sum(float(m.read_text() or 0) for m in d.glob(".*.done")) / 60
+    sel = json.loads((d / "curve.json").read_text()).get("rl_selected", {})
+    picked = f"GRPO step {sel['step']}" if sel.get("stage") == "rl" else "SFT"
+    cells = [name, ARMS[name][0], ARMS[name][1], rate(sft_vs), rate(sft_dev), picked, rate(rl_vs), rate(rl_dev),
+             vs(paired(sft_vs, rl_vs)), vs(paired(sft_dev, rl_dev))]
+    if d.resolve() == ref.resolve():
+        cells += ["-", "-"]
+    else:
+        ref_dev = ref_on_dev(ref, d)
+        games = {e["task_id"] for e in ref_dev}
+        cells += [vs(paired(episodes(ref, "sft", "vs"), sft_vs)),
+                  f"{vs(paired(ref_dev, [e for e in sft_dev if e['task_id'] in games]))} on {len(games)}"]
+    n_sft, w_sft = per_episode(sft_vs)
+    n_rl, w_rl = per_episode(rl_vs)
+    cells += [f"{n_sft:.2f} / {n_rl:.2f}", f"{w_sft:.1f} / {w_rl:.1f}", f"{total:.1f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--out", default="runs/full")
+    ap.add_argument("--results", default="benchmarks/results/student")
+    args = ap.parse_args()
+    out, names = Path(args.out), [a for a in args.arms.split(",") if a]
+    if unknown := [a for a in names if a not in ARMS]:
+        sys.exit(f"unknown arms {unknown}; known: {list(ARMS)}")
+    for name in [REF] + [n for n in names if n != REF]:
+        run_arm(name, out / name)
+    md = ["# Student levers at full scale (issue 11)", "",
+          "Each arm is a whole main job (`evoharness run` with the overrides below; seed 0, step budgets). "
+          "valid_seen: the 140-game panel; dev: the arm's 60 held-out train games (choices are made there). "
+          "Paired: games only the second system won (+) / only the first won (-), exact two-sided sign test. "
+          "GRPO vs SFT is within the arm (SFT + GRPO is the GRPO checkpoint best on the 20 curve dev games, "
+          "or the SFT model); vs the reference compares the arms' SFT models (dev: on the arm's dev games the "
+          f"reference never trained on). Minutes: the whole job on this 2-core machine (load average "
+          f"{os.getloadavg()[0]:.1f} when written; arms ran at different loads: see the main job's machine.txt).", "",
+          "| arm | lever | setting | SFT valid_seen | SFT dev | SFT+GRPO is | SFT+GRPO valid_seen | SFT+GRPO dev | GRPO vs SFT "
+          "(valid_seen) | GRPO vs SFT (dev) | SFT vs reference (valid_seen) | SFT vs reference (dev) | "
+          "notes/ep SFT / SFT+GRPO | wasted/ep SFT / SFT+GRPO | job min |",
+          "|" + "---|" * 15]
+    md += [row(n, out / n, out / REF) for n in names]
+    md += ["", "Overrides per arm: " + "; ".join(f"{n}: `{' '.join(ARMS[n][2]) or '(defaults)'}`" for n in names),
+           "", f"Command: `python benchmarks/student_full_scale.py --arms {','.join(names)}`.", ""]
+    Path(args.results).mkdir(parents=True, exist_ok=True)
+    (Path(args.results) / "full_scale.md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -37,6 +37,21 @@ ARMS: dict[str, tuple[str, str, list[str]]] = {
                   ["env.data_path=env", "threads=1", "eval_workers=1"]),
 }
 
+READING = [
+    "Experience store during GRPO: consolidating the student's notes into the store (main_4000) left no GRPO "
+    "checkpoint above SFT on the 20 curve games (30 / 25 / 20 / 25% vs 35%); with the store fixed (main) the "
+    "same 16 steps scored 45 / 30 / 30 / 40%, and the step-4 checkpoint gains on dev (+7 / -2, p=0.18; +5 / -2 "
+    "on the 40 that did not choose it) but not on valid_seen (+8 / -9). Kept: store fixed (`rl.consolidate_experience=false` "
+    "in the main job).",
+    "More SFT steps: 5000 instead of 4000 lost 12 valid_seen games (+15 / -27, p=0.09) and tied on dev. Kept: 4000.",
+    "Every ALFWorld train game (3,493 instead of 540; <1 epoch instead of ~5 at 4000 steps): worse on both panels "
+    "(valid_seen 33.6% vs 57.9%, dev +3 / -14 on the 50 dev games the reference never trained on), but its "
+    "harness use is the teacher's (0.73 notes per episode, the teacher 0.58-0.73; the 540-game student 5.58), and "
+    "GRPO from it gains on both panels (valid_seen +13 / -6, p=0.17; dev +9 / -1, p=0.02). Kept: the 540 bundled games.",
+    "The same command gives the same model: main_4000 and main share their SFT stage bit for bit (identical "
+    "per-step losses and evaluations), run hours apart.",
+]
+
 
 def run_arm(name: str, d: Path) -> None:
     if (d / "report.md").is_file():
@@ -136,7 +151,9 @@ def main() -> None:
           "|" + "---|" * 15]
     md += [row(n, out / n, out / REF) for n in names]
     md += ["", "Overrides per arm: " + "; ".join(f"{n}: `{' '.join(ARMS[n][2]) or '(defaults)'}`" for n in names),
-           "", f"Command: `python benchmarks/student_full_scale.py --arms {','.join(names)}`.", ""]
+           "", f"Command: `python benchmarks/student_full_scale.py --arms {','.join(names)}` "
+           "(all_games needs `$ALFWORLD_DATA`: the ALFWorld json_2.1.1 release).", "",
+           "## Reading", ""] + [f"- {x}" for x in READING] + [""]
     Path(args.results).mkdir(parents=True, exist_ok=True)
     (Path(args.results) / "full_scale.md").write_text("\n".join(md))
     print("\n".join(md))

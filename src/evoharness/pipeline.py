@@ -50,8 +50,8 @@ def _default_rl() -> RLConfig:
     """configs/rl_cpu.toml's settings (T=0.6, 2 updates per batch) on every task type, at 2 games x
     8 samples per step; 16 steps (~15-20 s each on a quiet machine); the main job keeps the
     checkpoint best on the development set (`select_rl_checkpoint`). The experience store stays the
-    teacher's: consolidating the student's own notes into it cost the GRPO weights 25 valid_seen
-    games at evaluation (README, "The main job")."""
+    teacher's: consolidating the student's own notes into it left every GRPO checkpoint below SFT on
+    the development games (benchmarks/results/student/full_scale.md)."""
     rl = RLConfig(steps=16, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
                   task_types=list(TASK_TYPES), ckpt_every=4, keep_checkpoints=100, consolidate_experience=False)
     g = rl.grpo
@@ -382,7 +382,8 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         f"Budget in optimizer steps: SFT {cfg.sft.max_steps}, DAgger {cfg.dagger_rounds} round(s) x {cfg.dagger_games} games "
         f"+ {cfg.dagger_sft_steps} SFT steps, GRPO {0 if cfg.skip_rl else cfg.rl.steps}"
         + (f"; wall cap {cfg.budget_minutes:.0f} min" if cfg.budget_minutes else "; no wall cap")
-        + f". This invocation took {(time.perf_counter() - t0) / 60:.1f} min.",
+        + f". The stages took {sum(stage.times().values()) / 60:.1f} min in all (table below); this invocation "
+        f"{(time.perf_counter() - t0) / 60:.1f} min (a rerun resumes: finished stages are not redone).",
         f"Development set: {len(dev_ids)} train games held out (seed {cfg.seed}; `dev_games.json`), never trained on.",
         f"Engine `{cfg.env.engine}`, step cap {cfg.max_steps}, eval split `{cfg.eval_split}`"
         + (f" ({cfg.eval_limit} games, round-robin across types)" if cfg.eval_limit else " (full panel)")
@@ -398,7 +399,7 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
     Each SFT/DAgger checkpoint (``checkpoints/step_N``) and each RL checkpoint plays
     `games` (development games, greedy, early stopping); minutes are the stages'
     training wall time up to that step (DAgger rollouts included). Written to
-    ``curve.json``: ``{"games", "points": [{"stage", "step", "minutes", "success", "path"}]}``.
+    ``curve.json``: ``{"games", "game_ids", "points": [{"stage", "step", "minutes", "success", "path"}]}``.
     """
     points, offset = [], 0.0
     small = cfg.model_copy(update={"eval_workers": 1})  # a few games: worker start-up would cost more than play
@@ -429,7 +430,7 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
             last = max((p for p in points if p["stage"] == name), key=lambda p: p["step"], default=None)
             if last is not None:
                 points.append({**last, "stage": "sft_final"})
-    curve = {"games": len(games), "points": points}
+    curve = {"games": len(games), "game_ids": list(games), "points": points}
     (out / "curve.json").write_text(json.dumps(curve, indent=1))
     log("  learning curve: " + ", ".join(f"{p['stage']}@{p['step']}={p['success']:.0f}%" for p in points))
     return curve

@@ -166,10 +166,17 @@ def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], 
             md += ["Paired per game (same games, same order): wins = games only the second system won, losses = "
                    "games only the first won; p = exact two-sided sign test (McNemar) on those.", "",
                    "| comparison | panel | games | wins | losses | both won | p |", "|---|---|---|---|---|---|---|"]
+            # a GRPO checkpoint chosen on the curve's dev games is also compared on the dev games that had
+            # no say in the choice
+            chose = set(curve.get("game_ids", [])) if curve and curve.get("rl_selected", {}).get("stage") == "rl" else set()
             for a, b in pairs:
-                for panel, data in (("valid_seen", vs), ("dev", dv)):
+                panels = [("valid_seen", vs, set()), ("dev", dv, set())]
+                if chose and "GRPO" in b:
+                    panels.append((f"dev without the {len(chose)} that chose it", dv, chose))
+                for panel, data, drop in panels:
                     if a in data and b in data:
-                        c = paired(data[a][1], data[b][1])
+                        c = paired([e for e in data[a][1] if e["task_id"] not in drop],
+                                   [e for e in data[b][1] if e["task_id"] not in drop])
                         md.append(f"| {b} vs {a} | {panel} | {c['n']} | {c['b_only']} | {c['a_only']} | {c['both']} | "
                                   f"{c['p']:.3g} |")
             md.append("")

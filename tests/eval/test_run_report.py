@@ -1,0 +1,37 @@
+"""The main job's report on real evaluations: the paired comparison of a GRPO checkpoint
+chosen on the curve's dev games also excludes those games."""
+
+from evoharness.envs.alfworld.games import discover_games
+from evoharness.eval.evaluate import EvalConfig, evaluate
+from evoharness.eval.run_report import paired, write_run_report
+from evoharness.jsonl import read_jsonl
+
+
+def _eval(tmp_path, name, games, policy):
+    cfg = EvalConfig.model_validate(dict(split="train", games=games, batch_size=4, out_dir=str(tmp_path / name),
+                                         harness={"kind": "bpe"}, policy=policy, max_steps=8))
+    evaluate(cfg, progress=False)
+    return tmp_path / name
+
+
+def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_path):
+    games = [t.task_id for t in discover_games("train")[:4]]
+    # two real systems that differ per game: an 8-step cap makes the noisy expert lose some
+    sft = _eval(tmp_path, "sft", games, {"kind": "noisy_expert", "epsilon": 0.6, "seed": 1})
+    grpo = _eval(tmp_path, "grpo", games, {"kind": "expert"})
+    systems = {"SFT": sft, "SFT + GRPO": grpo}
+    chose = games[-2:]  # not the first two in panel order: the rows must drop by id
+    curve = {"games": 2, "game_ids": chose, "points": [], "rl_selected": {"stage": "rl", "step": 4}}
+    md = write_run_report(tmp_path / "run", systems, systems, [], None, [], curve=curve).read_text()
+
+    a, b = read_jsonl(sft / "episodes.jsonl"), read_jsonl(grpo / "episodes.jsonl")
+    rest = paired([e for e in a if e["task_id"] not in chose], [e for e in b if e["task_id"] not in chose])
+    assert rest["n"] == 2
+    row = (f"| SFT + GRPO vs SFT | dev without the 2 that chose it | 2 | {rest['b_only']} | {rest['a_only']} | "
+           f"{rest['both']} |")
+    assert row in md
+    assert "| SFT + GRPO vs SFT | dev | 4 |" in md
+    # when the job kept the SFT model, no GRPO checkpoint was chosen: no such row
+    curve["rl_selected"] = {"stage": "sft_final", "step": 0}
+    assert "that chose it" not in write_run_report(tmp_path / "run2", systems, systems, [], None, [],
+                                                   curve=curve).read_text()

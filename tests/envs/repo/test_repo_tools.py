@@ -49,15 +49,16 @@ def test_malformed_arguments_are_tool_errors_not_crashes(toolbox):
 def test_paths_and_symlinks_cannot_lead_out(toolbox, tmp_path):
     secret = tmp_path / "secret"
     secret.mkdir()
-    (secret / "answer.txt").write_text("42")
+    # a value no path can contain (pytest's tmp directories are numbered: "pytest-422" held "42")
+    (secret / "answer.txt").write_text("SECRET-c0ffee")
     r = toolbox.call("run_shell", {"command": f"ln -s {secret} s && ln -s /etc/passwd p && ln -s .. up && ls"})
     assert r.exit_code == 0
     for path in ("s/answer.txt", "p", "up/secret/answer.txt", "../secret/answer.txt", str(secret / "answer.txt"),
                  "/etc/passwd"):
         r = toolbox.call("read_file", {"path": path})
-        assert r.is_error and "42" not in r.content and "root:" not in r.content, path
+        assert r.is_error and "SECRET-c0ffee" not in r.content and "root:" not in r.content, path
     r = toolbox.call("write_file", {"path": "s/answer.txt", "content": "pwned"})
-    assert r.is_error and (secret / "answer.txt").read_text() == "42"
+    assert r.is_error and (secret / "answer.txt").read_text() == "SECRET-c0ffee"
     assert "s -> " in toolbox.call("list_dir", {}).content
 
 

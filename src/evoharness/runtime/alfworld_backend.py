@@ -36,7 +36,6 @@ from typing import Any, Callable
 import torch
 
 from evoharness.envs.alfworld import make_env
-from evoharness.harness.bpe.experience import NoConsolidation
 from evoharness.harness.factory import make_harness
 from evoharness.policies.base import Completion, PolicyRequest
 from evoharness.rollout.episode import (EpisodeSpec, LiveEpisode, advance, close_quietly, describe_error,
@@ -49,7 +48,7 @@ from evoharness.runtime.workload import SimConfig
 from evoharness.train.advantages import std_floor_active, turn_advantages, valid_members
 from evoharness.train.grpo import GRPOConfig, resolved_off_policy
 from evoharness.train.rewards import trajectory_reward
-from evoharness.runtime.inprocess import TimedEnv
+from evoharness.runtime.inprocess import TimedEnv, experience_consolidator
 
 
 def cell_grpo(cfg: Any) -> GRPOConfig:
@@ -121,6 +120,7 @@ class AlfworldBackend(LocalModelBackend):
         if cfg.grpo.mini_batches != 1:
             raise ValueError("the runtime path trains one update per step (grpo.mini_batches = 1)")
         self.rl, self.tasks, self.order, self.store = cfg, tasks, order, store
+        self.consolidator = experience_consolidator(cfg)  # the same rule as the in-process loop
         self.on_step, self.env_timeout_s = on_step, env_timeout_s
 
     def _cell_args(self, cell: int) -> tuple[str, str, float, dict[str, Any]]:
@@ -298,7 +298,7 @@ class AlfworldBackend(LocalModelBackend):
         """Weights `version` are live: consolidate the experience store and record the step
         (the batch trained on version - 1), before the scheduler dispatches more work."""
         self.store.unfreeze()
-        ops = self.store.consolidate(None if self.rl.consolidate_experience else NoConsolidation())
+        ops = self.store.consolidate(self.consolidator)
         self.store.freeze()
         execs = sorted(self._trained.pop(version - 1, set()))
         train = [r for r in self.train_stats if r.get("version") == version - 1]

@@ -253,6 +253,21 @@ RESUME_FREE = ("out_dir", "steps", "max_minutes", "threads", "decode_threads", "
                "eval_every", "eval_split", "eval_limit", "rollout_via_gateway")
 
 
+def experience_consolidator(cfg: Any) -> Any:
+    """The consolidator an RL run applies to its experience store at each weight sync
+    (`RLConfig`): none when ``consolidate_experience`` is off (the store stays fixed), the LLM
+    consolidator when ``llm_consolidator`` names an endpoint, else None (the store's rules)."""
+    if not cfg.consolidate_experience:
+        from evoharness.harness.bpe.experience import NoConsolidation
+
+        return NoConsolidation()
+    if cfg.llm_consolidator:
+        from evoharness.harness.bpe.llm_consolidator import LLMConsolidator
+
+        return LLMConsolidator(**cfg.llm_consolidator.model_dump())
+    return None
+
+
 class InProcessRuntime:
     """`InProcessBackend` under the colocate scheduler, resumed from ``out_dir``'s last checkpoint.
 
@@ -296,15 +311,7 @@ class InProcessRuntime:
             store, self.step = load_experience_fresh(cfg.harness.experience_path), 0
             self.order = list(range(len(tasks)))
             random.Random(cfg.seed).shuffle(self.order)
-        consolidator = None
-        if not cfg.consolidate_experience:
-            from evoharness.harness.bpe.experience import NoConsolidation
-
-            consolidator = NoConsolidation()
-        elif cfg.llm_consolidator:
-            from evoharness.harness.bpe.llm_consolidator import LLMConsolidator
-
-            consolidator = LLMConsolidator(**cfg.llm_consolidator.model_dump())
+        consolidator = experience_consolidator(cfg)
         self._served = contextlib.ExitStack()
         rollout_policy = policy
         if cfg.rollout_via_gateway:

@@ -12,7 +12,8 @@ from evoharness.envs.alfworld.games import TASK_TYPES
 from evoharness.harness.base import META_VERBS
 from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.harness.react import ReActHarness
-from evoharness.policies.base import PolicyRequest
+from evoharness.harness.bpe.belief import type_of
+from evoharness.policies.base import Completion, PolicyRequest, format_action
 from evoharness.policies.teacher import TeacherPolicy, parse_prompt, plan_for, search_order, teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from engines import pick_engine
@@ -83,6 +84,57 @@ def test_prompt_parser_reads_the_bpe_views(played):
     assert v.recall and v.recall[0] == "mistakes: pick two"
     assert v.history[-1][0] == "track world"
     assert v.admissible == t.turns[track_turn + 1].admissible_commands
+
+
+class Clumsy:
+    """The student's commonest failure (runs/main's SFT evaluation): once per episode, while
+    searching, it takes an object that is not the goal's and commits the find subgoal done;
+    the teacher plays every other turn."""
+
+    name = "clumsy"
+
+    def __init__(self) -> None:
+        self.erred: dict[str, str] = {}
+
+    def act(self, requests):
+        out = []
+        for r in requests:
+            user = r.messages[-1]["content"]
+            v, text = parse_prompt(user), teacher_completion(user)
+            items = [s for s, status in v.plan]
+            phase = next((i for i, (_, status) in enumerate(v.plan) if status != "done"), -1)
+            stage = self.erred.get(r.episode_id)
+            wrong = [c for c in v.admissible if c.startswith("take ") and type_of(c[5:].split(" from ")[0]) != v.goal.obj]
+            if stage is None and wrong and phase >= 0 and items[phase].startswith("find"):
+                text, self.erred[r.episode_id] = format_action(wrong[0], "I take it."), "took"
+            elif stage == "took" and 0 <= phase < len(items) - 1:
+                text = format_action(f"commit {items[phase]}: done; {items[phase + 1]}: active", "Found it.")
+                self.erred[r.episode_id] = "committed"
+            out.append(Completion(text=text))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_teacher_labels_recover_from_a_wrong_object_and_a_premature_commit(valid_seen):
+    """DAgger labels come from the teacher on the student's states: holding a non-goal object
+    with its find subgoal marked done, the teacher puts the object down, reopens the search
+    and still wins."""
+    tasks = [t for tt in TASK_TYPES for t in [g for g in valid_seen if g.task_type == tt][:2]]
+    engine, clumsy = pick_engine(tasks[0]), Clumsy()
+    eps = run_episodes([EpisodeSpec(t, f"{t.task_id}#0") for t in tasks], lambda t: make_env(t, engine=engine),
+                       lambda: make_harness(HarnessConfig()), clumsy, max_steps=50)
+    assert sum(s == "committed" for s in clumsy.erred.values()) >= 10  # the mistake was made
+    assert [e.task_id for e in eps if not e.won] == []
+    for e in eps:
+        if clumsy.erred.get(e.episode_id) != "committed":
+            continue
+        i = next(i for i, t in enumerate(e.turns) if t.action.startswith("take "))
+        wrong = e.turns[i].action.split(" from ")[0][len("take "):]
+        after = [t.action for t in e.turns[i + 2:]]
+        assert any(a.startswith(f"put {wrong} in/on ") for a in after), (e.task_id, after[:6])
+        assert any(a.startswith("commit find") and a.endswith(": active") for a in after), (e.task_id, after[:6])
 
 
 def test_teacher_refuses_a_prompt_without_bpe_views(valid_seen):

@@ -9,8 +9,16 @@ whatever the belief or the experience store know reaches it only through a
 therefore a deterministic function of the prompt (`decide(parse_prompt(text))`),
 which is what a student can imitate (design.md, "Known pitfalls").
 
-Decision rules (the current subgoal decides which apply; event rules 2-5 first):
+Decision rules (the current subgoal decides which apply; rule 0, then event rules 2-5 first):
 
+0. **Recover** (states only a student reaches: the teacher's own traces never fire it,
+   so it changes no SFT example; it makes DAgger's labels right where the student
+   errs). The hand is read off ADMISSIBLE COMMANDS (``put``/``heat``/``examine`` of the
+   held object; ``take`` commands only for an empty hand). A held object that is not an
+   X -> put it down here (no put offered: carry it back where it was taken, else on
+   along the search order). A phase after "find X" with an empty hand -> ``commit find
+   X: active`` (the student marked it done too early). An X in hand during "find X",
+   not just taken -> the subgoal switch.
 1. **Plan.** Empty PLAN -> ``commit plan: …`` with the task type's subgoals:
    pick ``find X; put X in Y``; pick-two ``find first X; put first X in Y;
    find second X; put second X in Y``; heat/cool/clean ``find X; heat X with
@@ -91,6 +99,7 @@ _VIEW_HEAD_RE = re.compile(r"^\((track|recall) (.*), (?:last step|\d+ steps ago)
 _PICK_RE = re.compile(r"You pick up the ([a-z]+ \d+) from the ([a-z]+ \d+)\.")
 _PUT_RE = re.compile(r"You (?:put the ([a-z]+ \d+) in/on the|move the ([a-z]+ \d+) to the) ([a-z]+ \d+)\.")
 _TAKE_CMD_RE = re.compile(r"^take ([a-z]+ \d+) from ([a-z]+ \d+)$")
+_TRANSFORM_CMD_RE = re.compile(r"^(?:heat|cool|clean) ([a-z]+ \d+) with ([a-z]+ \d+)$")
 _LOCATED_RE = re.compile(r"^([a-z]+ \d+): in/on ([a-z]+ \d+)")
 _UNSEARCHED_RE = re.compile(r"[Uu]nsearched \((?:\d+/)?\d+\): (.*?)\.?$")
 
@@ -449,6 +458,62 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
     return "look", f"I have searched everywhere I know for the {lamp}."
 
 
+def _held(v: PromptView) -> str | None:
+    """The object in hand, read off ADMISSIBLE COMMANDS: ALFWorld offers ``put P in/on R``,
+    ``heat/cool/clean P with R`` and ``examine P`` for a non-receptacle P only for the held
+    P; None when none is offered (an empty hand)."""
+    for c in v.admissible:
+        if p := parse_place(c):
+            return p[0]
+        if m := _TRANSFORM_CMD_RE.match(c):
+            return m.group(1)
+    for c in v.admissible:
+        if c.startswith("examine ") and (t := _rtype(c[len("examine "):])) not in GENERIC_ORDER and "lamp" not in t:
+            return c[len("examine "):]
+    return None
+
+
+def _hands_empty(v: PromptView) -> bool:
+    """ALFWorld offers ``take`` commands only to an empty hand."""
+    return any(_TAKE_CMD_RE.match(c) for c in v.admissible)
+
+
+def _recover(v: PromptView, k: int, item: str) -> tuple[str, str] | None:
+    """Rule 0 (states only a student reaches, for DAgger labels): a held object that is not
+    an X is put down where the agent stands; a phase after "find X" with an empty hand (a
+    subgoal committed done too early, or its X put down) reopens that find subgoal; an X
+    already in hand during its find phase closes it."""
+    o, (last_a, last_f) = v.goal.obj, _last(v)
+    held = _held(v)
+    if held and type_of(held) != o and v.goal.light != type_of(held):
+        if put := next((c for c in v.admissible if (p := parse_place(c)) and p[0] == held), None):
+            return put, f"I hold the {held}, not a {o}; I put it down before searching on."
+        # back where it came from (it fits there), else on along the search order
+        here = _location(v)
+        came = [r for a, _ in v.history if a.startswith(f"take {held} from ") and (r := a.rsplit(" from ", 1)[1]) != here]
+        nxt = came[-1] if came else _next_after(search_order(_receptacles(v), v.hints), here)
+        if nxt and (step := _go(v, nxt, f"I hold the {held}, not a {o}, and cannot put it here; I go to {nxt}.")):
+            return step
+    if item.startswith("find "):
+        just_found = last_a.startswith(("take ", f"note {o} is "))  # rule 2/3 handle these turns
+        if held and type_of(held) == o and not just_found and not (
+                item.startswith("find second") and _first_placed_in_hand(v, held)):
+            return _switch(v, k, f"I already hold the {held}; this subgoal is done, so I update the plan.")
+        return None
+    if _hands_empty(v) and not ((m := _PUT_RE.search(last_f)) and type_of(m.group(1) or m.group(2)) == o):
+        finds = [i for i, (t, _) in enumerate(v.plan[:k]) if t.startswith("find ")]
+        if finds:
+            return (f"commit {v.plan[finds[-1]][0]}: active",
+                    f"My hand is empty, so I do not hold the {o} yet; I reopen the search.")
+    return None
+
+
+def _first_placed_in_hand(v: PromptView, held: str) -> bool:
+    """Pick-two: the held X is the one already placed (taken back from a Y-type receptacle)."""
+    return any(a.startswith(f"take {held} from ") and _rtype(a.rsplit(" from ", 1)[1]) == v.goal.target
+               for a, _ in v.history)
+
+
 def decide(v: PromptView) -> tuple[str, str]:
     """The teacher's (action, reason) for a parsed prompt (rules in the module docstring)."""
     g = v.goal
@@ -459,6 +524,8 @@ def decide(v: PromptView) -> tuple[str, str]:
     k, item = _phase(v)
     if k < 0:
         return "look", "Every subgoal of my plan is done."
+    if fix := _recover(v, k, item):
+        return fix
     if item.startswith("find "):
         return _find(v, k, second=item.startswith("find second"))
     if g.transform and item.startswith(f"{g.transform} "):

@@ -38,6 +38,11 @@ ARMS: dict[str, tuple[str, str, list[str]]] = {
     "dagger": ("one DAgger round (teacher labels the student's own states, incl. recovery from a wrong "
                "object)", "540 train games, SFT 4000 steps, then 100 student games labelled + 300 SFT steps; "
                "GRPO 16 steps, store fixed", ["dagger_rounds=1"]),
+    "head_dim64": ("attention head width (grounding: matching the goal's name against the objects listed)",
+                   "'mini' with head_dim 64 instead of 32 (1.35M params instead of 1.15M); 540 games, SFT 4000 "
+                   "steps, GRPO 16 steps", ["model_overrides.head_dim=64"]),
+    "seed1": ("seed spread (the noise every other row sits in)", "the main job's defaults with seed 1 (another "
+              "initialisation, data order and 60-game development draw)", ["seed=1"]),
     "all_games": ("every ALFWorld train game", "all 3,493 non-dev train games ($ALFWORLD_DATA), SFT 4000 steps; "
                   "GRPO 16 steps, store fixed; 1 thread, 1 eval worker",
                   ["env.data_path=env", "threads=1", "eval_workers=1"]),
@@ -67,6 +72,15 @@ READING = [
     "still 60/140 (scratch probes, same labels): the labelled states are mostly the student's own loops. GRPO "
     "from the damaged model gains +34 / -10 on valid_seen and +18 / -2 on dev in 16 steps (back to 40.7% / 36.7%), "
     "the clearest GRPO effect measured; notes per episode 0.60 -> 1.03 (the teacher 0.73). Kept: no DAgger.",
+    "Attention head width (head_dim64: 64 instead of 32, 1.35M params; the student's commonest failure is "
+    "saying the goal object is here when it is not, at 124 of the 290 receptacles without it where it decided): "
+    "SFT valid_seen 49.3% vs 57.9% (+10 / -22, p=0.05), dev 26 vs 22 of 60 (+9 / -5, p=0.42); no GRPO "
+    "checkpoint beat it on the curve games; SFT 25% slower per step (job 39.9 min). Kept: head_dim 32.",
+    "A grounded think (scratch run, not kept in the code: the teacher's find think first copied the takeable "
+    "objects, 'Here: pen 1, plate 3. No bowl here; ...', so the decision compares each copied name with the goal): "
+    "the student stopped claiming absent objects (61 of 1,342 such receptacles) but missed present ones "
+    "(22 of 154) and miscopied lists; SFT 17.9% valid_seen (+7 / -63 vs the reference), dev 9/60. GRPO from it "
+    "gained +24 / -3 on valid_seen and +14 / -1 on dev (to 32.9% / 36.7%). Kept: the plain think.",
     "The same command gives the same model: main_4000 and main share their SFT stage bit for bit (identical "
     "per-step losses and evaluations), run hours apart.",
 ]

@@ -95,6 +95,7 @@ class RunConfig(Strict):
     max_steps: int = 50
     model_path: str | None = None  # an existing HF model directory; None: a new one from scratch
     model_preset: Literal["mini", "tiny", "small", "base"] = "mini"
+    model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)  # Qwen3Config fields over the preset's (head_dim=64)
     vocab_size: int = 2048
     sft: SFTConfig = Field(default_factory=_default_sft)
     rl: RLConfig = Field(default_factory=_default_rl)
@@ -270,13 +271,13 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         log(f"  teacher won {stats.won}/{stats.played} train episodes; {len(examples)} SFT examples")
 
     def build_model() -> None:
-        from evoharness.models.init import count_params, init_model
+        from evoharness.models.init import PRESETS, count_params, init_model
         from evoharness.models.tokenizer import build_tokenizer
 
         examples = read_jsonl(sft_data)
         corpus = [m["content"] for ex in examples for m in ex["messages"]] + [ex["completion"] for ex in examples]
         tok = build_tokenizer(corpus, model_dir, vocab_size=cfg.vocab_size)
-        model = init_model(cfg.model_preset, tok, out_dir=model_dir, seed=cfg.seed)
+        model = init_model({**PRESETS[cfg.model_preset], **cfg.model_overrides}, tok, out_dir=model_dir, seed=cfg.seed)
         log(f"  tokenizer: {len(tok)} tokens; model: Qwen3 '{cfg.model_preset}', {count_params(model) / 1e6:.2f}M params")
 
     def sft(r: int) -> Callable[[], None]:
@@ -374,7 +375,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
                       if sel["stage"] != "rl" else f"RL step {sel['step']}")
                    + f" ({sel['success']:.0f}%).")
     notes = [
-        f"Model: Qwen3-architecture '{cfg.model_preset}' initialised from scratch, tokenizer trained locally "
+        f"Model: Qwen3-architecture '{cfg.model_preset}'{_fields(cfg.model_overrides)} initialised from scratch, tokenizer trained locally "
         f"(vocab {cfg.vocab_size}); decoding {'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",
         f"SFT: {cfg.sft.batch_tokens}-token batches, lr {cfg.sft.lr:g} (cosine), loss on the completion"
         + (f" + {cfg.sft.prompt_loss_weight:g} x the prompt-token loss" if cfg.sft.prompt_loss_weight else " tokens only")
@@ -434,6 +435,10 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
     (out / "curve.json").write_text(json.dumps(curve, indent=1))
     log("  learning curve: " + ", ".join(f"{p['stage']}@{p['step']}={p['success']:.0f}%" for p in points))
     return curve
+
+
+def _fields(fields: dict) -> str:
+    return " with " + ", ".join(f"{k}={v}" for k, v in fields.items()) if fields else ""
 
 
 def _slug(name: str) -> str:

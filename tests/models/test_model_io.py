@@ -25,6 +25,16 @@ def test_presets_have_the_advertised_sizes(tokenizer):
         assert lo < n < hi, (name, n)
 
 
+def test_a_preset_with_overridden_fields(tokenizer):
+    """RunConfig.model_overrides: Qwen3Config fields over a preset's; a misspelt one is refused."""
+    cfg = make_config({**PRESETS["mini"], "head_dim": 64}, tokenizer)
+    with torch.device("meta"):
+        m = Qwen3ForCausalLM(cfg)
+    assert m.model.layers[0].self_attn.q_proj.weight.shape == (4 * 64, 128)
+    with pytest.raises(ValueError, match="head_dims"):
+        make_config({**PRESETS["mini"], "head_dims": 64}, tokenizer)
+
+
 def test_init_is_seeded(tokenizer):
     a, b, c = (init_model(MICRO, tokenizer, seed=s) for s in (1, 1, 2))
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()

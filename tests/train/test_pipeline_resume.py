@@ -3,6 +3,8 @@ its finished stages would be reported as the new settings' results."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from evoharness.config import load_config
@@ -15,12 +17,15 @@ TINY = ["train_games=2", "budget_minutes=0.02", "skip_rl=true", "eval_limit=1", 
 
 def test_rerun_with_other_settings_is_refused(tmp_path):
     out = f'out_dir="{tmp_path / "run"}"'
-    run_pipeline(load_config(RunConfig, overrides=[*TINY, out]), log=lambda m: None)
+    run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16"]), log=lambda m: None)
+    assert json.loads((tmp_path / "run" / "model_init" / "config.json").read_text())["head_dim"] == 16
     # the same job with another budget and worker count: every stage is done, nothing is redone
-    run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "budget_minutes=0.03", "eval_workers=2"]),
+    run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16", "budget_minutes=0.03",
+                                                    "eval_workers=2"]),
                  log=lambda m: None)
     with pytest.raises(ValueError, match=r"harness.history_window: None -> 2"):
-        run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "harness.history_window=2"]), log=lambda m: None)
+        run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16", "harness.history_window=2"]),
+                     log=lambda m: None)
 
 
 def test_a_partial_section_keeps_the_main_jobs_defaults():

@@ -53,8 +53,11 @@ def make_config(preset: str | dict, tokenizer: PreTrainedTokenizerBase, max_posi
 
     Raises:
         KeyError: unknown preset name.
+        ValueError: a field Qwen3Config does not have (it would be kept as a silent attribute).
     """
     fields = dict(PRESETS[preset]) if isinstance(preset, str) else dict(preset)
+    if unknown := sorted(set(fields) - set(Qwen3Config().to_dict())):
+        raise ValueError(f"not Qwen3Config fields: {unknown}")
     fields.setdefault("max_position_embeddings", max_position_embeddings)
     fields.setdefault("tie_word_embeddings", tie_word_embeddings)
     fields.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": rope_theta})

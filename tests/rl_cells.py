@@ -20,6 +20,10 @@ from safetensors.torch import load_file
 if TYPE_CHECKING:
     from evoharness.train.rl import RLConfig
 
+# the Driver's hang guard in the cell tests: starting Ray actors (Python processes importing torch) took
+# over 60 s on 2 cores beside a training job; a real hang still fails, only later
+RAY_STALL_S = 300.0
+
 # the in-process loop's per-step numbers a runtime run must reproduce exactly, and to float noise
 EXACT = ("success", "reward", "steps_per_episode", "completion_tokens_per_episode", "invalid_per_episode",
          "experience_ops", "experience_epoch", "policy_version", "train/n_tokens", "adv/signal_groups",
@@ -91,7 +95,7 @@ def drive_with_killer(sched: Any, be: Any, killer: Callable[[], None]) -> Any:
     t = threading.Thread(target=killer, daemon=True)
     t.start()
     try:
-        stats = Driver(sched, be, stall_s=120).run()
+        stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
         be.close()
     t.join(timeout=1)

@@ -15,7 +15,7 @@ import os
 import signal
 
 import pytest
-from rl_cells import KillOnCommand
+from rl_cells import RAY_STALL_S, KillOnCommand
 
 from evoharness.runtime.cells import Role
 from evoharness.runtime.driver import Driver
@@ -333,7 +333,7 @@ def test_colocate_on_ray_reclaims_a_killed_train_actors_micro_batch(make_cfg, ra
     sched = build_scheduler("colocate", cfg)
     be = Killer(cfg, sched.initial_roles(), time_scale=SCALE)
     try:
-        stats = Driver(sched, be, stall_s=60).run()
+        stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
         be.close()
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from rl_cells import RAY_STALL_S
 
 from evoharness.runtime.driver import Driver
 from evoharness.runtime.events import Bind
@@ -19,7 +20,7 @@ def test_two_steps_on_ray_actors_exactly_once(make_cfg, ray_head, policy):
     sched = build_scheduler(policy, cfg)
     be = RayBackend(cfg, sched.initial_roles(), time_scale=0.002)
     try:
-        stats = Driver(sched, be, stall_s=60).run()
+        stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
         be.close()
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
@@ -44,7 +45,7 @@ def test_a_killed_actor_is_replaced(make_cfg, ray_head):
     sched = build_scheduler("elastic-async", cfg)
     be = Killer(cfg, sched.initial_roles(), time_scale=0.002)
     try:
-        stats = Driver(sched, be, stall_s=60).run()
+        stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
         be.close()
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size

@@ -7,8 +7,8 @@ import json
 import time
 
 import pytest
-from rl_cells import (assert_micro_batch_reclaimed, assert_same_steps, assert_same_update, drive_with_killer,
-                      job_parts, metrics, rl_config)
+from rl_cells import (RAY_STALL_S, assert_micro_batch_reclaimed, assert_same_steps, assert_same_update,
+                      drive_with_killer, job_parts, metrics, rl_config)
 from typer.testing import CliRunner
 
 from evoharness.cli import app
@@ -94,7 +94,7 @@ def test_a_killed_train_actor_has_its_micro_batch_reclaimed(model_dir, ray_head,
     sched = build_scheduler("elastic-async", cfg)
     be = Killer(cfg, sched.initial_roles(), model_dir, tmp_path, lr=1e-2, time_scale=1e-3, via_gateway=True)
     try:
-        stats = Driver(sched, be, stall_s=120).run()
+        stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
         be.close()
     assert_micro_batch_reclaimed(be, stats, cfg)

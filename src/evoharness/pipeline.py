@@ -95,7 +95,8 @@ class RunConfig(Strict):
     max_steps: int = 50
     model_path: str | None = None  # an existing HF model directory; None: a new one from scratch
     model_preset: Literal["mini", "tiny", "small", "base"] = "mini"
-    model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)  # Qwen3Config fields over the preset's (head_dim=64)
+    # Qwen3Config fields over the preset's, e.g. --set model_overrides.head_dim=64 (misspelt fields are refused)
+    model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)
     vocab_size: int = 2048
     sft: SFTConfig = Field(default_factory=_default_sft)
     rl: RLConfig = Field(default_factory=_default_rl)
@@ -277,7 +278,8 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         examples = read_jsonl(sft_data)
         corpus = [m["content"] for ex in examples for m in ex["messages"]] + [ex["completion"] for ex in examples]
         tok = build_tokenizer(corpus, model_dir, vocab_size=cfg.vocab_size)
-        model = init_model({**PRESETS[cfg.model_preset], **cfg.model_overrides}, tok, out_dir=model_dir, seed=cfg.seed)
+        arch = {**PRESETS[cfg.model_preset], **cfg.model_overrides}
+        model = init_model(arch, tok, out_dir=model_dir, seed=cfg.seed)
         log(f"  tokenizer: {len(tok)} tokens; model: Qwen3 '{cfg.model_preset}', {count_params(model) / 1e6:.2f}M params")
 
     def sft(r: int) -> Callable[[], None]:
@@ -375,8 +377,8 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
                       if sel["stage"] != "rl" else f"RL step {sel['step']}")
                    + f" ({sel['success']:.0f}%).")
     notes = [
-        f"Model: Qwen3-architecture '{cfg.model_preset}'{_fields(cfg.model_overrides)} initialised from scratch, tokenizer trained locally "
-        f"(vocab {cfg.vocab_size}); decoding {'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",
+        f"Model: Qwen3-architecture '{cfg.model_preset}'{_fields(cfg.model_overrides)} initialised from scratch, "
+        f"tokenizer trained locally (vocab {cfg.vocab_size}); decoding {'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",
         f"SFT: {cfg.sft.batch_tokens}-token batches, lr {cfg.sft.lr:g} (cosine), loss on the completion"
         + (f" + {cfg.sft.prompt_loss_weight:g} x the prompt-token loss" if cfg.sft.prompt_loss_weight else " tokens only")
         + f"; GRPO on {', '.join(cfg.rl.task_types) if cfg.rl.task_types else 'every task type'}; torch threads {cfg.threads}.",

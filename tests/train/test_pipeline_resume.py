@@ -24,8 +24,8 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
                                                     "eval_workers=2"]),
                  log=lambda m: None)
     with pytest.raises(ValueError, match=r"harness.history_window: None -> 2"):
-        run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16", "harness.history_window=2"]),
-                     log=lambda m: None)
+        run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16",
+                                                        "harness.history_window=2"]), log=lambda m: None)
 
 
 def test_a_partial_section_keeps_the_main_jobs_defaults():

@@ -75,7 +75,7 @@ READING = [
     "Attention head width (head_dim64: 64 instead of 32, 1.35M params; the student's commonest failure is "
     "saying the goal object is here when it is not, at 124 of the 290 receptacles without it where it decided): "
     "SFT valid_seen 49.3% vs 57.9% (+10 / -22, p=0.05), dev 26 vs 22 of 60 (+9 / -5, p=0.42); no GRPO "
-    "checkpoint beat it on the curve games; SFT 25% slower per step (job 39.9 min). Kept: head_dim 32.",
+    "checkpoint beat it on the curve games; its SFT stage took 1,581 s against 1,189 s (+33%; job 39.9 min). Kept: head_dim 32.",
     "A grounded think (scratch run, not kept in the code: the teacher's find think first copied the takeable "
     "objects, 'Here: pen 1, plate 3. No bowl here; ...', so the decision compares each copied name with the goal): "
     "the student stopped claiming absent objects (61 of 1,342 such receptacles) but missed present ones "

@@ -43,6 +43,11 @@ ARMS: dict[str, tuple[str, str, list[str]]] = {
                    "steps, GRPO 16 steps", ["model_overrides.head_dim=64"]),
     "seed1": ("seed spread (the noise every other row sits in)", "the main job's defaults with seed 1 (another "
               "initialisation, data order and 60-game development draw)", ["seed=1"]),
+    "counterfactual": ("counterfactual observations (minimal pairs: the goal object removed from / inserted into "
+                       "what the agent sees, relabelled by the teacher)", "the main job's defaults plus a twin for "
+                       "every eligible goal-search step (+1,717 examples on 7,108)", ["counterfactual_rate=1.0"]),
+    "counterfactual_seed1": ("counterfactual observations, seed 1", "as counterfactual, with seed 1 (compare with "
+                             "seed1)", ["counterfactual_rate=1.0", "seed=1"]),
     "all_games": ("every ALFWorld train game", "all 3,493 non-dev train games ($ALFWORLD_DATA), SFT 4000 steps; "
                   "GRPO 16 steps, store fixed; 1 thread, 1 eval worker",
                   ["env.data_path=env", "threads=1", "eval_workers=1"]),

@@ -92,6 +92,9 @@ class RunConfig(Strict):
     train_split: str = "train"
     train_games: int | None = None  # None: every train game available
     teacher_samples: int = 1
+    # fraction of the teacher's goal-search steps that also get a minimal-pair twin: the goal object
+    # removed from / inserted into the observation, relabelled by the teacher (train/counterfactual.py)
+    counterfactual_rate: float = Field(0.0, ge=0.0, le=1.0)
     max_steps: int = 50
     model_path: str | None = None  # an existing HF model directory; None: a new one from scratch
     model_preset: Literal["mini", "tiny", "small", "base"] = "mini"
@@ -236,7 +239,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     from evoharness.eval.run_report import write_run_report
     from evoharness.harness.factory import make_harness
     from evoharness.policies.factory import make_policy
-    from evoharness.rollout.collect import collect_traces, traces_to_sft
+    from evoharness.rollout.collect import collect_traces, traces_to_sft, write_jsonl_atomic
 
     if cfg.threads:
         import torch
@@ -268,8 +271,15 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         stats = collect_traces(train_tasks, make_policy(cfg.teacher), lambda store: make_harness(cfg.harness, experience=store),
                                make_game, traces, samples=cfg.teacher_samples, max_steps=cfg.max_steps, batch_size=32,
                                experience_path=experience, seed=cfg.seed, wording=cfg.env.wording)
-        examples = traces_to_sft(traces, out_path=sft_data)
-        log(f"  teacher won {stats.won}/{stats.played} train episodes; {len(examples)} SFT examples")
+        examples = traces_to_sft(traces)
+        n_teacher = len(examples)
+        if cfg.counterfactual_rate:
+            from evoharness.train.counterfactual import add_counterfactuals
+
+            examples = add_counterfactuals(examples, cfg.counterfactual_rate, seed=cfg.seed)
+        write_jsonl_atomic(sft_data, examples)
+        log(f"  teacher won {stats.won}/{stats.played} train episodes; {n_teacher} SFT examples"
+            + (f" + {len(examples) - n_teacher} counterfactual twins" if len(examples) > n_teacher else ""))
 
     def build_model() -> None:
         from evoharness.models.init import PRESETS, count_params, init_model

@@ -221,7 +221,7 @@ def current_subgoal(v: PromptView) -> str:
 # ----------------------------------------------------------------- the scene
 
 
-def _location(v: PromptView) -> str | None:
+def location(v: PromptView) -> str | None:
     """The receptacle the agent is at: the latest ``go to R`` (arrived), ``open R``
     or ``examine R`` in PREVIOUS ACTIONS (receptacles sharing a location are
     opened or examined where the agent stands: they have no ``go to``)."""
@@ -242,7 +242,7 @@ def _receptacles(v: PromptView) -> list[str]:
         for verb in ("go to ", "open ", "examine "):
             if c.startswith(verb) and (verb == "go to " or type_of(c[len(verb):]) != v.goal.obj):
                 out.add(c[len(verb):])
-    if here := _location(v):
+    if here := location(v):
         out.add(here)
     return sorted(out, key=_natural)
 
@@ -365,7 +365,7 @@ def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
         m = _TAKE_CMD_RE.match(c)
         if m and type_of(m.group(1)) == o and not (second and _rtype(m.group(2)) == y):
             return c, f"There is a {m.group(1)} here; I take it."
-    here = _location(v)
+    here = location(v)
     if cmd := _closed_here(v, here):
         return cmd, f"The {here} is closed; I open it to see inside."
     receps = _receptacles(v)
@@ -433,7 +433,7 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
     searched = track is not None and "not seen yet" in track
     for c in v.admissible:
         if c.startswith(f"use {lamp} "):
-            here = _location(v)
+            here = location(v)
             rtype = _rtype(here) if here else ""
             noted = last_a.startswith(f"note {lamp} is ")
             if searched and rtype and rtype not in _recalled_types(v, lamp) and not noted:
@@ -442,7 +442,7 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
             return c, f"I hold the {o} next to the {c[4:]}; I turn it on to look at the {o}."
     if last_a.startswith("commit ") or track is None:
         return f"track {lamp}", f"I hold the {o}; I check whether I have already seen a {lamp}."
-    here = _location(v)
+    here = location(v)
     for ln in track.split("\n"):
         m = _LOCATED_RE.match(ln.strip())
         if m and type_of(m.group(1)) == lamp and f"go to {m.group(2)}" in v.admissible:
@@ -489,7 +489,7 @@ def _recover(v: PromptView, k: int, item: str) -> tuple[str, str] | None:
         if put := next((c for c in v.admissible if (p := parse_place(c)) and p[0] == held), None):
             return put, f"I hold the {held}, not a {o}; I put it down before searching on."
         # back where it came from (it fits there), else on along the search order
-        here = _location(v)
+        here = location(v)
         came = [r for a, _ in v.history if a.startswith(f"take {held} from ") and (r := a.rsplit(" from ", 1)[1]) != here]
         nxt = came[-1] if came else _next_after(search_order(_receptacles(v), v.hints), here)
         if nxt and (step := _go(v, nxt, f"I hold the {held}, not a {o}, and cannot put it here; I go to {nxt}.")):

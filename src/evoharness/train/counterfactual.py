@@ -2,10 +2,10 @@
 
 The SFT student learns where a goal object usually is (the recalled hints and
 the search order predict it) faster than it learns to read the receptacle's
-contents: the reference student says "There is a <goal> here" at 43% of the
-receptacles that lack the goal object (benchmarks/results/student/full_scale.md).
-In the teacher's traces the two are confounded: the teacher goes where the
-object probably is.
+contents: it says "There is a <goal> here" at receptacles that lack the goal
+object, and the action grammar then takes whatever admissible object shares
+the name's prefix. In the teacher's traces the two are confounded: the teacher
+goes where the object probably is.
 
 This module breaks the confound with minimal pairs. At a search step of a
 teacher trace it edits only what the agent sees at its receptacle:
@@ -29,9 +29,11 @@ data augmentation for NLP (Kaushik et al. 2020, "Learning the Difference that
 Makes a Difference with Counterfactually-Augmented Data").
 
 Opt-in (``RunConfig.counterfactual_rate``, default 0). Measured once, seed 0,
-rate 1 (+1,717 twins on 7,108 examples): SFT 59/140 valid_seen against the
-reference's 81/140, dev 20/60 against 22/60 (benchmarks/results/student/
-full_scale.md, arm ``counterfactual``): not a win at this model size.
+rate 1: SFT 59/140 valid_seen against the reference's 81/140, dev 20/60
+against 22/60 (benchmarks/results/student/full_scale.md, arm
+``counterfactual``): not a win at this model size. That run found search steps
+by the teacher's reason text (+1,717 twins on 7,108 examples); this rule reads
+the teacher's action instead (+1,677 on the same traces).
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ from evoharness.harness.bpe.belief import type_of
 from evoharness.policies.teacher import current_subgoal, location, parse_prompt, teacher_completion
 
 _OBS_RE = re.compile(r"OBSERVATION: (.*?)\n\n", re.S)
-_LIST_RE = re.compile(r"(you see )(.*)\.$")
-_ADM_RE = re.compile(r"(ADMISSIBLE COMMANDS: )(.*?)(\n\n|$)", re.S)
+_LIST_RE = re.compile(r"you see (.*)\.$")
+_ADM_RE = re.compile(r"ADMISSIBLE COMMANDS: (.*?)(?:\n\n|$)", re.S)
 _ACTION_RE = re.compile(r"<action>(.*)</action>$")
 
 
@@ -76,13 +78,13 @@ def _edit(text: str, obs: str, new_obs: str, drop: set[str], add: str | None) ->
     m = _ADM_RE.search(text)
     if m is None:
         return None
-    adm = m.group(2).split(", ")
+    adm = m.group(1).split(", ")
     if adm != sorted(adm):  # the engines list them sorted; an insertion must keep that
         return None
     kept = [c for c in adm if not any(re.search(rf"\b{re.escape(o)}\b", c) for o in drop)]
     if add:
         kept = sorted(kept + [add])
-    text = text[: m.start(2)] + ", ".join(kept) + text[m.end(2):]
+    text = text[: m.start(1)] + ", ".join(kept) + text[m.end(1):]
     return text.replace(obs, new_obs)
 
 
@@ -113,7 +115,7 @@ def counterfactual(example: dict, rng: random.Random) -> dict | None:
         return None
     obs = m.group(1)
     lm = _LIST_RE.search(obs)
-    items = split_items(lm.group(2)) if lm else None
+    items = split_items(lm.group(1)) if lm else None
     here = location(view)
     if items is None or here is None:
         return None
@@ -121,7 +123,7 @@ def counterfactual(example: dict, rng: random.Random) -> dict | None:
     took = re.fullmatch(rf"take ({goal} \d+) from {re.escape(here)}", action.group(1))
     if took and mine:
         kept = [i for i in items if i not in mine]
-        new_text = _edit(text, obs, obs[: lm.start(2)] + join_items(kept) + ".", set(mine), None)
+        new_text = _edit(text, obs, obs[: lm.start(1)] + join_items(kept) + ".", set(mine), None)
         # another instance mentioned elsewhere (history, track result) would make the pair inconsistent
         if new_text is None or re.search(rf"\b{goal} \d+\b", new_text):
             return None
@@ -133,7 +135,7 @@ def counterfactual(example: dict, rng: random.Random) -> dict | None:
         new = f"{goal} {rng.choice(free)}"
         pos = rng.randrange(len(items) + 1)
         listed = items[:pos] + [new] + items[pos:]
-        new_text = _edit(text, obs, obs[: lm.start(2)] + join_items(listed) + ".", set(), f"take {new} from {here}")
+        new_text = _edit(text, obs, obs[: lm.start(1)] + join_items(listed) + ".", set(), f"take {new} from {here}")
         if new_text is None:
             return None
         kind = "inserted"

@@ -101,9 +101,10 @@ def train_states(run: Path, n: int) -> list[dict]:
 
 def decision_words(states: list[dict]) -> tuple[str, str]:
     """The first reason word of the teacher's 'goal here' and 'goal not here' labels (one each)."""
-    first = {k: {re.match(r"<think>(\w+)", s["completion"]).group(1) for s in states if s["probe_kind"].endswith(k)}
-             for k in ("pos", "neg")}
-    if len(first["pos"]) != 1 or len(first["neg"]) != 1 or first["pos"] == first["neg"]:
+    first = {k: {(m.group(1) if (m := re.match(r"<think>(\w+)", s["completion"])) else None)
+                 for s in states if s["probe_kind"].endswith(k)} for k in ("pos", "neg")}
+    if (len(first["pos"]) != 1 or len(first["neg"]) != 1 or first["pos"] == first["neg"]
+            or None in first["pos"] | first["neg"]):
         raise ValueError(f"the teacher's search reasons do not start with one word per decision: {first}")
     return first["pos"].pop(), first["neg"].pop()
 
@@ -182,7 +183,12 @@ def main() -> None:
     torch.set_num_threads(1)
     load0 = os.getloadavg()[0]
     run = Path(args.run)
+    for need in ("run_config.json", "experience.json", "sft_examples.jsonl"):
+        if not (run / need).is_file():
+            ap.error(f"--run {run}: no {need} (a main-job run directory past its collect stage is needed)")
     models = [Path(m) for m in args.models] or [run / "sft" / "final"]
+    if missing := [str(m) for m in models if not (m / "config.json").is_file()]:
+        ap.error(f"not model directories: {', '.join(missing)}")
     if args.checkpoints:
         models = [run / "model_init", *sorted((run / "sft" / "checkpoints").glob("step_*")),
                   *(Path(m) for m in args.models)]

@@ -33,7 +33,6 @@ import json
 import os
 import random
 import re
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -73,22 +72,11 @@ def pairs(examples: list[dict], rng: random.Random, limit: int | None = None) ->
 
 def dev_states(run: Path) -> list[dict]:
     """The teacher's search steps (and twins) on `run`'s development games."""
-    from evoharness.envs.alfworld import make_env
-    from evoharness.harness.factory import make_harness
-    from evoharness.pipeline import RunConfig, dev_split
-    from evoharness.policies.factory import make_policy
-    from evoharness.rollout.collect import collect_traces, traces_to_sft
+    from evoharness.pipeline import RunConfig, dev_teacher_examples
 
     cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())
-    _, dev = dev_split(cfg)
     with tempfile.TemporaryDirectory() as tmp:
-        store = Path(tmp) / "experience.json"
-        shutil.copy(run / "experience.json", store)  # the run's store is read, never changed
-        traces = Path(tmp) / "dev_traces.jsonl"
-        collect_traces(dev, make_policy(cfg.teacher), lambda s: make_harness(cfg.harness, experience=s),
-                       lambda t: make_env(t, engine=cfg.env.engine, wording=cfg.env.wording), traces,
-                       max_steps=cfg.max_steps, batch_size=32, experience_path=store, seed=cfg.seed, progress=False)
-        return pairs(traces_to_sft(traces), random.Random(0))
+        return pairs(dev_teacher_examples(cfg, run / "experience.json", Path(tmp) / "dev_traces.jsonl"), random.Random(0))
 
 
 def train_states(run: Path, n: int) -> list[dict]:

@@ -120,22 +120,16 @@ def dev_teacher_states(out: Path, n_games: int = 30) -> list[dict]:
     """The teacher's states on the first `n_games` development games (SFT example dicts),
     collected once into ``out/dev_teacher.jsonl`` (never trained on)."""
     from evoharness.config import load_config
-    from evoharness.envs.alfworld import make_env
-    from evoharness.harness.bpe import ExperienceStore
-    from evoharness.harness.factory import make_harness
     from evoharness.jsonl import read_jsonl
-    from evoharness.pipeline import RunConfig, dev_split
-    from evoharness.policies.teacher import TeacherPolicy
-    from evoharness.rollout.collect import collect_traces, traces_to_sft
+    from evoharness.pipeline import RunConfig, dev_teacher_examples
+    from evoharness.rollout.collect import write_jsonl_atomic
 
     path = out / "dev_teacher.jsonl"
     if not path.is_file():
         cfg = load_config(RunConfig, None, SCALE)
-        store = ExperienceStore.load(next(out.glob("*/experience.json")))  # an in-memory copy: never saved
-        collect_traces(dev_split(cfg)[1][:n_games], TeacherPolicy(), lambda s: make_harness(cfg.harness, experience=s),
-                       lambda t: make_env(t, engine="fast"), out / "dev_teacher_traces.jsonl", experience=store,
-                       progress=False, batch_size=32)
-        traces_to_sft(out / "dev_teacher_traces.jsonl", out_path=path)
+        examples = dev_teacher_examples(cfg, next(out.glob("*/experience.json")), out / "dev_teacher_traces.jsonl",
+                                        n_games)
+        write_jsonl_atomic(path, examples)
     return read_jsonl(path)
 
 

@@ -153,6 +153,25 @@ def dev_split(cfg: RunConfig) -> tuple[list, list]:
     return (train[: cfg.train_games] if cfg.train_games else train), [by_id[i] for i in dev_ids]
 
 
+def dev_teacher_examples(cfg: RunConfig, store: Path, traces: Path, n_games: int | None = None) -> list[dict]:
+    """The scripted teacher's turns on the first `n_games` development games of `cfg` (all when
+    None) as SFT example dicts, for probes that must not see training states. The teacher starts
+    from an in-memory copy of the experience store at `store` (the file is never written);
+    trajectories are written to `traces`."""
+    from evoharness.envs.alfworld import make_env
+    from evoharness.harness.bpe import ExperienceStore
+    from evoharness.harness.factory import make_harness
+    from evoharness.policies.factory import make_policy
+    from evoharness.rollout.collect import collect_traces, traces_to_sft
+
+    traces.unlink(missing_ok=True)  # collect_traces resumes a file; these are always played afresh
+    collect_traces(dev_split(cfg)[1][:n_games], make_policy(cfg.teacher), lambda s: make_harness(cfg.harness, experience=s),
+                   lambda t: make_env(t, engine=cfg.env.engine, wording=cfg.env.wording), traces,
+                   max_steps=cfg.max_steps, batch_size=32, experience=ExperienceStore.load(store), seed=cfg.seed,
+                   progress=False)
+    return traces_to_sft(traces)
+
+
 def balanced_subset(split: str, data_path: str | None, n: int) -> list[str]:
     """`n` task ids of `split` taken round-robin across task types, each type in panel order
     (a smoke-size panel that still has every type)."""

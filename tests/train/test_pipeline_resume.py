@@ -39,3 +39,24 @@ def test_a_partial_section_keeps_the_main_jobs_defaults():
     assert cfg.rl.grpo == base.rl.grpo.model_copy(update={"lr": 1e-5})
     assert cfg.rl.model_copy(update={"grpo": base.rl.grpo}) == base.rl
     assert cfg.harness == base.harness.model_copy(update={"history_window": 2})
+
+
+def test_dev_teacher_examples_play_only_development_games_and_leave_the_store_alone(tmp_path):
+    """Probes of the student (benchmarks/student_grounding.py, student_levers.py) read the teacher's
+    turns on games the student never trained on, without changing the run's experience store."""
+    from evoharness.harness.bpe import ExperienceStore
+    from evoharness.pipeline import dev_split, dev_teacher_examples
+
+    cfg = load_config(RunConfig, overrides=["dev_games=6"])
+    store = tmp_path / "experience.json"
+    ExperienceStore().save(store)
+    before = store.read_bytes()
+    examples = dev_teacher_examples(cfg, store, tmp_path / "traces.jsonl", n_games=3)
+    train, dev = dev_split(cfg)
+    played = {ex["episode_id"].split("#")[0] for ex in examples}
+    assert played == {t.task_id for t in dev[:3]}
+    assert not played & {t.task_id for t in train}
+    assert all(ex["completion"].startswith("<think>") for ex in examples)
+    assert store.read_bytes() == before
+    # played afresh, not resumed from the traces file the first call left
+    assert len(dev_teacher_examples(cfg, store, tmp_path / "traces.jsonl", n_games=3)) == len(examples)

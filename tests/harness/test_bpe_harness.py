@@ -90,12 +90,29 @@ def test_prompt_layout_and_views(fake):
     h.run_meta(h.parse("<action>recall how to heat</action>"))
     views = h.views()
     assert list(views) == ["PLAN", "RECALLED HINTS", "TRACK RESULT", "RECALL RESULT"]
-    assert views["TRACK RESULT"].startswith("(track apple, 2 steps ago)\napple: not seen yet")
+    assert views["TRACK RESULT"].startswith("(track apple, live)\napple: not seen yet")
     assert views["RECALL RESULT"].startswith("(recall how to heat, last step)\n[how-to-do]")
     user = h.messages()[1]["content"]
     assert headers(user) == SECTIONS
     for name, text in views.items():
         assert f"{name}:\n{text}" in user
+
+
+def test_track_result_is_live(fake):
+    """TRACK RESULT answers the latest track query from this turn's belief: the tracked object
+    turns "in view" the step the agent sees it and stays located (no longer in view) after."""
+    h = fake
+    h.run_meta(h.parse("<action>track apple</action>"))
+    assert h.views()["TRACK RESULT"] == "(track apple, live)\napple: not seen yet. Unsearched (2): countertop 1, fridge 1."
+    go = h.parse("<action>go to countertop 1</action>")
+    h.after_env_step(go, StepResult("You arrive at loc 3. On the countertop 1, you see a apple 1, and a mug 2.",
+                                    ["take apple 1 from countertop 1", "take mug 2 from countertop 1", "go to fridge 1"]))
+    assert h.views()["TRACK RESULT"] == "(track apple, live)\napple 1: in/on countertop 1, in view"
+    h.run_meta(h.parse("<action>commit find apple: active</action>"))  # a meta-action changes nothing seen
+    assert h.views()["TRACK RESULT"].endswith("apple 1: in/on countertop 1, in view")
+    h.after_env_step(h.parse("<action>go to fridge 1</action>"),
+                     StepResult("You arrive at loc 1. The fridge 1 is closed.", ["open fridge 1", "go to countertop 1"]))
+    assert h.views()["TRACK RESULT"] == "(track apple, live)\napple 1: in/on countertop 1"
 
 
 def test_no_experience_store():

@@ -33,7 +33,10 @@ Decision rules (the current subgoal decides which apply; rule 0, then event rule
 4. **Recall.** Entering a heat/cool/clean phase -> ``recall how: heat X``;
    entering "find second X" -> ``recall mistakes: pick two``; the lamp not
    seen yet (TRACK RESULT says so) -> ``recall where: desklamp``.
-5. **Track.** Entering "find second X" (after the recall) -> ``track world``
+5. **Track.** Entering "find X" (not the second) -> ``track X``: the live
+   TRACK RESULT then says "in view" the step an X is seen, the line a student
+   reads to decide "There is an X here" (the harness module docstring).
+   Entering "find second X" (after the recall) -> ``track world``
    (earlier sightings of X and the unsearched receptacles); entering "use
    desklamp" with no lamp at hand -> ``track desklamp``.
 6. **Find X.** ``take X n from R`` admissible -> take it (in "find second X"
@@ -95,7 +98,7 @@ _SECTION_RE = re.compile(
 )
 _PLAN_LINE_RE = re.compile(r"^\d+\. \[.\] (.*) \((pending|active|done|failed)\)$")
 _HINT_RE = re.compile(r"^- ([a-z]+): look in ([a-z]+)")
-_VIEW_HEAD_RE = re.compile(r"^\((track|recall) (.*), (?:last step|\d+ steps ago)\)$")
+_VIEW_HEAD_RE = re.compile(r"^\((track|recall) (.*), (?:live|last step|\d+ steps ago)\)$")
 _PICK_RE = re.compile(r"You pick up the ([a-z]+ \d+) from the ([a-z]+ \d+)\.")
 _PUT_RE = re.compile(r"You (?:put the ([a-z]+ \d+) in/on the|move the ([a-z]+ \d+) to the) ([a-z]+ \d+)\.")
 _TAKE_CMD_RE = re.compile(r"^take ([a-z]+ \d+) from ([a-z]+ \d+)$")
@@ -356,6 +359,8 @@ def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
         return _switch(v, k, f"I hold the {m.group(1)}; this subgoal is done, so I update the plan.")
     if last_a.startswith(f"note {o} is "):
         return _switch(v, k, f"I hold the {o} and noted where it was; I mark the subgoal done.")
+    if not second and not (v.track and v.track[0] == o):
+        return f"track {o}", f"I track the {o}: TRACK RESULT will show where I see one."
     if second and last_a.startswith("commit "):
         return ("recall mistakes: pick two",
                 f"The first {o} is placed; before searching again I check the known mistakes of pick-two tasks.")
@@ -430,7 +435,9 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
     lamp, o = g.light, g.obj
     last_a, _ = _last(v)
     track = v.track[1] if v.track and v.track[0] == lamp else None
-    searched = track is not None and "not seen yet" in track
+    unseen = track is not None and "not seen yet" in track
+    # the lamp had to be searched for: it was not seen when tracked, so its whereabouts were recalled
+    searched = unseen or bool(v.recall and v.recall[0] == f"where: {lamp}")
     for c in v.admissible:
         if c.startswith(f"use {lamp} "):
             here = location(v)
@@ -447,7 +454,7 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
         m = _LOCATED_RE.match(ln.strip())
         if m and type_of(m.group(1)) == lamp and f"go to {m.group(2)}" in v.admissible:
             return f"go to {m.group(2)}", f"I saw the {m.group(1)} on the {m.group(2)}; I go there."
-    if searched and not (v.recall and v.recall[0] == f"where: {lamp}"):
+    if unseen and not (v.recall and v.recall[0] == f"where: {lamp}"):
         return f"recall where: {lamp}", f"I have not seen a {lamp} yet; I recall where one is usually found."
     if cmd := _closed_here(v, here):
         return cmd, f"The {here} is closed; I open it to see inside."

@@ -17,6 +17,13 @@ teacher trace it edits only what the agent sees at its receptacle:
   in the prompt) joins the list at a random position, with its admissible
   ``take <goal> k from <receptacle>``.
 
+The harness's TRACK RESULT is live (`harness.bpe.harness`): when it tracks the goal
+object it answers from the belief of this turn, so an edit must change it too.
+An insertion can (a goal object not seen yet becomes ``<goal> k: in/on
+<receptacle>, in view``); a removal cannot (the "not seen yet" line lists the
+unsearched receptacles, which the prompt does not show), nor can any edit
+under a live ``track world``: those states get no twin.
+
 The scripted teacher decides from the rendered message alone
 (`policies.teacher.teacher_completion`), so it labels the edited prompt; an
 edit is kept only if the label flips as it must (no take of the goal type
@@ -48,6 +55,7 @@ _OBS_RE = re.compile(r"OBSERVATION: (.*?)\n\n", re.S)
 _LIST_RE = re.compile(r"you see (.*)\.$")
 _ADM_RE = re.compile(r"ADMISSIBLE COMMANDS: (.*?)(?:\n\n|$)", re.S)
 _ACTION_RE = re.compile(r"<action>(.*)</action>$")
+_LIVE_TRACK_RE = re.compile(r"TRACK RESULT:\n\(track (.*), live\)\n(.*?)(?=\n\n|$)", re.S)
 
 
 def split_items(listing: str) -> list[str] | None:
@@ -119,13 +127,16 @@ def counterfactual(example: dict, rng: random.Random) -> dict | None:
     here = location(view)
     if items is None or here is None:
         return None
+    live = _LIVE_TRACK_RE.search(text)
+    if live and not (live.group(1) == goal and live.group(2).startswith(f"{goal}: not seen yet")):
+        return None  # a live view this edit would have to change and cannot (module docstring)
     mine = [i for i in items if type_of(i) == goal]
     took = re.fullmatch(rf"take ({goal} \d+) from {re.escape(here)}", action.group(1))
     if took and mine:
         kept = [i for i in items if i not in mine]
         new_text = _edit(text, obs, obs[: lm.start(1)] + join_items(kept) + ".", set(mine), None)
         # another instance mentioned elsewhere (history, track result) would make the pair inconsistent
-        if new_text is None or re.search(rf"\b{goal} \d+\b", new_text):
+        if new_text is None or live or re.search(rf"\b{goal} \d+\b", new_text):
             return None
         kind = "removed"
     elif action.group(1).startswith("go to ") and not mine:
@@ -138,6 +149,9 @@ def counterfactual(example: dict, rng: random.Random) -> dict | None:
         new_text = _edit(text, obs, obs[: lm.start(1)] + join_items(listed) + ".", set(), f"take {new} from {here}")
         if new_text is None:
             return None
+        if live:  # the tracked goal, not seen yet, is now in view here
+            head = live.group(0)[: live.start(2) - live.start(0)]
+            new_text = new_text.replace(live.group(0), f"{head}{new}: in/on {here}, in view", 1)
         kind = "inserted"
     else:
         return None

@@ -26,7 +26,9 @@ Tiers: 3 agent edges (``at``, ``holds``); 2 edges about a *focus* type (the
 objective's object, target, appliance, light) and all object states;
 1 receptacle edges (``open``, ``search``); 0 other objects' locations.
 The scene's receptacle list (from the first observation) is kept apart: it
-is static and not a relation.
+is static and not a relation. So is ``in_view``: the objects the latest
+environment observation lists, which `describe` (and so ``track``) marks
+"in view": the object is where the agent is looking now.
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ class Belief:
         self.step = 0
         self._edges: dict[tuple[str, ...], Edge] = {}
         self._seq = 0
+        # objects the latest environment observation lists (a receptacle's contents); `describe`
+        # marks them "in view", so a tracked object's line says when it is right here
+        self.in_view: set[str] = set()
 
     # ----- updating -------------------------------------------------------
     def observe_scene(self, observation: str) -> None:
@@ -131,7 +136,8 @@ class Belief:
         ev = StepEvents()
         obs = observation.strip()
         if obs.startswith("Nothing happens") or not obs:
-            return ev
+            return ev  # nothing changed: what is in view stays in view
+        self.in_view = set()
         goto, arrive = _GOTO_RE.match(action.strip()), _ARRIVE_RE.search(obs)
         if goto and arrive:  # this engine says "You arrive at loc 8."; newer ones name the receptacle
             here = goto.group(1) if arrive.group(1).startswith("loc ") else arrive.group(1)
@@ -144,6 +150,7 @@ class Belief:
             for m in pat.finditer(obs):
                 ev.contents_seen = (m.group(1), _items(m.group(2)))
                 self._see_contents(*ev.contents_seen)
+                self.in_view.update(ev.contents_seen[1])
         for m in _CLOSED_RE.finditer(obs):
             self._set(m.group(1), "open", "closed")
         for m in _OPENED_RE.finditer(obs):
@@ -281,7 +288,7 @@ class Belief:
         if loc == AGENT:
             parts.append("held by you")
         elif loc:
-            parts.append(f"in/on {loc}")
+            parts.append(f"in/on {loc}" + (", in view" if obj in self.in_view else ""))
         if st := self.states(obj):
             parts.append(", ".join(st))
         if obj in self.receptacles or self.search_status(obj) or self.is_open(obj) is not None:

@@ -14,6 +14,14 @@ PREVIOUS ACTIONS, then the harness views PLAN, RECALLED HINTS (top-3
 where-to-find priors for the objective's object, retrieved once at reset),
 TRACK RESULT and RECALL RESULT (the latest of each, once there is one).
 
+TRACK RESULT is live: the latest track query answered from the belief as it
+is this turn (an object in the latest observation says "in view"), so a
+tracked goal object's line turns from "not seen yet" to "in/on R, in view"
+the step the agent sees it. Reading that line is how a small student decides
+"the goal is here" without matching the goal's name against every object
+listed (benchmarks/results/student/grounding.md: a from-scratch 1M student
+does not learn that match). RECALL RESULT is the snapshot of its turn.
+
 OBSERVATION is always the latest *environment* observation: meta-actions and
 invalid actions do not change the world. Their feedback is the newest
 PREVIOUS ACTIONS entry, shown in full next turn (older entries are
@@ -216,9 +224,10 @@ class BPEHarness(Harness):
 
     def views(self) -> dict[str, str]:
         out = {"PLAN": self.progress.render(), "RECALLED HINTS": self._hints_text}
-        for name, verb, look in (("TRACK RESULT", "track", self.last_track), ("RECALL RESULT", "recall", self.last_recall)):
-            if look is not None:
-                out[name] = f"({verb} {look.query}, {self._ago(look.turn)})\n{look.text}"
+        if self.last_track is not None:  # live: the belief as it is now, not when the track was made
+            out["TRACK RESULT"] = f"(track {self.last_track.query}, live)\n{self.belief.track(self.last_track.query)}"
+        if self.last_recall is not None:
+            out["RECALL RESULT"] = f"(recall {self.last_recall.query}, {self._ago(self.last_recall.turn)})\n{self.last_recall.text}"
         return out
 
     def format_history(self) -> str:

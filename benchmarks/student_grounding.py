@@ -156,7 +156,7 @@ def plot(path: Path, curve: list[tuple[int, dict]]) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
     for ax, panel in zip(axes, ("dev", "train")):
-        for k in KINDS:
+        for k in (k for k in KINDS if curve[0][1][panel][k]["n"]):  # a kind with no state has no accuracy
             ax.plot([s for s, _ in curve], [r[panel][k]["acc"] for _, r in curve], marker="o", label=k)
         ax.plot([s for s, _ in curve], [r[panel]["reading"] for _, r in curve], color="k", lw=2, label="reading")
         ax.axhline(0.5, color="grey", lw=0.6, ls=":")

@@ -77,13 +77,17 @@ def test_every_completion_is_a_function_of_the_user_message_alone(played):
 
 def test_prompt_parser_reads_the_bpe_views(played):
     t = next(t for t in played if t.task_type == "pick_two_obj_and_place")
-    track_turn = next(i for i, turn in enumerate(t.turns) if turn.action == "track world")
-    v = parse_prompt(t.turns[track_turn + 1].messages[-1]["content"])
+    # the turn after the recall that opens "find second X": the live ``track X`` of the first search
+    turn = next(i for i, turn in enumerate(t.turns) if turn.action == "recall mistakes: pick two") + 1
+    v = parse_prompt(t.turns[turn].messages[-1]["content"])
     assert v.goal.count == 2 and v.plan and [s for s, _ in v.plan] == plan_for(v.goal)
-    assert v.track and v.track[0] == "world" and "unsearched" in v.track[1]
+    assert [s for s, status in v.plan if status == "active"] == [f"find second {v.goal.obj}"]
+    first = next(x.action[len("take "):].split(" from ")[0] for x in t.turns if x.action.startswith(f"take {v.goal.obj} "))
+    assert v.track and v.track[0] == v.goal.obj
+    assert v.track[1].startswith(f"{first}: in/on {v.goal.target} ") and "\nUnsearched (" in v.track[1]
     assert v.recall and v.recall[0] == "mistakes: pick two"
-    assert v.history[-1][0] == "track world"
-    assert v.admissible == t.turns[track_turn + 1].admissible_commands
+    assert v.history[-1][0] == "recall mistakes: pick two"
+    assert v.admissible == t.turns[turn].admissible_commands
 
 
 class Clumsy:

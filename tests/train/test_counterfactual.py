@@ -61,7 +61,9 @@ def test_twins_differ_only_in_what_the_agent_sees_and_flip_the_teachers_label(ex
         assert (b.goal, b.plan, b.hints, b.recall) == (a.goal, a.plan, a.hints, a.recall)
         if a.track and a.track[0] == goal:  # live: the inserted goal object is in view in TRACK RESULT too
             assert twin["counterfactual"] == "inserted" and a.track[1].startswith(f"{goal}: not seen yet")
-            assert b.track == (goal, f"{[i for i in seen_b if i not in seen_a][0]}: in/on {location(a)}, in view")
+            unsearched = a.track[1].split(". ", 1)[1]  # the belief's rendering (test_track_result_is_live)
+            new = [i for i in seen_b if i not in seen_a][0]
+            assert b.track == (goal, f"{new}: in/on {location(a)}, in view\n{unsearched}")
         else:
             assert b.track == a.track
         assert [x for x, _ in b.history] == [x for x, _ in a.history] and b.history[:-1] == a.history[:-1]

@@ -98,6 +98,13 @@ def test_task_type_filter_and_spread_evaluation():
     cfg = RLConfig(split="valid_seen", task_types=["look_at_obj_in_light"], exclude_games=[look[3].task_id])
     kept = rl_mod.train_tasks(cfg)       # the main job's development games are never trained on
     assert kept == look[:3] + look[4:]
+    cfg.games = [look[5].task_id, look[1].task_id]  # the main job's screened games: only these, in split order
+    assert rl_mod.train_tasks(cfg) == [look[1], look[5]]
+    other = next(t for t in tasks if t.task_type != "look_at_obj_in_light")
+    for bad in ([look[3].task_id], [other.task_id], ["no-such-game"]):  # excluded, other type, unknown
+        cfg.games = bad
+        with pytest.raises(ValueError, match="not trainable games"):
+            rl_mod.train_tasks(cfg)
 
 
 def test_unconstrained_rl_trains_and_reports_the_invalid_term(model_dir, tmp_path):

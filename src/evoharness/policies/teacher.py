@@ -33,12 +33,13 @@ Decision rules (the current subgoal decides which apply; rule 0, then event rule
 4. **Recall.** Entering a heat/cool/clean phase -> ``recall how: heat X``;
    entering "find second X" -> ``recall mistakes: pick two``; the lamp not
    seen yet (TRACK RESULT says so) -> ``recall where: desklamp``.
-5. **Track.** Entering "find X" (not the second) -> ``track X``: the live
-   TRACK RESULT then says "in view" the step an X is seen, the line a student
-   reads to decide "There is an X here" (the harness module docstring).
-   Entering "find second X" (after the recall) -> ``track world``
-   (earlier sightings of X and the unsearched receptacles); entering "use
-   desklamp" with no lamp at hand -> ``track desklamp``.
+5. **Track.** A "find X" phase while TRACK RESULT does not track X (after
+   the recall in "find second X") -> ``track X``: the live TRACK RESULT then
+   says "in view" the step an X is seen, the line a student reads to decide
+   "There is an X here" (the harness module docstring), and lists every X
+   seen so far and the unsearched receptacles. Pick-two tracks X from its
+   first phase on, so its second search reads the same live view. Entering
+   "use desklamp" with no lamp at hand -> ``track desklamp``.
 6. **Find X.** ``take X n from R`` admissible -> take it (in "find second X"
    never from a Y-type receptacle: that is the first one). At a receptacle the
    OBSERVATION calls closed -> open it. Else go on to the receptacle after the
@@ -51,8 +52,8 @@ Decision rules (the current subgoal decides which apply; rule 0, then event rule
    not met yet, so no X lies there). The scene's receptacles are the ``go
    to`` targets plus those sharing the agent's place (``open``/``examine``
    targets: reached by opening or examining them, they have no ``go to``).
-   For "find second X" a receptacle TRACK RESULT (``track world``) shows an X
-   in comes first; else the candidates are TRACK RESULT's unsearched
+   For "find second X" a receptacle (not Y-type) TRACK RESULT shows an X in
+   comes first; else the candidates are TRACK RESULT's unsearched
    receptacles, in the same order. Nothing left -> ``look``.
 7. **Transform.** ``heat X n with microwave 1`` (cool/fridge, clean/sinkbasin)
    admissible -> do it; else go to the appliance (first instance).
@@ -320,17 +321,11 @@ def _unsearched(track_text: str) -> list[str]:
     return []
 
 
-def _seen_in_world(track_text: str, obj: str) -> list[str]:
-    """Receptacles a ``track world`` result shows holding an `obj`."""
-    out = []
-    for ln in track_text.split("\n"):
-        if not ln.startswith("seen: "):
-            continue
-        for part in ln[len("seen: "):].split("; "):
-            rec, _, objs = part.partition(": ")
-            if any(type_of(o.strip()) == obj for o in objs.split(",")):
-                out.append(rec.strip())
-    return sorted(out, key=_natural)
+def _located(track_text: str, obj: str) -> list[str]:
+    """Receptacles a ``track obj`` result shows holding an `obj`, in natural order."""
+    out = [m.group(2) for ln in track_text.split("\n")
+           if (m := _LOCATED_RE.match(ln.strip())) and type_of(m.group(1)) == obj]
+    return sorted(dict.fromkeys(out), key=_natural)
 
 
 # ----------------------------------------------------------------- decisions
@@ -359,13 +354,11 @@ def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
         return _switch(v, k, f"I hold the {m.group(1)}; this subgoal is done, so I update the plan.")
     if last_a.startswith(f"note {o} is "):
         return _switch(v, k, f"I hold the {o} and noted where it was; I mark the subgoal done.")
-    if not second and not (v.track and v.track[0] == o):
-        return f"track {o}", f"I track the {o}: TRACK RESULT will show where I see one."
     if second and last_a.startswith("commit "):
         return ("recall mistakes: pick two",
                 f"The first {o} is placed; before searching again I check the known mistakes of pick-two tasks.")
-    if second and last_a.startswith("recall mistakes"):
-        return ("track world", f"A second {o} may already have been seen; I check everything I have seen so far.")
+    if not (v.track and v.track[0] == o):
+        return f"track {o}", f"I track the {o}: TRACK RESULT will show where I see one."
     for c in v.admissible:
         m = _TAKE_CMD_RE.match(c)
         if m and type_of(m.group(1)) == o and not (second and _rtype(m.group(2)) == y):
@@ -379,11 +372,11 @@ def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
         order = search_order(receps, v.hints, skip)
         why = "hinted" if v.hints else "likely"
     else:
-        world = v.track[1] if v.track and v.track[0] == "world" else ""
-        known = [r for r in _seen_in_world(world, o) if _rtype(r) != y]
+        track = v.track[1]  # the live ``track X``: every X seen so far, then the unsearched receptacles
+        known = [r for r in _located(track, o) if _rtype(r) != y]
         if known and known[0] != here and (step := _go(v, known[0], f"I saw another {o} in {known[0]}; I go get it.")):
             return step
-        order = search_order([r for r in _unsearched(world) if _rtype(r) != y], v.hints)
+        order = search_order([r for r in _unsearched(track) if _rtype(r) != y], v.hints)
         why = "unsearched"
     nxt = _next_after(order, here)
     if nxt and (step := _go(v, nxt, f"No {o} here; the next {why} receptacle to search is {nxt}.")):

@@ -20,7 +20,7 @@ teacher trace it edits only what the agent sees at its receptacle:
 The harness's TRACK RESULT is live (`harness.bpe.harness`): when it tracks the goal
 object it answers from the belief of this turn, so an edit must change it too.
 An insertion can (a goal object not seen yet becomes ``<goal> k: in/on
-<receptacle>, in view``); a removal cannot (the "not seen yet" line lists the
+<receptacle>, in view`` above the same unsearched list); a removal cannot (the "not seen yet" line lists the
 unsearched receptacles, which the prompt does not show), nor can any edit
 under a live ``track world``: those states get no twin.
 
@@ -149,9 +149,10 @@ def counterfactual(example: dict, rng: random.Random) -> dict | None:
         new_text = _edit(text, obs, obs[: lm.start(1)] + join_items(listed) + ".", set(), f"take {new} from {here}")
         if new_text is None:
             return None
-        if live:  # the tracked goal, not seen yet, is now in view here
+        if live:  # the tracked goal, not seen yet, is now in view here; the unsearched list stays
             head = live.group(0)[: live.start(2) - live.start(0)]
-            new_text = new_text.replace(live.group(0), f"{head}{new}: in/on {here}, in view", 1)
+            unsearched = live.group(2).split(". ", 1)[1]
+            new_text = new_text.replace(live.group(0), f"{head}{new}: in/on {here}, in view\n{unsearched}", 1)
         kind = "inserted"
     else:
         return None

@@ -71,6 +71,7 @@ class RLConfig(Strict):
     split: str = "train"
     task_types: list[str] | None = None  # train (and evaluate) on these ALFWorld task types only; None: all six
     exclude_games: list[str] = []  # task ids never trained on (the main job's development set)
+    games: list[str] | None = None  # train on these task ids only (the main job's screened games); None: all
     data_path: str | None = None
     engine: Literal["textworld", "fast"] = "fast"
     # the placing-command wording played (envs/alfworld/wording.py): set it as the data it
@@ -97,7 +98,7 @@ class RLConfig(Strict):
     decode_threads: int | None = None  # torch CPU threads while sampling (1 suits tiny models)
     threads: int | None = None  # torch CPU threads for the whole run (None: torch's default)
     seed: int = 0
-    ckpt_every: int = 1
+    ckpt_every: int = Field(1, ge=1)  # a checkpoint every N steps (and at the last)
     keep_checkpoints: int = 2
     eval_every: int = 0  # 0: no periodic evaluation
     eval_split: str = "valid_seen"
@@ -166,10 +167,23 @@ def load_experience_fresh(path):
 
 
 def train_tasks(cfg: RLConfig) -> list:
-    """The games RL trains on: ``cfg.split`` of the given task types, less ``exclude_games``."""
+    """The games RL trains on: ``cfg.split`` of the given task types, less ``exclude_games``, and
+    only ``games`` when set.
+
+    Raises:
+        ValueError: ``games`` names a task id not in the split (or excluded, or of another type).
+    """
     excluded = set(cfg.exclude_games)
-    return [t for t in select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
-            if t.task_id not in excluded]
+    tasks = [t for t in select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
+             if t.task_id not in excluded]
+    if cfg.games is None:
+        return tasks
+    wanted = set(cfg.games)
+    tasks = [t for t in tasks if t.task_id in wanted]
+    if len(tasks) != len(wanted):
+        raise ValueError(f"{len(wanted) - len(tasks)} of the {len(wanted)} RL games are not trainable games of "
+                         f"split {cfg.split!r} (unknown, excluded, or not of task_types)")
+    return tasks
 
 
 def step_cap(cfg: RLConfig, step: int, group: int) -> int:

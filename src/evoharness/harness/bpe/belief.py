@@ -300,16 +300,22 @@ class Belief:
         return f"{obj}: " + ("; ".join(parts) if parts else "unknown")
 
     def track(self, query: str = "world") -> str:
-        """The ``track`` meta-action: one object's belief, or ``world``."""
+        """The ``track`` meta-action's text for `query`: ``world`` -> `world_summary`; an
+        instance (``apple 1``) -> its `describe` line; an object type -> each known
+        instance's line, then ``Unsearched (n): ...`` (or ``<type>: not seen yet.
+        Unsearched (n): ...`` when none is known); a receptacle type -> each instance's line."""
         q = re.sub(r"^(the|a|an|some)\s+", "", query.strip().lower().strip("[]").strip())
         if q in ("", "world", "all", "everything"):
             return self.world_summary()
-        names = [q] if re.search(r"\d$", q) else self.instances(q) or self.instances(q.rstrip("s"))
-        if not names and q.rstrip("s") in {type_of(r) for r in self.receptacles}:
-            names = [r for r in self.receptacles if type_of(r) == q.rstrip("s")]
-        if not names:
-            return f"{q}: not seen yet. Unsearched ({len(self.unsearched())}): {', '.join(self.unsearched()) or 'none'}."
-        return "\n".join(self.describe(n) for n in names)
+        if re.search(r"\d$", q):
+            return self.describe(q)
+        unsearched = f"Unsearched ({len(self.unsearched())}): {', '.join(self.unsearched()) or 'none'}."
+        if names := self.instances(q) or self.instances(q.rstrip("s")):
+            # where else one may be: what a search for another instance (pick-two) reads
+            return "\n".join([*(self.describe(n) for n in names), unsearched])
+        if q.rstrip("s") in {type_of(r) for r in self.receptacles}:
+            return "\n".join(self.describe(r) for r in self.receptacles if type_of(r) == q.rstrip("s"))
+        return f"{q}: not seen yet. {unsearched}"
 
     def world_summary(self) -> str:
         """Compact global summary for ``track world``."""

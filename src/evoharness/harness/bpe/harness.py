@@ -17,10 +17,12 @@ TRACK RESULT and RECALL RESULT (the latest of each, once there is one).
 TRACK RESULT is live: the latest track query answered from the belief as it
 is this turn (an object in the latest observation says "in view"), so a
 tracked goal object's line turns from "not seen yet" to "in/on R, in view"
-the step the agent sees it. Reading that line is how a small student decides
-"the goal is here" without matching the goal's name against every object
-listed (benchmarks/results/student/grounding.md: a from-scratch 1M student
-does not learn that match). RECALL RESULT is the snapshot of its turn.
+the step the agent sees it; the receptacles not searched yet follow, so the
+search for a second one (pick-two) reads the same view. Reading that line is
+how a small student decides "the goal is here" without matching the goal's
+name against every object listed (benchmarks/results/student/grounding.md: a
+from-scratch 1M student does not learn that match). RECALL RESULT is the
+snapshot of its turn.
 
 OBSERVATION is always the latest *environment* observation: meta-actions and
 invalid actions do not change the world. Their feedback is the newest
@@ -46,7 +48,8 @@ SYSTEM_PROMPT = (
     "RECALLED HINTS (where the objective's object is usually found) and the latest TRACK RESULT and RECALL RESULT.\n"
     "Each turn, do exactly one of these; every one costs one step of your budget:\n"
     "- an admissible command, copied exactly;\n"
-    "- track <object>: what you have seen of an object or receptacle (track apple, track fridge 1); "
+    "- track <object>: what you have seen of an object or receptacle, updated every turn (track apple: each "
+    "apple seen, which are in view, and the receptacles not searched yet; track fridge 1); "
     "track world: a summary of everything seen so far;\n"
     "- commit <subgoal>: add a subgoal to PLAN; commit <subgoal>: <status> sets its status "
     "(pending, active, done, failed, drop); commit plan: <a>; <b>; <c> replaces the plan;\n"

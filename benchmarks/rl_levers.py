@@ -1,0 +1,108 @@
+"""GRPO levers from one finished main job's SFT model, each arm's final model paired against SFT on
+the development set.
+
+Usage: python benchmarks/rl_levers.py --run runs/main [--out runs/rl_levers]
+       [--results benchmarks/results/student/rl_levers] [--arms default screened gigpo] [--threads 2]
+
+Every arm starts from ``--run``'s SFT model with the run's RL stage (`pipeline.rl_config`: 16 steps
+of 2 games x 8 samples, T_max 30, the teacher's experience store) and changes one thing:
+
+- ``default``: every training game, T = 0.6 (the main job's RL before the screening);
+- ``screened``: the games the SFT model lost among 160 screened training games, mixed 1:1 with
+  ones it won (`pipeline.screen_rl_games`), sampled at T = 1.0 (the main job's RL now);
+- ``gigpo``: ``screened`` with GiGPO's step-level advantages (`train.advantages`).
+
+Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
+job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
+sign test. Selection happens on these games, never on valid_seen. An arm whose ``rl/final`` (or
+evaluation) exists under ``--out`` is not redone. Writes ``<results>.md`` and ``<results>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+ARMS = {
+    "default": {"screen": 0, "temperature": 0.6, "estimator": "grpo"},
+    "screened": {"screen": 160, "temperature": 1.0, "estimator": "grpo"},
+    "gigpo": {"screen": 160, "temperature": 1.0, "estimator": "gigpo"},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", default="runs/main", help="a finished main job (its SFT model and dev evaluation)")
+    ap.add_argument("--out", default="runs/rl_levers")
+    ap.add_argument("--results", default="benchmarks/results/student/rl_levers")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--note", default="", help="a line for the report (how the arms ran: alone, side by side)")
+    args = ap.parse_args()
+
+    import torch
+
+    from evoharness.eval.evaluate import evaluate
+    from evoharness.eval.run_report import sign_test
+    from evoharness.jsonl import read_jsonl
+    from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy, rl_config, screen_rl_games
+    from evoharness.train.rl import train_rl, train_tasks
+
+    torch.set_num_threads(args.threads)
+    run, out = Path(args.run), Path(args.out)
+    cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())
+    dev_ids = [t.task_id for t in dev_split(cfg)[1]]
+    sft_dev = {e["task_id"]: e["won"] for e in read_jsonl(run / "eval" / "dev_sft" / "episodes.jsonl")}
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    rows = []
+    for name in args.arms:
+        arm, d = ARMS[name], out / name
+        d.mkdir(parents=True, exist_ok=True)
+        rl = rl_config(cfg.model_copy(update={"rl_screen_games": 0}), run)
+        rl.out_dir, rl.threads = str(d / "rl"), args.threads
+        rl.grpo.temperature, rl.grpo.advantage.estimator = arm["temperature"], arm["estimator"]
+        if arm["screen"]:
+            screened = out / f"screen{arm['screen']}.json"
+            if not screened.exists():
+                screened.write_text(json.dumps(screen_rl_games(cfg, run, arm["screen"], out), indent=1))
+            rl.games = json.loads(screened.read_text())["games"]
+        final = d / "rl" / "final"
+        if not final.exists():
+            t = time.perf_counter()
+            train_rl(rl)
+            (d / "rl_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}")
+        ev = d / "eval" / "dev_final"
+        if not (ev / "summary.json").exists():
+            evaluate(eval_config(cfg, d, "dev_final", model_policy(cfg, final), final / "experience.json", dev_ids))
+        won = {e["task_id"]: e["won"] for e in read_jsonl(ev / "episodes.jsonl")}
+        wins = sum(won[g] and not sft_dev[g] for g in dev_ids)
+        losses = sum(sft_dev[g] and not won[g] for g in dev_ids)
+        seconds = (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"
+        rows.append({"arm": name, **arm, "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
+                     "rl_seconds": seconds, "dev": sum(won.values()), "n": len(dev_ids),
+                     "wins": wins, "losses": losses, "p": round(sign_test(wins, losses), 3)})
+    lines = [
+        "# GRPO levers (one main job's SFT model, seed 0)", "",
+        f"`python benchmarks/rl_levers.py --run {args.run}`; SFT on the {len(dev_ids)} development games: "
+        f"{sum(sft_dev[g] for g in dev_ids)}/{len(dev_ids)}. Each arm: 16 GRPO steps of 2 games x 8 samples, "
+        "T_max 30, then its final model on the development games (greedy, cap 50). wins / losses: games only "
+        "the arm / only SFT won; p: exact two-sided sign test.", "",
+        "| arm | RL games | T | advantage | RL s | dev | wins | losses | p |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ] + [f"| {r['arm']} | {r['rl_games']} | {r['temperature']} | {r['estimator']} | {r['rl_seconds']} | "
+         f"{r['dev']}/{r['n']} | {r['wins']} | {r['losses']} | {r['p']} |" for r in rows] + [
+        "", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
+        "at the given threads (arms may have run side by side: compare them only within one run).",
+    ] + ([args.note] if args.note else [])
+    res = Path(args.results)
+    res.parent.mkdir(parents=True, exist_ok=True)
+    res.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    res.with_suffix(".json").write_text(json.dumps({"run": args.run, "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

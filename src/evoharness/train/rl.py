@@ -71,7 +71,8 @@ class RLConfig(Strict):
     split: str = "train"
     task_types: list[str] | None = None  # train (and evaluate) on these ALFWorld task types only; None: all six
     exclude_games: list[str] = []  # task ids never trained on (the main job's development set)
-    games: list[str] | None = None  # train on these task ids only (the main job's screened games); None: all
+    # train on these task ids only (the main job's screened games, `pipeline.screen_rl_games`); None: all
+    games: list[str] | None = Field(None, min_length=1)
     data_path: str | None = None
     engine: Literal["textworld", "fast"] = "fast"
     # the placing-command wording played (envs/alfworld/wording.py): set it as the data it

@@ -61,7 +61,7 @@ def main() -> None:
     for name in args.arms:
         arm, d = ARMS[name], out / name
         d.mkdir(parents=True, exist_ok=True)
-        rl = rl_config(cfg.model_copy(update={"rl_screen_games": 0}), run)
+        rl = rl_config(cfg, run)
         rl.out_dir, rl.threads = str(d / "rl"), args.threads
         rl.grpo.temperature, rl.grpo.advantage.estimator = arm["temperature"], arm["estimator"]
         if arm["screen"]:

@@ -202,7 +202,8 @@ def sft_dirs(cfg: RunConfig, out: Path) -> list[Path]:
 
 def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
     """The RL stage's config: ``cfg.rl`` with the run's harness (and the teacher's
-    experience store), engine, data, wording, constraint, seed and held-out games."""
+    experience store), engine, data, wording, constraint, seed and held-out games (the
+    screened games, ``rl_games.json``, are the RL stage's to add)."""
     rl_cfg = cfg.rl.model_copy(deep=True)
     rl_cfg.model_path, rl_cfg.out_dir = str(sft_dirs(cfg, out)[-1] / "final"), str(out / "rl")
     rl_cfg.engine, rl_cfg.data_path, rl_cfg.wording = cfg.env.engine, cfg.env.data_path, cfg.env.wording
@@ -210,8 +211,6 @@ def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
     rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
     rl_cfg.split = cfg.train_split
     rl_cfg.exclude_games = sorted(t.task_id for t in dev_split(cfg)[1])
-    if cfg.rl_screen_games:
-        rl_cfg.games = json.loads((out / "rl_games.json").read_text())["games"]
     if rl_cfg.max_minutes is None and cfg.budget_minutes is not None:
         rl_cfg.max_minutes = cfg.budget_minutes * cfg.rl_budget_share
     return rl_cfg
@@ -394,7 +393,10 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
             f"lost + {len(games['games']) - len(games['lost'])} it won")
 
     def rl() -> None:
-        train_rl(rl_config(cfg, out))
+        rl_cfg = rl_config(cfg, out)
+        if cfg.rl_screen_games:  # the rl_screen stage's choice
+            rl_cfg.games = json.loads((out / "rl_games.json").read_text())["games"]
+        train_rl(rl_cfg)
 
     def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience,
                         games: list[str] | None = None) -> Callable[[], None]:

@@ -8,8 +8,10 @@ GRPO samples then train three copies of it for 5 steps at lr 1e-6 (Table 4):
 - pure bf16 weights (the old code path), built by hand for contrast.
 
 Tolerance: the bf16-configured update equals the fp32 update to 15% relative L2
-error (measured 5.6% after 10 steps) and changes the same weights (>= 99% of
-them); pure bf16 weights change under 10% of their entries (measured 2%).
+error (measured 5.6% after 10 steps) and changes >= 99% of the weights the fp32
+update changes (over 90% of all: the rest are embedding rows of tokens the
+samples never show); pure bf16 weights change under 10% of their entries
+(measured 2%).
 """
 
 from __future__ import annotations
@@ -59,7 +61,10 @@ def test_bf16_compute_moves_fp32_master_weights_like_fp32(model_dir, samples_and
     base = load_model(model_dir).train()
     ref = _update(copy.deepcopy(base), samples, masks)
     amp = _update(copy.deepcopy(base), samples, masks, amp=lambda: autocast("cpu", torch.bfloat16))
-    assert (ref != 0).float().mean() > 0.99 and (amp != 0).float().mean() > 0.99
+    # most weights move (embedding rows of tokens the samples never show get no gradient), and the
+    # bf16-configured update moves the same ones
+    moved = ref != 0
+    assert moved.float().mean() > 0.9 and (amp[moved] != 0).float().mean() > 0.99
     assert float((amp - ref).norm() / ref.norm()) < 0.15
 
     pure = copy.deepcopy(base).to(torch.bfloat16)

@@ -1,6 +1,7 @@
 """The main job on the embedded default, with its report copied into benchmarks/results/main_job/.
 
 Usage: python benchmarks/main_job.py [--budget-minutes M] [--out runs/main] [--results benchmarks/results/main_job]
+                                    [--set KEY=VALUE ...]
 
 Runs `evoharness run` (`pipeline.run_pipeline`: teacher traces, tokenizer + from-scratch
 model, SFT, DAgger, GRPO, evaluations, learning curve, report) on its default step
@@ -28,8 +29,11 @@ def main() -> None:
     ap.add_argument("--budget-minutes", type=float, default=None, help="optional wall-clock cap on training")
     ap.add_argument("--out", default="runs/main")
     ap.add_argument("--results", default="benchmarks/results/main_job")
+    ap.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="RunConfig overrides, as `evoharness run --set` (a lever run; the default job has none)")
     args = ap.parse_args()
-    overrides = [f'out_dir="{args.out}"'] + ([f"budget_minutes={args.budget_minutes}"] if args.budget_minutes else [])
+    overrides = ([f'out_dir="{args.out}"'] + ([f"budget_minutes={args.budget_minutes}"] if args.budget_minutes else [])
+                 + args.set)
     cfg = load_config(RunConfig, None, overrides)
     start = _load()
     report = run_pipeline(cfg)

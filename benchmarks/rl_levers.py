@@ -4,13 +4,18 @@ the development set.
 Usage: python benchmarks/rl_levers.py --run runs/main [--out runs/rl_levers]
        [--results benchmarks/results/student/rl_levers] [--arms default screened gigpo] [--threads 2]
 
-Every arm starts from ``--run``'s SFT model with the run's RL stage (`pipeline.rl_config`: 16 steps
-of 2 games x 8 samples, T_max 30, the teacher's experience store) and changes one thing:
+Every arm starts from ``--run``'s SFT model with the run's RL stage (`pipeline.rl_config`: T_max 30,
+the teacher's experience store), sets its steps and games per step (x 8 samples) and changes one
+thing against ``screened`` (16 steps of 2 games):
 
-- ``default``: every training game, T = 0.6 (the main job's RL before the screening);
+- ``default``: every training game, T = 0.6 (the main job's first RL recipe);
 - ``screened``: the games the SFT model lost among 160 screened training games, mixed 1:1 with
-  ones it won (`pipeline.screen_rl_games`), sampled at T = 1.0 (the main job's RL now);
-- ``gigpo``: ``screened`` with GiGPO's step-level advantages (`train.advantages`).
+  ones it won (`pipeline.screen_rl_games`), sampled at T = 1.0 (the main job's RL);
+- ``gigpo``: ``screened`` with GiGPO's step-level advantages (`train.advantages`);
+- ``steps32``: ``screened`` for 32 steps (its first 16 are ``screened``'s: same seed and games);
+- ``games4``: ``screened`` with 4 games x 8 samples per step (twice the episodes per update);
+- ``screened_seed1``: ``screened`` with RL seed 1 instead of the run's (other samples, same games):
+  how much of an arm's gain is its draw.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -26,10 +31,14 @@ import os
 import time
 from pathlib import Path
 
+_SCREENED = {"screen": 160, "temperature": 1.0, "estimator": "grpo", "steps": 16, "games_per_step": 2}
 ARMS = {
-    "default": {"screen": 0, "temperature": 0.6, "estimator": "grpo"},
-    "screened": {"screen": 160, "temperature": 1.0, "estimator": "grpo"},
-    "gigpo": {"screen": 160, "temperature": 1.0, "estimator": "gigpo"},
+    "default": {**_SCREENED, "screen": 0, "temperature": 0.6},
+    "screened": _SCREENED,
+    "gigpo": {**_SCREENED, "estimator": "gigpo"},
+    "steps32": {**_SCREENED, "steps": 32},
+    "games4": {**_SCREENED, "games_per_step": 4},
+    "screened_seed1": {**_SCREENED, "seed": 1},
 }
 
 
@@ -64,6 +73,8 @@ def main() -> None:
         rl = rl_config(cfg, run)
         rl.out_dir, rl.threads = str(d / "rl"), args.threads
         rl.grpo.temperature, rl.grpo.advantage.estimator = arm["temperature"], arm["estimator"]
+        rl.steps, rl.grpo.prompts_per_step = arm["steps"], arm["games_per_step"]
+        rl.seed = arm.get("seed", cfg.seed)
         if arm["screen"]:
             screened = out / f"screen{arm['screen']}.json"
             if not screened.exists():
@@ -81,18 +92,19 @@ def main() -> None:
         wins = sum(won[g] and not sft_dev[g] for g in dev_ids)
         losses = sum(sft_dev[g] and not won[g] for g in dev_ids)
         seconds = (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"
-        rows.append({"arm": name, **arm, "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
+        rows.append({"arm": name, "seed": rl.seed, **arm, "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
                      "rl_seconds": seconds, "dev": sum(won.values()), "n": len(dev_ids),
                      "wins": wins, "losses": losses, "p": round(sign_test(wins, losses), 3)})
     lines = [
         "# GRPO levers (one main job's SFT model, seed 0)", "",
         f"`python benchmarks/rl_levers.py --run {args.run}`; SFT on the {len(dev_ids)} development games: "
-        f"{sum(sft_dev[g] for g in dev_ids)}/{len(dev_ids)}. Each arm: 16 GRPO steps of 2 games x 8 samples, "
-        "T_max 30, then its final model on the development games (greedy, cap 50). wins / losses: games only "
+        f"{sum(sft_dev[g] for g in dev_ids)}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x 8 "
+        "samples, T_max 30, then its final model on the development games (greedy, cap 50). wins / losses: games only "
         "the arm / only SFT won; p: exact two-sided sign test.", "",
-        "| arm | RL games | T | advantage | RL s | dev | wins | losses | p |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ] + [f"| {r['arm']} | {r['rl_games']} | {r['temperature']} | {r['estimator']} | {r['rl_seconds']} | "
+        "| arm | RL games | steps | games/step | T | advantage | RL seed | RL s | dev | wins | losses | p |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['temperature']} | "
+         f"{r['estimator']} | {r['seed']} | {r['rl_seconds']} | "
          f"{r['dev']}/{r['n']} | {r['wins']} | {r['losses']} | {r['p']} |" for r in rows] + [
         "", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
         "at the given threads (arms may have run side by side: compare them only within one run).",

@@ -51,12 +51,14 @@ def _default_rl() -> RLConfig:
     samples per step, sampled at T = 1.0 on the screened games (`RunConfig.rl_screen_games`); 16
     steps (~25-45 s each on a quiet machine); the main job keeps the checkpoint best on the
     development set (`select_rl_checkpoint`). The SFT policy is near-deterministic (entropy ~0.01
-    nats/token): at T = 0.6 on every game most groups had no success spread. Measured once, seed 0,
-    on the full development set against SFT's 51/60: this recipe 54/60 (+4 / -1 games), GiGPO in
-    its place 53/60 (+2 / -0), the previous one (T = 0.6, every game) 50/60 (+2 / -3)
-    (benchmarks/results/student/rl_levers.md). The experience store stays the teacher's:
-    consolidating the student's own notes into it left every GRPO checkpoint below SFT on the
-    development games (benchmarks/results/student/full_scale.md)."""
+    nats/token): at T = 0.6 on every game most groups had no success spread. Measured from one SFT
+    model (seed 0) on the full development set against its 51/60 (benchmarks/results/student/
+    rl_levers.md): this recipe 54/60 (+4 / -1 games), with RL seed 1 50/60 (+3 / -4), so within
+    the spread of RL draws; GiGPO 53/60 (+2 / -0); 4 games per step 55/60 (+4 / -0) at twice
+    the RL time, and as the main job's RL stage its chosen checkpoint (step 4) 54/60; 32 steps
+    51/60 (+2 / -2); the first recipe (T = 0.6, every game) 50/60 (+2 / -3). The experience
+    store stays the teacher's: consolidating the student's own notes into it left every GRPO
+    checkpoint below SFT on the development games (benchmarks/results/student/full_scale.md)."""
     rl = RLConfig(steps=16, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
                   task_types=list(TASK_TYPES), ckpt_every=4, keep_checkpoints=100, consolidate_experience=False)
     g = rl.grpo
@@ -236,11 +238,11 @@ def screened_games(episodes: list[dict]) -> dict:
     some (`train.rl.spread`), so RL also rehearses what SFT already does right. When it lost
     none: every screened game.
 
-    Returns ``{"games": [task ids], "lost": [task ids]}``.
+    Returns ``{"games": [task ids], "lost": [task ids], "screened": number of episodes}``.
     """
     lost = [e["task_id"] for e in episodes if not e["won"]]
     won = [e["task_id"] for e in episodes if e["won"]]
-    return {"games": lost + spread(won, len(lost)) if lost else won, "lost": lost}
+    return {"games": lost + spread(won, len(lost)) if lost else won, "lost": lost, "screened": len(episodes)}
 
 
 def model_policy(cfg: RunConfig, path: Path, temperature: float = 0.0) -> PolicyConfig:
@@ -389,7 +391,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
 
         games = screen_rl_games(cfg, out, cfg.rl_screen_games)
         atomic_write_text(out / "rl_games.json", json.dumps(games, indent=1))
-        log(f"  RL games: the {len(games['lost'])} of {cfg.rl_screen_games} screened training games the SFT model "
+        log(f"  RL games: the {len(games['lost'])} of {games['screened']} screened training games the SFT model "
             f"lost + {len(games['games']) - len(games['lost'])} it won")
 
     def rl() -> None:

@@ -67,6 +67,31 @@ def test_resume_refuses_another_evaluations_episodes(tmp_path):
     assert fresh["overall"]["won"] == 0 and fresh["overall"]["n"] == 2
 
 
+def test_a_worker_that_cannot_load_its_policy_raises_the_cause(tmp_path):
+    """A worker's start-up error reaches the caller as itself (multiprocessing.Pool restarted
+    such workers forever: the evaluation hung)."""
+    import pytest
+
+    with pytest.raises(FileNotFoundError, match="not a local model directory"):
+        evaluate(_cfg(tmp_path, "bad", workers=2, batch_size=1, policy={"kind": "hf", "model_path": str(tmp_path / "none")}),
+                 progress=False)
+
+
+def test_a_dead_worker_is_an_error_not_a_hang(tmp_path):
+    """Workers are spawned and import the caller's script: one without a __main__ guard calls
+    evaluate() again inside each worker, which dies starting its own. The caller gets an error
+    naming the cause, within the timeout, and the workers are gone."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "import sys\n"
+        "from evoharness.eval.evaluate import EvalConfig, evaluate\n"
+        "evaluate(EvalConfig.model_validate(dict(split='valid_seen', limit=2, batch_size=1, workers=2,\n"
+        "    out_dir=sys.argv[1], harness={'kind': 'react'}, policy={'kind': 'expert'})), progress=False)\n")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0
+    assert "an evaluation worker process died" in r.stderr and 'needs `if __name__ == "__main__":`' in r.stderr
+
+
 def test_protocols(valid_seen):
     panel = build_episodes(valid_seen, "panel", seed=0)
     assert [e.task.task_id for e in panel] == sorted(t.task_id for t in valid_seen)

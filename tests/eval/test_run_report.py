@@ -15,14 +15,16 @@ def _eval(tmp_path, name, games, policy):
 
 
 def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_path):
-    games = [t.task_id for t in discover_games("train")[:4]]
+    tasks = [t.task_id for t in discover_games("train")[:8]]
+    games, vs_games = tasks[:4], tasks[4:]  # dev and a disjoint stand-in for valid_seen
     # two real systems that differ per game: an 8-step cap makes the noisy expert lose some
-    sft = _eval(tmp_path, "sft", games, {"kind": "noisy_expert", "epsilon": 0.6, "seed": 1})
-    grpo = _eval(tmp_path, "grpo", games, {"kind": "expert"})
+    noisy, expert = {"kind": "noisy_expert", "epsilon": 0.6, "seed": 1}, {"kind": "expert"}
+    sft, grpo = _eval(tmp_path, "sft", games, noisy), _eval(tmp_path, "grpo", games, expert)
     systems = {"SFT": sft, "SFT + GRPO": grpo}
+    vs = {"SFT": _eval(tmp_path, "vs_sft", vs_games, noisy), "SFT + GRPO": _eval(tmp_path, "vs_grpo", vs_games, expert)}
     chose = games[-2:]  # not the first two in panel order: the rows must drop by id
     curve = {"games": 2, "game_ids": chose, "points": [], "rl_selected": {"stage": "rl", "step": 4}}
-    md = write_run_report(tmp_path / "run", systems, systems, [], None, [], curve=curve).read_text()
+    md = write_run_report(tmp_path / "run", vs, systems, [], None, [], curve=curve).read_text()
 
     a, b = read_jsonl(sft / "episodes.jsonl"), read_jsonl(grpo / "episodes.jsonl")
     rest = paired([e for e in a if e["task_id"] not in chose], [e for e in b if e["task_id"] not in chose])
@@ -31,7 +33,11 @@ def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_
            f"{rest['both']} |")
     assert row in md
     assert "| SFT + GRPO vs SFT | dev | 4 |" in md
+    # valid_seen and the dev games that did not choose it, pooled: one paired test on 6 games
+    v = paired(read_jsonl(vs["SFT"] / "episodes.jsonl"), read_jsonl(vs["SFT + GRPO"] / "episodes.jsonl"))
+    assert (f"| SFT + GRPO vs SFT | valid_seen + dev without those | 6 | {v['b_only'] + rest['b_only']} | "
+            f"{v['a_only'] + rest['a_only']} | {v['both'] + rest['both']} |") in md
     # when the job kept the SFT model, no GRPO checkpoint was chosen: no such row
     curve["rl_selected"] = {"stage": "sft_final", "step": 0}
-    assert "that chose it" not in write_run_report(tmp_path / "run2", systems, systems, [], None, [],
-                                                   curve=curve).read_text()
+    md = write_run_report(tmp_path / "run2", vs, systems, [], None, [], curve=curve).read_text()
+    assert "that chose it" not in md and "| valid_seen + dev | 8 |" in md

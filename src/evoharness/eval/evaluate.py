@@ -18,6 +18,8 @@ import json
 import multiprocessing as mp
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Literal
 
@@ -106,7 +108,18 @@ def _init_worker(cfg_json: str) -> None:
     _WORKER["policy"] = make_policy(cfg.policy)
 
 
+def _init_pool_worker(cfg_json: str) -> None:
+    # A failing initializer would only break the pool; keep the error for the first chunk to
+    # raise, so the caller gets its type and message (a missing model directory, say).
+    try:
+        _init_worker(cfg_json)
+    except Exception as e:  # noqa: BLE001 - re-raised by _play_chunk
+        _WORKER["error"] = e
+
+
 def _play_chunk(specs: list[EpisodeSpec]) -> list[dict]:
+    if "error" in _WORKER:
+        raise _WORKER["error"]
     cfg: EvalConfig = _WORKER["cfg"]
     trajs = run_episodes(
         specs,
@@ -133,6 +146,8 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
     Raises:
         GameDataError: missing data path or unknown split.
         ValueError: bad protocol or policy config.
+        RuntimeError: a worker process died (the episodes finished before it are kept).
+        Any error a worker raised (e.g. FileNotFoundError for a missing model directory).
     """
     from evoharness.eval.report import summarize, write_report
 
@@ -178,10 +193,40 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
             finally:
                 _WORKER["policy"].close()
         elif chunks:
-            ctx = mp.get_context("spawn")
-            with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg.model_dump_json(),)) as pool:
-                for rows in pool.imap_unordered(_play_chunk, chunks):
-                    record(rows)
+            # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed, out of memory,
+            # a script without a __main__ guard re-running this at import) breaks the executor with
+            # an error, where a Pool would start replacement workers forever
+            with ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
+                                     initargs=(cfg.model_dump_json(),)) as pool:
+                futures, kept, write_failed = [], set(), []
+
+                def keep(fut) -> None:  # a finished chunk's episodes, once
+                    rows = fut.result()  # raises the chunk's error
+                    kept.add(fut)
+                    try:
+                        record(rows)
+                    except BaseException:
+                        write_failed.append(True)
+                        raise
+
+                try:
+                    futures = [pool.submit(_play_chunk, chunk) for chunk in chunks]
+                    for fut in as_completed(futures):
+                        keep(fut)
+                except BaseException as e:
+                    # chunks already running when this failed play on until shutdown: keep what they finish
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    for fut in futures:
+                        if (not write_failed and fut not in kept and fut.done() and not fut.cancelled()
+                                and fut.exception() is None):
+                            keep(fut)
+                    if isinstance(e, BrokenProcessPool):
+                        raise RuntimeError(
+                            f"an evaluation worker process died ({len(have)} of {len(specs)} episodes are recorded "
+                            f"in {jsonl}; the same evaluation rerun resumes from them). If evaluate() was called "
+                            "from a script, its entry point needs `if __name__ == \"__main__\":` (workers are "
+                            "spawned and import it).") from e
+                    raise
     bar.close()
     order = {s.episode_id: i for i, s in enumerate(specs)}
     episodes = sorted((d for d in have.values() if d["episode_id"] in order), key=lambda d: order[d["episode_id"]])

@@ -173,12 +173,21 @@ def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], 
                 panels = [("valid_seen", vs, set()), ("dev", dv, set())]
                 if chose and "GRPO" in b:
                     panels.append((f"dev without the {len(chose)} that chose it", dv, chose))
+                pooled: list[tuple[list[dict], list[dict]]] = []
                 for panel, data, drop in panels:
                     if a in data and b in data:
-                        c = paired([e for e in data[a][1] if e["task_id"] not in drop],
-                                   [e for e in data[b][1] if e["task_id"] not in drop])
+                        pair = ([e for e in data[a][1] if e["task_id"] not in drop],
+                                [e for e in data[b][1] if e["task_id"] not in drop])
+                        c = paired(*pair)
                         md.append(f"| {b} vs {a} | {panel} | {c['n']} | {c['b_only']} | {c['a_only']} | {c['both']} | "
                                   f"{c['p']:.3g} |")
+                        if pair[0] and (panel != "dev" or not chose or "GRPO" not in b):
+                            pooled.append(pair)
+                if len(pooled) > 1:  # disjoint game sets, none of which chose the checkpoint: one larger paired test
+                    c = paired([e for x, _ in pooled for e in x], [e for _, y in pooled for e in y])
+                    both_panels = "valid_seen + dev" + (" without those" if len(pooled[-1][0]) < len(dv[a][1]) else "")
+                    md.append(f"| {b} vs {a} | {both_panels} | {c['n']} | {c['b_only']} | "
+                              f"{c['a_only']} | {c['both']} | {c['p']:.3g} |")
             md.append("")
         summaries = {n: s for n, (s, _) in vs.items()}
         plot_success(summaries, out / "success.png", "ALFWorld valid_seen success by task type")

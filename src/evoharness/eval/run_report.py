@@ -185,7 +185,7 @@ def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], 
                             pooled.append(pair)
                 if len(pooled) > 1:  # disjoint game sets, none of which chose the checkpoint: one larger paired test
                     c = paired([e for x, _ in pooled for e in x], [e for _, y in pooled for e in y])
-                    both_panels = "valid_seen + dev" + (" without those" if len(pooled[-1][0]) < len(dv[a][1]) else "")
+                    both_panels = "valid_seen + dev" + (" without those" if chose and "GRPO" in b else "")
                     md.append(f"| {b} vs {a} | {both_panels} | {c['n']} | {c['b_only']} | "
                               f"{c['a_only']} | {c['both']} | {c['p']:.3g} |")
             md.append("")

@@ -14,7 +14,7 @@ from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.harness.react import ReActHarness
 from evoharness.harness.bpe.belief import type_of
 from evoharness.policies.base import Completion, PolicyRequest, format_action
-from evoharness.policies.teacher import TeacherPolicy, parse_prompt, plan_for, search_order, teacher_completion
+from evoharness.policies.teacher import TeacherPolicy, parse_prompt, plan_for, teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from engines import pick_engine
 
@@ -156,15 +156,19 @@ def _first(task):
         env.close()
 
 
-def test_search_order_hints_first_big_closed_families_in_their_generic_place():
-    receps = [f"cabinet {i}" for i in range(1, 7)] + ["countertop 2", "countertop 1", "fridge 1", "sinkbasin 1",
-                                                      "toaster 1"]
-    order = search_order(receps, ["cabinet", "fridge"])
-    # six cabinets: the cabinet hint loses its priority; fridge (hinted) first, then open types, then closed
-    assert order[0] == "fridge 1"
-    assert order[1:3] == ["countertop 1", "countertop 2"]
-    assert order.index("sinkbasin 1") < order.index("cabinet 1")
-    assert order[-6:] == [f"cabinet {i}" for i in range(1, 7)]
-    few = search_order(receps[:3] + ["countertop 1"], ["cabinet"])
-    assert few[:3] == ["cabinet 1", "cabinet 2", "cabinet 3"]
-    assert "countertop 1" not in search_order(receps, [], skip_types=("countertop",))
+
+def test_the_teacher_searches_in_the_order_the_harness_lists(played):
+    """Every search move goes to the first unsearched receptacle TRACK RESULT lists that is
+    not the objective's target type (pick tasks), so a student copies a list's first entry."""
+    moves = 0
+    for t in played:
+        for turn in t.turns:
+            if "the next receptacle to search is" not in turn.completion:
+                continue
+            v = parse_prompt(turn.messages[-1]["content"])
+            listed = v.track[1].split("Unsearched (", 1)[1].split("): ", 1)[1].rstrip(".").split(", ")
+            skip = v.goal.target if v.goal.target and not v.goal.transform else None
+            first = next(r for r in listed if type_of(r) != skip)
+            assert turn.action.endswith(f" {first}"), (t.task_id, turn.action, listed)
+            moves += 1
+    assert moves > 20

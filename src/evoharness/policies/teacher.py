@@ -42,32 +42,24 @@ Decision rules (the current subgoal decides which apply; rule 0, then event rule
    "use desklamp" with no lamp at hand -> ``track desklamp``.
 6. **Find X.** ``take X n from R`` admissible -> take it (in "find second X"
    never from a Y-type receptacle: that is the first one). At a receptacle the
-   OBSERVATION calls closed -> open it. Else go on to the receptacle after the
-   current one (the latest ``go to``/``open``/``examine`` target in PREVIOUS
-   ACTIONS) in the search order: the types RECALLED HINTS lists, in hint
-   order, then the open types of `GENERIC_ORDER`, then its closed types;
-   instances in natural order. A hinted cabinet/drawer family of
-   `MANY_CLOSED` or more instances keeps its generic place (each visit costs
-   go + open). Pick and pick-two skip Y-type receptacles (the objective is
-   not met yet, so no X lies there). The scene's receptacles are the ``go
-   to`` targets plus those sharing the agent's place (``open``/``examine``
-   targets: reached by opening or examining them, they have no ``go to``).
+   OBSERVATION calls closed -> open it. Else go to the first of TRACK
+   RESULT's unsearched receptacles, which the harness lists likeliest first
+   (`harness.bpe.search`: the types RECALLED HINTS lists, then a fixed
+   prior). Pick and pick-two skip Y-type receptacles (the objective is not
+   met yet, so no X lies there; the harness lists them last). A receptacle
+   sharing the agent's place has no ``go to``: it is opened or examined.
    For "find second X" a receptacle (not Y-type) TRACK RESULT shows an X in
-   comes first; else the candidates are TRACK RESULT's unsearched
-   receptacles, in the same order. Nothing left -> ``look``.
+   comes first. Nothing left -> ``look``.
 7. **Transform.** ``heat X n with microwave 1`` (cool/fridge, clean/sinkbasin)
    admissible -> do it; else go to the appliance (first instance).
 8. **Place.** A put of an X into a Y-type receptacle admissible -> put it; at a
    closed target -> open it; else go to the first Y instance in natural order.
 9. **Look.** ``use desklamp n`` admissible -> use it; a lamp TRACK RESULT
    located -> go there; else search (rule 6) TRACK RESULT's unsearched
-   receptacles, the types RECALL RESULT lists first.
+   receptacles (the harness lists the lamp's recalled types first).
 
 Each completion is ``<think>reason</think><action>command</action>``; the
-reason names the rule that fired. `GENERIC_ORDER` was counted once, offline,
-from the train games' initial states (per receptacle instance, how often it
-holds the goal object, divided by the steps a visit costs: 2 for closed
-types): a fixed constant a student can learn, like the seed priors.
+reason names the rule that fired.
 """
 
 from __future__ import annotations
@@ -78,20 +70,8 @@ from dataclasses import dataclass, field
 from evoharness.envs.alfworld.wording import parse_place
 from evoharness.harness.bpe.belief import type_of
 from evoharness.harness.bpe.goal import Goal, parse_goal
+from evoharness.harness.bpe.search import GENERIC_ORDER, natural_key, receptacle_type, search_order
 from evoharness.policies.base import Completion, PolicyRequest, estimate_tokens, format_action
-
-# Receptacle types after the recalled ones: most likely per visited instance first.
-GENERIC_ORDER = (
-    "diningtable", "desk", "tvstand", "dresser", "toilet", "countertop", "sidetable", "sofa", "coffeetable",
-    "bed", "bathtubbasin", "armchair", "ottoman", "garbagecan", "shelf", "fridge", "sinkbasin",
-    "handtowelholder", "coffeemachine", "microwave", "stoveburner", "safe", "toiletpaperhanger", "cabinet",
-    "drawer", "towelholder", "toaster", "laundryhamper", "cart",
-)
-_UNKNOWN_RANK = GENERIC_ORDER.index("safe")  # an unlisted type is searched before cabinets and drawers
-CLOSED_TYPES = ("fridge", "microwave", "safe", "cabinet", "drawer")  # a visit costs go + open
-CLOSED_FAMILIES = ("cabinet", "drawer")
-MANY_CLOSED = 5  # a recalled cabinet/drawer prior with this many instances loses its priority
-_ALIAS = {"sink": "sinkbasin", "bathtub": "bathtubbasin", "lamp": "desklamp"}
 
 _SECTION_RE = re.compile(
     r"(?:^|\n\n)(OBJECTIVE|OBSERVATION|ADMISSIBLE COMMANDS|PREVIOUS ACTIONS|PLAN|RECALLED HINTS|TRACK RESULT|"
@@ -108,14 +88,7 @@ _LOCATED_RE = re.compile(r"^([a-z]+ \d+): in/on ([a-z]+ \d+)")
 _UNSEARCHED_RE = re.compile(r"[Uu]nsearched \((?:\d+/)?\d+\): (.*?)\.?$")
 
 
-def _natural(name: str) -> tuple[str, int]:
-    base, _, num = name.rpartition(" ")
-    return (base, int(num)) if num.isdigit() else (name, 0)
-
-
-def _rtype(name: str) -> str:
-    t = type_of(name)
-    return _ALIAS.get(t, t)
+_rtype = receptacle_type
 
 
 # ----------------------------------------------------------------- the prompt
@@ -248,7 +221,7 @@ def _receptacles(v: PromptView) -> list[str]:
                 out.add(c[len(verb):])
     if here := location(v):
         out.add(here)
-    return sorted(out, key=_natural)
+    return sorted(out, key=natural_key)
 
 
 def _closed_here(v: PromptView, here: str | None) -> str | None:
@@ -256,29 +229,6 @@ def _closed_here(v: PromptView, here: str | None) -> str | None:
     if here and f"The {here} is closed." in v.observation and f"open {here}" in v.admissible:
         return f"open {here}"
     return None
-
-
-def search_order(receps: list[str], prior_types: list[str], skip_types: tuple[str, ...] = ()) -> list[str]:
-    """Receptacles in search order.
-
-    Prior (recalled) types first, in their order; then the open types (not
-    `CLOSED_TYPES`) in `GENERIC_ORDER`; then the closed ones in that order.
-    A prior type of a big closed family (`MANY_CLOSED` or more cabinets or
-    drawers: each visit costs go + open) is not searched first but in its
-    generic place. Instances in natural order.
-    """
-    counts: dict[str, int] = {}
-    for r in receps:
-        counts[_rtype(r)] = counts.get(_rtype(r), 0) + 1
-
-    def key(r: str):
-        t = _rtype(r)
-        rank = GENERIC_ORDER.index(t) if t in GENERIC_ORDER else _UNKNOWN_RANK
-        if t in prior_types and not (t in CLOSED_FAMILIES and counts[t] >= MANY_CLOSED):
-            return (0, prior_types.index(t), _natural(r))
-        return (2 if t in CLOSED_TYPES else 1, rank, _natural(r))
-
-    return sorted((r for r in receps if _rtype(r) not in skip_types), key=key)
 
 
 def _next_after(order: list[str], here: str | None) -> str | None:
@@ -325,7 +275,7 @@ def _located(track_text: str, obj: str) -> list[str]:
     """Receptacles a ``track obj`` result shows holding an `obj`, in natural order."""
     out = [m.group(2) for ln in track_text.split("\n")
            if (m := _LOCATED_RE.match(ln.strip())) and type_of(m.group(1)) == obj]
-    return sorted(dict.fromkeys(out), key=_natural)
+    return sorted(dict.fromkeys(out), key=natural_key)
 
 
 # ----------------------------------------------------------------- decisions
@@ -366,21 +316,15 @@ def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
     here = location(v)
     if cmd := _closed_here(v, here):
         return cmd, f"The {here} is closed; I open it to see inside."
-    receps = _receptacles(v)
-    if not second:
-        skip = (y,) if y and not g.transform else ()
-        order = search_order(receps, v.hints, skip)
-        why = "hinted" if v.hints else "likely"
-    else:
-        track = v.track[1]  # the live ``track X``: every X seen so far, then the unsearched receptacles
+    track = v.track[1]  # the live ``track X``: every X seen so far, then the unsearched receptacles, likeliest first
+    if second:
         known = [r for r in _located(track, o) if _rtype(r) != y]
         if known and known[0] != here and (step := _go(v, known[0], f"I saw another {o} in {known[0]}; I go get it.")):
             return step
-        order = search_order([r for r in _unsearched(track) if _rtype(r) != y], v.hints)
-        why = "unsearched"
-    nxt = _next_after(order, here)
-    if nxt and (step := _go(v, nxt, f"No {o} here; the next {why} receptacle to search is {nxt}.")):
-        return step
+    skip = y if y and (second or not g.transform) else None
+    for r in _unsearched(track):
+        if _rtype(r) != skip and (step := _go(v, r, f"No {o} here; the next receptacle to search is {r}.")):
+            return step
     return _exhausted(v, o)
 
 
@@ -451,10 +395,9 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
         return f"recall where: {lamp}", f"I have not seen a {lamp} yet; I recall where one is usually found."
     if cmd := _closed_here(v, here):
         return cmd, f"The {here} is closed; I open it to see inside."
-    order = search_order(_unsearched(track), _recalled_types(v, lamp))
-    nxt = _next_after(order, here)
-    if nxt and (step := _go(v, nxt, f"No {lamp} here; the next receptacle to search is {nxt}.")):
-        return step
+    for r in _unsearched(track):
+        if step := _go(v, r, f"No {lamp} here; the next receptacle to search is {r}."):
+            return step
     return "look", f"I have searched everywhere I know for the {lamp}."
 
 

@@ -34,6 +34,7 @@ environment observation lists, which `describe` (and so ``track``) marks
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 BELIEF_CAPACITY = 48
@@ -67,6 +68,11 @@ _FUNCTIONAL = {"in", "at", "open", "search"}  # one value per subject
 def type_of(name: str) -> str:
     """``apple 1`` -> ``apple``; a bare type is returned unchanged."""
     return re.sub(r"\s+\d+$", "", name.strip())
+
+
+def track_subject(query: str) -> str:
+    """A ``track`` argument as the belief reads it: lower case, no article or brackets."""
+    return re.sub(r"^(the|a|an|some)\s+", "", query.strip().lower().strip("[]").strip())
 
 
 def _natural_key(name: str) -> tuple[str, int]:
@@ -299,17 +305,20 @@ class Belief:
             parts.append(f"{status}" + (f", contains {', '.join(inside)}" if inside else ""))
         return f"{obj}: " + ("; ".join(parts) if parts else "unknown")
 
-    def track(self, query: str = "world") -> str:
+    def track(self, query: str = "world", order: Callable[[list[str]], list[str]] | None = None) -> str:
         """The ``track`` meta-action's text for `query`: ``world`` -> `world_summary`; an
         instance (``apple 1``) -> its `describe` line; an object type -> each known
         instance's line, then ``Unsearched (n): ...`` (or ``<type>: not seen yet.
-        Unsearched (n): ...`` when none is known); a receptacle type -> each instance's line."""
-        q = re.sub(r"^(the|a|an|some)\s+", "", query.strip().lower().strip("[]").strip())
+        Unsearched (n): ...`` when none is known); a receptacle type -> each instance's line.
+        `order` sorts the unsearched receptacles (the harness: likeliest first,
+        `search.search_order`); default natural order."""
+        q = track_subject(query)
         if q in ("", "world", "all", "everything"):
             return self.world_summary()
         if re.search(r"\d$", q):
             return self.describe(q)
-        unsearched = f"Unsearched ({len(self.unsearched())}): {', '.join(self.unsearched()) or 'none'}."
+        todo = order(self.unsearched()) if order else self.unsearched()
+        unsearched = f"Unsearched ({len(todo)}): {', '.join(todo) or 'none'}."
         if names := self.instances(q) or self.instances(q.rstrip("s")):
             # where else one may be: what a search for another instance (pick-two) reads
             return "\n".join([*(self.describe(n) for n in names), unsearched])

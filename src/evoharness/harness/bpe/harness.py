@@ -17,8 +17,10 @@ TRACK RESULT and RECALL RESULT (the latest of each, once there is one).
 TRACK RESULT is live: the latest track query answered from the belief as it
 is this turn (an object in the latest observation says "in view"), so a
 tracked goal object's line turns from "not seen yet" to "in/on R, in view"
-the step the agent sees it; the receptacles not searched yet follow, so the
-search for a second one (pick-two) reads the same view. Reading that line is
+the step the agent sees it; the receptacles not searched yet follow,
+likeliest first (`search.py`: the object's recalled receptacle types, then a
+fixed prior), so "where next" is the list's first entry and the search for a
+second one (pick-two) reads the same view. Reading that line is
 how a small student decides "the goal is here" without matching the goal's
 name against every object listed (benchmarks/results/student/grounding.md: a
 from-scratch 1M student does not learn that match). RECALL RESULT is the
@@ -37,10 +39,11 @@ from dataclasses import dataclass
 from evoharness.envs.base import StepResult, TaskSpec
 from evoharness.harness.base import META_VERBS, Harness, ParsedAction
 from evoharness.harness.prompt import HISTORY_HEADER, history_entry, render_history
-from evoharness.harness.bpe.belief import BELIEF_CAPACITY, Belief, type_of
+from evoharness.harness.bpe.belief import BELIEF_CAPACITY, Belief, track_subject, type_of
 from evoharness.harness.bpe.experience import Entry, ExperienceStore, Recall
 from evoharness.harness.bpe.goal import Goal, parse_goal
 from evoharness.harness.bpe.progress import PLAN_CAPACITY, Progress
+from evoharness.harness.bpe.search import search_order
 
 SYSTEM_PROMPT = (
     "You are an agent in a text-based household environment. Each turn you see the OBJECTIVE, the latest "
@@ -49,7 +52,7 @@ SYSTEM_PROMPT = (
     "Each turn, do exactly one of these; every one costs one step of your budget:\n"
     "- an admissible command, copied exactly;\n"
     "- track <object>: what you have seen of an object or receptacle, updated every turn (track apple: each "
-    "apple seen, which are in view, and the receptacles not searched yet; track fridge 1); "
+    "apple seen, which are in view, and the receptacles not searched yet, likeliest first; track fridge 1); "
     "track world: a summary of everything seen so far;\n"
     "- commit <subgoal>: add a subgoal to PLAN; commit <subgoal>: <status> sets its status "
     "(pending, active, done, failed, drop); commit plan: <a>; <b>; <c> replaces the plan;\n"
@@ -68,12 +71,16 @@ FEEDBACK_CHARS = 200  # older PREVIOUS ACTIONS feedback is cut to this
 @dataclass
 class Lookup:
     """The latest ``track`` or ``recall``: its query, result text, the turn it
-    was made, and (recall only) the structured `Recall` a teacher can read."""
+    was made, (recall only) the structured `Recall` a teacher can read, and
+    (track only) the receptacle types that order its unsearched list
+    (`search.search_order`'s ``prior_types`` / ``demote_types``)."""
 
     query: str
     text: str
     turn: int
     recall: Recall | None = None
+    prior_types: tuple[str, ...] = ()
+    demote_types: tuple[str, ...] = ()
 
 
 def _short(text: str, n: int = FEEDBACK_CHARS) -> str:
@@ -191,8 +198,8 @@ class BPEHarness(Harness):
         verb, arg = action.command, action.argument.strip()
         text = f"{verb} {arg}".strip()
         if verb == "track":
-            result = self.belief.track(arg or "world")
-            self.last_track = Lookup(arg or "world", result, self.turn)
+            self.last_track = Lookup(arg or "world", "", self.turn, None, *self._search_priors(arg))
+            result = self.last_track.text = self._track_text(self.last_track)
             shown = "(see TRACK RESULT)"
         elif verb == "commit":
             result = shown = self.progress.commit(arg)
@@ -220,6 +227,25 @@ class BPEHarness(Harness):
         self.history.append((action.command or "(empty)", f"Invalid action: {action.error}"))
         self.turn += 1
 
+    def _search_priors(self, query: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Receptacle types that order a ``track <query>``'s unsearched list: the
+        objective's object -> RECALLED HINTS (its target last in pick tasks, where
+        ALFWorld never starts it); another object -> the store's priors for it, read
+        once here (the order must not change when the store learns mid-episode)."""
+        q = track_subject(query)
+        if q in (self.goal.obj, f"{self.goal.obj}s") and self.goal.obj:
+            last = (self.goal.target,) if self.goal.target and not self.goal.transform else ()
+            return tuple(e.recep for e in self.hints), last
+        if self.experience is None or not q or q[-1].isdigit() or self.hints_k <= 0:
+            return (), ()
+        return tuple(e.recep for e in self.experience.where_to_find(q, k=self.hints_k, count_use=False)), ()
+
+    def _track_text(self, lookup: Lookup) -> str:
+        """A track's result from the belief as it is now, unsearched receptacles likeliest first."""
+        scene = self.belief.receptacles
+        return self.belief.track(lookup.query, order=lambda todo: search_order(
+            todo, lookup.prior_types, lookup.demote_types, counts_from=scene))
+
     # ----- rendering ---------------------------------------------------------
     def _ago(self, turn: int) -> str:
         n = self.turn - turn
@@ -228,7 +254,7 @@ class BPEHarness(Harness):
     def views(self) -> dict[str, str]:
         out = {"PLAN": self.progress.render(), "RECALLED HINTS": self._hints_text}
         if self.last_track is not None:  # live: the belief as it is now, not when the track was made
-            out["TRACK RESULT"] = f"(track {self.last_track.query}, live)\n{self.belief.track(self.last_track.query)}"
+            out["TRACK RESULT"] = f"(track {self.last_track.query}, live)\n{self._track_text(self.last_track)}"
         if self.last_recall is not None:
             out["RECALL RESULT"] = f"(recall {self.last_recall.query}, {self._ago(self.last_recall.turn)})\n{self.last_recall.text}"
         return out

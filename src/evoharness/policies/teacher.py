@@ -68,9 +68,9 @@ import re
 from dataclasses import dataclass, field
 
 from evoharness.envs.alfworld.wording import parse_place
-from evoharness.harness.bpe.belief import type_of
+from evoharness.harness.bpe.belief import natural_key, type_of
 from evoharness.harness.bpe.goal import Goal, parse_goal
-from evoharness.harness.bpe.search import GENERIC_ORDER, natural_key, receptacle_type, search_order
+from evoharness.harness.bpe.search import GENERIC_ORDER, receptacle_type, search_order
 from evoharness.policies.base import Completion, PolicyRequest, estimate_tokens, format_action
 
 _SECTION_RE = re.compile(

@@ -75,8 +75,9 @@ def track_subject(query: str) -> str:
     return re.sub(r"^(the|a|an|some)\s+", "", query.strip().lower().strip("[]").strip())
 
 
-def _natural_key(name: str) -> tuple[str, int]:
-    m = re.match(r"^(.*?)\s*(\d+)$", name)
+def natural_key(name: str) -> tuple[str, int]:
+    """``drawer 10`` sorts after ``drawer 9``."""
+    m = re.match(r"^(.*?)\s*(\d+)$", name.strip())
     return (m.group(1), int(m.group(2))) if m else (name, 0)
 
 
@@ -134,7 +135,7 @@ class Belief:
         """Read the receptacle list of the first observation (reset)."""
         m = _SCENE_RE.search(observation)
         if m:
-            self.receptacles = sorted(set(_items(m.group(1))), key=_natural_key)
+            self.receptacles = sorted(set(_items(m.group(1))), key=natural_key)
 
     def update(self, action: str, observation: str) -> StepEvents:
         """Apply one environment step (the command and the engine's feedback)."""
@@ -272,12 +273,12 @@ class Belief:
         return e.value if e else None
 
     def contents(self, rec: str) -> list[str]:
-        return sorted((e.subject for e in self._edges.values() if e.relation == "in" and e.value == rec), key=_natural_key)
+        return sorted((e.subject for e in self._edges.values() if e.relation == "in" and e.value == rec), key=natural_key)
 
     def objects(self) -> list[str]:
         """Every object the belief knows (located, held, or with a state)."""
         names = {e.subject for e in self._edges.values() if e.relation in ("in", "state")} | set(self.holding)
-        return sorted(names, key=_natural_key)
+        return sorted(names, key=natural_key)
 
     def instances(self, obj_type: str) -> list[str]:
         return [o for o in self.objects() if type_of(o) == obj_type]
@@ -335,14 +336,14 @@ class Belief:
             if e.relation == "in":
                 by_rec.setdefault(e.value, []).append(e.subject)
         if by_rec:
-            lines.append("seen: " + "; ".join(f"{r}: {', '.join(sorted(v, key=_natural_key))}" for r, v in sorted(by_rec.items(), key=lambda kv: _natural_key(kv[0]))))
+            lines.append("seen: " + "; ".join(f"{r}: {', '.join(sorted(v, key=natural_key))}" for r, v in sorted(by_rec.items(), key=lambda kv: natural_key(kv[0]))))
         states = [f"{o} {'/'.join(self.states(o))}" for o in self.objects() if self.states(o) and o not in self.holding]
         if states:
             lines.append("states: " + ", ".join(states))
-        opened = sorted((e.subject for e in self._edges.values() if e.relation == "open" and e.value == "open"), key=_natural_key)
+        opened = sorted((e.subject for e in self._edges.values() if e.relation == "open" and e.value == "open"), key=natural_key)
         if opened:
             lines.append("open: " + ", ".join(opened))
-        empty = sorted((e.subject for e in self._edges.values() if e.relation == "search" and e.value == "empty"), key=_natural_key)
+        empty = sorted((e.subject for e in self._edges.values() if e.relation == "search" and e.value == "empty"), key=natural_key)
         if empty:
             lines.append("empty: " + ", ".join(empty))
         if self.receptacles:

@@ -20,9 +20,10 @@ by the steps a visit costs): a fixed prior, like the experience store's seeds.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+
+from evoharness.harness.bpe.belief import natural_key, type_of
 
 GENERIC_ORDER = (
     "diningtable", "desk", "tvstand", "dresser", "toilet", "countertop", "sidetable", "sofa", "coffeetable",
@@ -37,15 +38,9 @@ MANY_CLOSED = 5  # a recalled cabinet/drawer prior with this many instances lose
 _ALIAS = {"sink": "sinkbasin", "bathtub": "bathtubbasin", "lamp": "desklamp"}
 
 
-def natural_key(name: str) -> tuple[str, int]:
-    """``drawer 10`` sorts after ``drawer 9``."""
-    m = re.match(r"^(.*?)\s*(\d+)$", name.strip())
-    return (m.group(1), int(m.group(2))) if m else (name.strip(), 0)
-
-
 def receptacle_type(name: str) -> str:
     """``sinkbasin 1`` -> ``sinkbasin``; the experience store's short names (``sink``) -> ALFWorld's."""
-    t = re.sub(r"\s+\d+$", "", name.strip())
+    t = type_of(name)
     return _ALIAS.get(t, t)
 
 

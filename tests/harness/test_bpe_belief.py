@@ -93,7 +93,7 @@ def test_heat_walk_locations_open_states_holding_hot(games):
     world = w.belief.track("world")
     assert world.startswith("at: diningtable 1; holding: nothing")
     assert "states: apple 1 hot" in world and "empty: drawer 1" in world and "unsearched (" in world
-    assert "apple 1: in/on diningtable 1; hot" in w.belief.track("apple")  # by type
+    assert "apple 1: in/on diningtable 1, in view, placed by you; hot" in w.belief.track("apple")  # by type
     assert w.belief.track("the apples").startswith("apple 1:")
     assert "closed" in w.belief.track("fridge 1") and "contains" in w.belief.track("fridge 1")
     assert "not seen yet" in w.belief.track("kettle")
@@ -138,6 +138,38 @@ def test_move_wording_look_game_lamp_on(games):
     w.do("use desklamp 1")  # "You turn on the desklamp 1."
     assert w.belief.states("desklamp 1") == ["on"]
     assert w.last.won
+    w.env.close()
+
+
+def test_describe_marks_objects_at_hand_and_placed_by_the_agent(games):
+    """An object on the receptacle the agent stands at is "in view" also after an action whose
+    feedback lists nothing (a take), and stops being so when the agent leaves or the receptacle
+    is closed: the line a student reads to use the desklamp next to it. An object the agent put
+    somewhere says "placed by you" until it is picked up again (pick-two's first object)."""
+    w = Walk(games[LOOK_GAME])
+    lamp_at = w.where("desklamp 1")
+    w.do(f"go to {lamp_at}")
+    assert w.belief.describe("desklamp 1") == f"desklamp 1: in/on {lamp_at}, in view"
+    other = next(o for o, r in w.inreceptacle() if r == lamp_at and o != "desklamp 1")
+    w.do(f"take {other} from {lamp_at}")  # "You pick up the X from the desk 1.": lists no contents
+    assert w.belief.in_view == set() and w.belief.describe("desklamp 1").endswith(", in view")
+    drawer = next(r for o, r in w.inreceptacle() if r.startswith("drawer") and r != lamp_at)
+    w.do(f"go to {drawer}")
+    assert w.belief.describe("desklamp 1") == f"desklamp 1: in/on {lamp_at}"
+    w.do(f"open {drawer}")
+    inside = w.belief.contents(drawer)
+    assert inside and all(w.belief.describe(o).endswith(", in view") for o in inside)
+    w.do(f"put {other} in/on {drawer}")
+    assert w.belief.describe(other) == f"{other}: in/on {drawer}, in view, placed by you"
+    w.do(f"close {drawer}")
+    assert all(not w.belief.describe(o).endswith("in view") for o in inside)
+    assert w.belief.describe(other) == f"{other}: in/on {drawer}, placed by you"
+    w.do(f"open {drawer}")
+    w.do(f"take {other} from {drawer}")
+    assert w.belief.describe(other) == f"{other}: held by you"
+    w.do(f"go to {lamp_at}")
+    w.do(f"put {other} in/on {lamp_at}")
+    assert w.belief.describe(other) == f"{other}: in/on {lamp_at}, in view, placed by you"
     w.env.close()
 
 

@@ -172,3 +172,19 @@ def test_the_teacher_searches_in_the_order_the_harness_lists(played):
             assert turn.action.endswith(f" {first}"), (t.task_id, turn.action, listed)
             moves += 1
     assert moves > 20
+
+
+def test_the_teacher_tracks_the_lamp_also_when_it_stands_next_to_it(valid_seen):
+    """Bowl and desklamp both on desk 1: after taking the bowl and committing, the teacher still
+    does ``track desklamp``, and uses the lamp on the turn whose TRACK RESULT says it is in view,
+    the same two turns a student reads in every look game."""
+    task = next(g for g in valid_seen if g.task_id.startswith("look_at_obj_in_light-Bowl-None-DeskLamp-316/"))
+    [traj] = run_episodes([EpisodeSpec(task, f"{task.task_id}#0")], lambda t: make_env(t, engine=pick_engine(t)),
+                          lambda: make_harness(HarnessConfig()), Blindfolded(), max_steps=50)
+    assert traj.won
+    actions = [turn.action for turn in traj.turns]
+    use = actions.index("use desklamp 1")
+    assert actions[use - 1] == "track desklamp" and actions[use - 2].startswith("commit ")
+    take = max(i for i, a in enumerate(actions[:use]) if a.startswith("take bowl"))
+    assert all(a.split()[0] in META_VERBS for a in actions[take + 1:use])  # no step away from desk 1
+    assert "desklamp 1: in/on desk 1, in view" in parse_prompt(traj.turns[use].messages[-1]["content"]).track[1]

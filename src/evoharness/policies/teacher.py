@@ -39,7 +39,8 @@ Decision rules (the current subgoal decides which apply; rule 0, then event rule
    "There is an X here" (the harness module docstring), and lists every X
    seen so far and the unsearched receptacles. Pick-two tracks X from its
    first phase on, so its second search reads the same live view. Entering
-   "use desklamp" with no lamp at hand -> ``track desklamp``.
+   "use desklamp" -> ``track desklamp``, also with the lamp at hand: the
+   student then always reads the lamp's line ("in view" -> use it, else go).
 6. **Find X.** ``take X n from R`` admissible -> take it (in "find second X"
    never from a Y-type receptacle: that is the first one). At a receptacle the
    OBSERVATION calls closed -> open it. Else go to the first of TRACK
@@ -54,9 +55,10 @@ Decision rules (the current subgoal decides which apply; rule 0, then event rule
    admissible -> do it; else go to the appliance (first instance).
 8. **Place.** A put of an X into a Y-type receptacle admissible -> put it; at a
    closed target -> open it; else go to the first Y instance in natural order.
-9. **Look.** ``use desklamp n`` admissible -> use it; a lamp TRACK RESULT
-   located -> go there; else search (rule 6) TRACK RESULT's unsearched
-   receptacles (the harness lists the lamp's recalled types first).
+9. **Look.** After the track of rule 5: ``use desklamp n`` admissible -> use
+   it; a lamp TRACK RESULT located -> go there; else search (rule 6) TRACK
+   RESULT's unsearched receptacles (the harness lists the lamp's recalled
+   types first).
 
 Each completion is ``<think>reason</think><action>command</action>``; the
 reason names the rule that fired.
@@ -375,6 +377,8 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
     unseen = track is not None and "not seen yet" in track
     # the lamp had to be searched for: it was not seen when tracked, so its whereabouts were recalled
     searched = unseen or bool(v.recall and v.recall[0] == f"where: {lamp}")
+    if last_a.startswith("commit ") or track is None:
+        return f"track {lamp}", f"I hold the {o}; I check whether I have already seen a {lamp}."
     for c in v.admissible:
         if c.startswith(f"use {lamp} "):
             here = location(v)
@@ -384,8 +388,6 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
                 return (f"note {lamp} is sometimes found in/on {rtype}",
                         f"The {lamp} was in a {rtype}, which I did not recall; I note it for later episodes.")
             return c, f"I hold the {o} next to the {c[4:]}; I turn it on to look at the {o}."
-    if last_a.startswith("commit ") or track is None:
-        return f"track {lamp}", f"I hold the {o}; I check whether I have already seen a {lamp}."
     here = location(v)
     for ln in track.split("\n"):
         m = _LOCATED_RE.match(ln.strip())

@@ -18,6 +18,7 @@ relation   subject -> value    from
 ``search`` recep -> visited|searched|empty  arriving (visited), seeing its
                                contents (searched / empty)
 ``state``  object -> hot|cold|clean|on|off  heat / cool / clean / use, examine
+``placed`` object -> you       the agent's put / move; removed by its pickup
 =========  ==================  ===========================================
 
 Eviction rule (when more than 48 edges): drop the edge of lowest tier, and
@@ -27,8 +28,11 @@ objective's object, target, appliance, light) and all object states;
 1 receptacle edges (``open``, ``search``); 0 other objects' locations.
 The scene's receptacle list (from the first observation) is kept apart: it
 is static and not a relation. So is ``in_view``: the objects the latest
-environment observation lists, which `describe` (and so ``track``) marks
-"in view": the object is where the agent is looking now.
+environment observation lists. `describe` (and so ``track``) marks an object
+"in view" when it is in ``in_view`` or lies in/on the receptacle the agent is
+at (unless that receptacle is closed): it can be taken or used from here, also
+after an action whose feedback lists nothing ("You pick up the book 1 from the
+desk 1." leaves the desklamp on desk 1 in view).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ _GOTO_RE = re.compile(r"^go to (.+)$")
 
 _TRANSFORM_STATE = {"heat": "hot", "cool": "cold", "clean": "clean"}
 _EXCLUSIVE = {"hot": "cold", "cold": "hot", "on": "off", "off": "on"}
-_FUNCTIONAL = {"in", "at", "open", "search"}  # one value per subject
+_FUNCTIONAL = {"in", "at", "open", "search", "placed"}  # one value per subject
 
 
 def type_of(name: str) -> str:
@@ -167,12 +171,14 @@ class Belief:
         if m := _PICK_RE.search(obs):
             obj, rec = m.group(1), m.group(2) or self.location_of(m.group(1)) or ""
             self._drop(obj, "in")
+            self._drop(obj, "placed")
             self._set(AGENT, "holds", obj)
             ev.picked = (obj, rec)
         if m := _PUT_RE.search(obs):
             obj, rec = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
             self._drop(AGENT, "holds", obj)
             self._set(obj, "in", rec)
+            self._set(obj, "placed", "you")
             if self.search_status(rec) in (None, "visited", "empty"):
                 self._set(rec, "search", "searched")
             ev.placed = (obj, rec)
@@ -294,8 +300,11 @@ class Belief:
         parts = []
         if loc == AGENT:
             parts.append("held by you")
-        elif loc:
-            parts.append(f"in/on {loc}" + (", in view" if obj in self.in_view else ""))
+        elif loc:  # in view: listed by the latest observation, or on the (not closed) receptacle the agent is at
+            at_hand = obj in self.in_view or (loc == self.at and self.is_open(loc) is not False)
+            # "placed by you": a pick-two search must not take its first object back out of the target
+            placed = (obj, "placed") in self._edges
+            parts.append(f"in/on {loc}" + (", in view" if at_hand else "") + (", placed by you" if placed else ""))
         if st := self.states(obj):
             parts.append(", ".join(st))
         if obj in self.receptacles or self.search_status(obj) or self.is_open(obj) is not None:

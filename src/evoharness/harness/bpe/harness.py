@@ -15,9 +15,10 @@ where-to-find priors for the objective's object, retrieved once at reset),
 TRACK RESULT and RECALL RESULT (the latest of each, once there is one).
 
 TRACK RESULT is live: the latest track query answered from the belief as it
-is this turn (an object in the latest observation says "in view"), so a
-tracked goal object's line turns from "not seen yet" to "in/on R, in view"
-the step the agent sees it; the receptacles not searched yet follow,
+is this turn (an object in the latest observation, or on the open receptacle
+the agent is at, says "in view"; one the agent put somewhere, "placed by
+you"), so a tracked goal object's line turns from "not seen yet" to "in/on R,
+in view" the step the agent sees it; the receptacles not searched yet follow,
 likeliest first (`search.py`: the object's recalled receptacle types, then a
 fixed prior), so "where next" is the list's first entry and the search for a
 second one (pick-two) reads the same view. Reading that line is

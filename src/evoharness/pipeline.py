@@ -60,10 +60,10 @@ def _default_rl() -> RLConfig:
     51/60 (+2 / -2); the first recipe (T = 0.6, every game) 50/60 (+2 / -3). The experience
     store stays the teacher's: consolidating the student's own notes into it left every GRPO
     checkpoint below SFT on the development games (benchmarks/results/student/full_scale.md).
-    From the previous harness's SFT model (95% of valid_seen) no checkpoint beat SFT on the curve games and
-    the last one lost games on unbundled ones; from today's (97.9%) the chosen step 4 won +3 / -0
-    development games, level on valid_seen (benchmarks/results/main_job/report.md: not beyond
-    noise)."""
+    From the previous harness's SFT model (95% of valid_seen) no checkpoint beat SFT on the curve
+    games and the last one lost games on unbundled ones; from today's (97.9%) the chosen step 4
+    won +3 / -0 development games, level on valid_seen (benchmarks/results/main_job/report.md:
+    not beyond noise)."""
     rl = RLConfig(steps=16, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
                   task_types=list(TASK_TYPES), ckpt_every=4, keep_checkpoints=100, consolidate_experience=False)
     g = rl.grpo

@@ -3,6 +3,7 @@ the development set.
 
 Usage: python benchmarks/rl_levers.py --run runs/main [--out runs/rl_levers]
        [--results benchmarks/results/student/rl_levers] [--arms default screened gigpo] [--threads 2]
+       [--valid-seen] [--note TEXT]
 
 Every arm starts from ``--run``'s SFT model with the run's RL stage (`pipeline.rl_config`: T_max 30,
 the teacher's experience store), sets its steps and games per step (x 8 samples) and changes one
@@ -10,16 +11,20 @@ thing against ``screened`` (16 steps of 2 games):
 
 - ``default``: every training game, T = 0.6 (the main job's first RL recipe);
 - ``screened``: the games the SFT model lost among 160 screened training games, mixed 1:1 with
-  ones it won (`pipeline.screen_rl_games`), sampled at T = 1.0 (the main job's RL);
+  ones it won (`pipeline.screen_rl_games`), sampled at T = 1.0 (the main job's RL until T = 1.5);
 - ``gigpo``: ``screened`` with GiGPO's step-level advantages (`train.advantages`);
 - ``steps32``: ``screened`` for 32 steps (its first 16 are ``screened``'s: same seed and games);
 - ``games4``: ``screened`` with 4 games x 8 samples per step (twice the episodes per update);
 - ``screened_seed1``: ``screened`` with RL seed 1 instead of the run's (other samples, same games):
-  how much of an arm's gain is its draw.
+  how much of an arm's gain is its draw;
+- ``screened8``: ``screened`` for 8 steps (the main job's RL budget); ``t15_8``: it at T = 1.5
+  (more exploration from a near-deterministic SFT policy: the main job's RL today); ``lr3e4_8``:
+  it at lr 3e-4 (1e-4).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
-sign test. Selection happens on these games, never on valid_seen. An arm whose ``rl/final`` (or
+sign test. ``--valid-seen`` also plays the run's eval split (paired against ``eval/sft``): reported,
+never chosen on. Selection happens on these games, never on valid_seen. An arm whose ``rl/final`` (or
 evaluation) exists under ``--out`` is not redone. Writes ``<results>.md`` and ``<results>.json``.
 """
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +45,10 @@ ARMS = {
     "steps32": {**_SCREENED, "steps": 32},
     "games4": {**_SCREENED, "games_per_step": 4},
     "screened_seed1": {**_SCREENED, "seed": 1},
+    # the main job's RL budget today (8 steps): the same RL time, one setting changed
+    "screened8": {**_SCREENED, "steps": 8},
+    "t15_8": {**_SCREENED, "steps": 8, "temperature": 1.5},
+    "lr3e4_8": {**_SCREENED, "steps": 8, "lr": 3e-4},
 }
 
 
@@ -49,6 +59,7 @@ def main() -> None:
     ap.add_argument("--results", default="benchmarks/results/student/rl_levers")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--valid-seen", action="store_true", help="also evaluate each arm on the run's eval split")
     ap.add_argument("--note", default="", help="a line for the report (how the arms ran: alone, side by side)")
     args = ap.parse_args()
 
@@ -64,7 +75,12 @@ def main() -> None:
     run, out = Path(args.run), Path(args.out)
     cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())
     dev_ids = [t.task_id for t in dev_split(cfg)[1]]
-    sft_dev = {e["task_id"]: e["won"] for e in read_jsonl(run / "eval" / "dev_sft" / "episodes.jsonl")}
+
+    def sft_won(name: str) -> dict[str, bool]:
+        return {e["task_id"]: e["won"] for e in read_jsonl(run / "eval" / name / "episodes.jsonl")}
+
+    sft_dev = sft_won("dev_sft")
+    panels = [("dev", dev_ids, sft_dev)] + ([(cfg.eval_split, None, sft_won("sft"))] if args.valid_seen else [])
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = []
     for name in args.arms:
@@ -74,7 +90,7 @@ def main() -> None:
         rl.out_dir, rl.threads = str(d / "rl"), args.threads
         rl.grpo.temperature, rl.grpo.advantage.estimator = arm["temperature"], arm["estimator"]
         rl.steps, rl.grpo.prompts_per_step = arm["steps"], arm["games_per_step"]
-        rl.seed = arm.get("seed", cfg.seed)
+        rl.seed, rl.grpo.lr = arm.get("seed", cfg.seed), arm.get("lr", rl.grpo.lr)
         if arm["screen"]:
             screened = out / f"screen{arm['screen']}.json"
             if not screened.exists():
@@ -85,27 +101,32 @@ def main() -> None:
             t = time.perf_counter()
             train_rl(rl)
             (d / "rl_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}")
-        ev = d / "eval" / "dev_final"
-        if not (ev / "summary.json").exists():
-            evaluate(eval_config(cfg, d, "dev_final", model_policy(cfg, final), final / "experience.json", dev_ids))
-        won = {e["task_id"]: e["won"] for e in read_jsonl(ev / "episodes.jsonl")}
-        wins = sum(won[g] and not sft_dev[g] for g in dev_ids)
-        losses = sum(sft_dev[g] and not won[g] for g in dev_ids)
-        seconds = (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"
-        rows.append({"arm": name, "seed": rl.seed, **arm, "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
-                     "rl_seconds": seconds, "dev": sum(won.values()), "n": len(dev_ids),
-                     "wins": wins, "losses": losses, "p": round(sign_test(wins, losses), 3)})
+        row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, **arm,
+               "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
+               "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"}
+        for panel, games, base in panels:
+            ev = d / "eval" / f"{panel}_final"
+            if not (ev / "summary.json").exists():
+                evaluate(eval_config(cfg, d, ev.name, model_policy(cfg, final), final / "experience.json", games))
+            won = {e["task_id"]: e["won"] for e in read_jsonl(ev / "episodes.jsonl")}
+            wins, losses = sum(won[g] and not base[g] for g in base), sum(base[g] and not won[g] for g in base)
+            row[panel] = {"won": sum(won.values()), "n": len(won), "wins": wins, "losses": losses,
+                          "p": round(sign_test(wins, losses), 3)}
+        rows.append(row)
+    names = [p for p, _, _ in panels]
     lines = [
         "# GRPO levers (one main job's SFT model, seed 0)", "",
-        f"`python benchmarks/rl_levers.py --run {args.run}`; SFT on the {len(dev_ids)} development games: "
-        f"{sum(sft_dev[g] for g in dev_ids)}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x 8 "
+        f"`python benchmarks/rl_levers.py {' '.join(sys.argv[1:])}`; SFT on the {len(dev_ids)} development games: "
+        f"{sum(sft_dev.values())}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x 8 "
         "samples, T_max 30, then its final model on the development games (greedy, cap 50). wins / losses: games only "
         "the arm / only SFT won; p: exact two-sided sign test.", "",
-        "| arm | RL games | steps | games/step | T | advantage | RL seed | RL s | dev | wins | losses | p |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['temperature']} | "
+        "| arm | RL games | steps | games/step | T | lr | advantage | RL seed | RL s | "
+        + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
+        "|---" * (9 + 4 * len(names)) + "|",
+    ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['temperature']} | {r['lr']:g} | "
          f"{r['estimator']} | {r['seed']} | {r['rl_seconds']} | "
-         f"{r['dev']}/{r['n']} | {r['wins']} | {r['losses']} | {r['p']} |" for r in rows] + [
+         + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
+         + " |" for r in rows] + [
         "", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
         "at the given threads (arms may have run side by side: compare them only within one run).",
     ] + ([args.note] if args.note else [])

@@ -51,22 +51,23 @@ def _default_sft() -> SFTConfig:
 def _default_rl() -> RLConfig:
     """configs/rl_cpu.toml's settings (2 updates per batch) on every task type, at 2 games x 8
     samples per step, sampled at T = 1.5 on the screened games (`RunConfig.rl_screen_games`); 8
-    steps (~25-45 s each on a quiet machine); the main job keeps the checkpoint best on the
+    steps (~60 s each on the slower 2-core box); the main job keeps the checkpoint best on the
     development set (`select_rl_checkpoint`). The SFT policy is near-deterministic (entropy ~0.01
     nats/token): at T = 0.6 on every game most groups had no success spread. Measured from the SFT
     model of the harness before TRACK RESULT listed receptacles likeliest first (seed 0) on the
     full development set against its 51/60 (benchmarks/results/student/rl_levers.md): this
-    recipe at 16 steps 54/60 (+4 / -1 games), with RL seed 1 50/60 (+3 / -4), so within the spread
+    recipe at T = 1.0 and 16 steps 54/60 (+4 / -1 games), with RL seed 1 50/60 (+3 / -4), so within the spread
     of RL draws; GiGPO 53/60 (+2 / -0); 4 games per step 55/60 (+4 / -0) at twice the RL time, and
     as the main job's RL stage its chosen checkpoint (step 4) 54/60; 32 steps 51/60 (+2 / -2); the
     first recipe (T = 0.6, every game) 50/60 (+2 / -3). The experience store stays the teacher's:
     consolidating the student's own notes into it left every GRPO checkpoint below SFT on the
     development games (benchmarks/results/student/full_scale.md). The checkpoints chosen in the
-    last main jobs were steps 4 and 8, so 8 steps keep the 45-minute budget (16 cost 549 s). From
+    last main jobs were steps 4 and 8, so 8 steps, for the 45-minute budget (16 at T = 1.0 cost
+    549 s, 8 at T = 1.5 479 s). From
     the 2000-step SFT model (54/60 dev, 129/140 valid_seen; benchmarks/results/student/rl_levers8.md),
     8 steps at T = 1.0 gave 55/60 dev (+1 / -0) and 129/140 (+3 / -3); at T = 1.5 56/60 (+2 / -0)
-    and 133/140 (+4 / -0): at T = 1.0 the SFT policy's entropy was 0.01-0.05 nats/token and half
-    the groups had no reward spread; lr 3e-4 instead of 1e-4 fell to 46/60 (+2 / -10)."""
+    and 133/140 (+4 / -0) (its samples carried 0.01-0.05 nats/token at T = 1.0, 0.33-0.72 at 1.5);
+    lr 3e-4 instead of 1e-4 fell to 46/60 (+2 / -10)."""
     rl = RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
                   task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False)
     g = rl.grpo

@@ -39,9 +39,10 @@ def _default_sft() -> SFTConfig:
     # small batches, many steps (benchmarks/results/student/levers.md: at equal tokens 4K-token batches
     # beat 16K ones on the dev set); the prompt tokens trained too, at weight 2 (levers.md: the largest
     # lever measured); no packing: a 4K batch holds ~6 distinct states, and the tree mask cost more than
-    # the shared system prompt saved; the step budget, not the clock, ends the stage. 2000 steps fit the
-    # 45-minute job on the slower 2-core box (~0.7 s/step: 23 min; main_job/report.md, 43.3 min in all):
-    # 129/140 valid_seen and 54/60 dev, where 4000 steps (73.3 min) gave 137/140 and the same 54/60.
+    # the shared system prompt saved; the step budget, not the clock, ends the stage. 2000 steps for the
+    # 45-minute job on the slower 2-core box (0.70-0.77 s/step: 23-26 min; the job 43.3 and 47.8 min in
+    # all, benchmarks/results/main_job/machine.txt): 129/140 valid_seen and 54/60 dev, where 4000 steps
+    # (73.3 min) gave 137/140 and the same 54/60.
     # On the 540 bundled train games 4000 steps beat 5000 (57.9% vs 49.3% valid_seen) and all 3,493
     # ALFWorld train games at 4000 steps (33.6%): student/full_scale.md
     return SFTConfig(lr=2e-3, max_steps=2000, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,

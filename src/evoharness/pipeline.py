@@ -57,18 +57,18 @@ def _default_rl() -> RLConfig:
     nats/token): at T = 0.6 on every game most groups had no success spread. Measured from the SFT
     model of the harness before TRACK RESULT listed receptacles likeliest first (seed 0) on the
     full development set against its 51/60 (benchmarks/results/student/rl_levers.md): this
-    recipe at T = 1.0 and 16 steps 54/60 (+4 / -1 games), with RL seed 1 50/60 (+3 / -4), so within the spread
-    of RL draws; GiGPO 53/60 (+2 / -0); 4 games per step 55/60 (+4 / -0) at twice the RL time, and
-    as the main job's RL stage its chosen checkpoint (step 4) 54/60; 32 steps 51/60 (+2 / -2); the
-    first recipe (T = 0.6, every game) 50/60 (+2 / -3). The experience store stays the teacher's:
-    consolidating the student's own notes into it left every GRPO checkpoint below SFT on the
-    development games (benchmarks/results/student/full_scale.md). The checkpoints chosen in the
-    last main jobs were steps 4 and 8, so 8 steps, for the 45-minute budget (16 at T = 1.0 cost
-    549 s, 8 at T = 1.5 479 s). From
-    the 2000-step SFT model (54/60 dev, 129/140 valid_seen; benchmarks/results/student/rl_levers8.md),
-    8 steps at T = 1.0 gave 55/60 dev (+1 / -0) and 129/140 (+3 / -3); at T = 1.5 56/60 (+2 / -0)
-    and 133/140 (+4 / -0) (its samples carried 0.01-0.05 nats/token at T = 1.0, 0.33-0.72 at 1.5);
-    lr 3e-4 instead of 1e-4 fell to 46/60 (+2 / -10)."""
+    recipe at T = 1.0 and 16 steps 54/60 (+4 / -1 games), with RL seed 1 50/60 (+3 / -4), so
+    within the spread of RL draws; GiGPO 53/60 (+2 / -0); 4 games per step 55/60 (+4 / -0) at twice
+    the RL time, and as the main job's RL stage its chosen checkpoint (step 4) 54/60; 32 steps
+    51/60 (+2 / -2); the first recipe (T = 0.6, every game) 50/60 (+2 / -3). The experience store
+    stays the teacher's: consolidating the student's own notes into it left every GRPO checkpoint
+    below SFT on the development games (benchmarks/results/student/full_scale.md). The checkpoints
+    chosen in the last main jobs were steps 4 and 8, so 8 steps, for the 45-minute budget (16 at
+    T = 1.0 cost 549 s, 8 at T = 1.5 479 s). From the 2000-step SFT model (54/60 dev, 129/140
+    valid_seen; benchmarks/results/student/rl_levers8.md), 8 steps at T = 1.0 gave 55/60 dev
+    (+1 / -0) and 129/140 (+3 / -3); at T = 1.5 56/60 (+2 / -0) and 133/140 (+4 / -0) (its samples
+    carried 0.01-0.05 nats/token at T = 1.0, 0.33-0.72 at 1.5); lr 3e-4 instead of 1e-4 fell to
+    46/60 (+2 / -10)."""
     rl = RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
                   task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False)
     g = rl.grpo
@@ -85,9 +85,9 @@ RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_bat
 
 class RunConfig(Strict):
     """The whole pipeline. Defaults: the embedded CPU default (bundled games, a
-    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 43.3 min on the
-    slower 2-core box of benchmarks/results/main_job/ (an earlier box ran SFT steps 2.4x faster,
-    benchmarks/results/student/full_scale.md)."""
+    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 43.3 and 47.8
+    min in two runs an hour apart on the slower 2-core box of benchmarks/results/main_job/ (an
+    earlier box ran SFT steps 2.4x faster, benchmarks/results/student/full_scale.md)."""
 
     out_dir: str = "runs/main"
     seed: int = 0

@@ -19,7 +19,7 @@ thing against ``screened`` (16 steps of 2 games):
   how much of an arm's gain is its draw;
 - ``screened8``: ``screened`` for 8 steps (the main job's RL budget); ``t15_8``: it at T = 1.5
   (more exploration from a near-deterministic SFT policy: the main job's RL today); ``lr3e4_8``:
-  it at lr 3e-4 (1e-4).
+  it at lr 3e-4 (1e-4); ``t15_8_seed1``: ``t15_8`` with RL seed 1; ``t15_lr2e4_8``: ``t15_8`` at lr 2e-4.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -49,6 +49,8 @@ ARMS = {
     "screened8": {**_SCREENED, "steps": 8},
     "t15_8": {**_SCREENED, "steps": 8, "temperature": 1.5},
     "lr3e4_8": {**_SCREENED, "steps": 8, "lr": 3e-4},
+    "t15_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "seed": 1},
+    "t15_lr2e4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 2e-4},
 }
 
 
@@ -65,7 +67,7 @@ def main() -> None:
 
     import torch
 
-    from evoharness.eval.evaluate import evaluate
+    from evoharness.eval.evaluate import evaluate_many
     from evoharness.eval.run_report import sign_test
     from evoharness.jsonl import read_jsonl
     from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy, rl_config, screen_rl_games
@@ -104,10 +106,11 @@ def main() -> None:
         row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, **arm,
                "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
                "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"}
+        todo = [eval_config(cfg, d, f"{panel}_final", model_policy(cfg, final), final / "experience.json", games)
+                for panel, games, _ in panels if not (d / "eval" / f"{panel}_final" / "summary.json").exists()]
+        evaluate_many(todo)  # the panels in one pool of lock-step batches
         for panel, games, base in panels:
             ev = d / "eval" / f"{panel}_final"
-            if not (ev / "summary.json").exists():
-                evaluate(eval_config(cfg, d, ev.name, model_policy(cfg, final), final / "experience.json", games))
             won = {e["task_id"]: e["won"] for e in read_jsonl(ev / "episodes.jsonl")}
             wins, losses = sum(won[g] and not base[g] for g in base), sum(base[g] and not won[g] for g in base)
             row[panel] = {"won": sum(won.values()), "n": len(won), "wins": wins, "losses": losses,

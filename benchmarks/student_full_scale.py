@@ -127,11 +127,14 @@ def build_pack200(root: Path) -> None:
 
 
 def episodes(d: Path, system: str, panel: str) -> list[dict]:
-    """A run's episodes: `system` 'sft' or 'sft_grpo' (the SFT evaluation when the job kept the
-    SFT model), `panel` 'vs' or 'dev'."""
+    """A run's episodes: `system` 'sft' or 'sft_grpo' (the evaluation the job's ``systems.json``
+    names: the SFT one when the job kept the SFT model), `panel` 'vs' or 'dev'."""
+    systems = d / "systems.json"
+    if systems.is_file():
+        system = json.loads(systems.read_text()).get(system, "sft")
+    elif not (d / "eval" / system / "episodes.jsonl").is_file():  # a job from before systems.json
+        system = "sft"
     name = ("dev_" if panel == "dev" else "") + system
-    if not (d / "eval" / name / "episodes.jsonl").is_file():
-        name = ("dev_" if panel == "dev" else "") + "sft"
     return read_jsonl(d / "eval" / name / "episodes.jsonl")
 
 

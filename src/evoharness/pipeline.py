@@ -1,4 +1,4 @@
-"""The main job: teacher traces -> tokenizer + model -> SFT (-> DAgger rounds) -> GRPO -> learning curve -> evaluations -> report.
+"""The main job: teacher traces -> tokenizer + model -> SFT (-> DAgger rounds) -> GRPO -> evaluations + learning curve -> report.
 
 Each stage writes its outputs under ``out_dir`` and a ``.done`` marker; a rerun
 skips finished stages and resumes a stage that was interrupted (trace
@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 
 from evoharness.config import Strict
 from evoharness.envs.alfworld.games import TASK_TYPES
-from evoharness.eval.evaluate import EnvConfig, EvalConfig, evaluate
+from evoharness.eval.evaluate import EnvConfig, EvalConfig, evaluate, evaluate_many
 from evoharness.harness.factory import HarnessConfig
 from evoharness.jsonl import read_jsonl
 from evoharness.policies.factory import PolicyConfig
@@ -130,7 +130,7 @@ class RunConfig(Strict):
     eval_split: str = "valid_seen"
     eval_limit: int | None = None  # N eval_split games, round-robin across task types (smoke runs); None: all
     dev_eval_limit: int | None = None  # first N development games for the dev evaluations (None: all)
-    eval_batch: int = 70
+    eval_batch: int = 100  # episodes per lock-step batch: valid_seen + dev (200) in one batch per worker
     eval_workers: int = 2  # evaluation processes (1 thread each): both cores of a quiet machine
     constrained: bool = True
     sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)
@@ -410,12 +410,15 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
             rl_cfg.games = json.loads((out / "rl_games.json").read_text())["games"]
         train_rl(rl_cfg)
 
-    def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience,
-                        games: list[str] | None = None) -> Callable[[], None]:
-        def run() -> None:
-            s = evaluate(eval_config(cfg, out, name, policy, store, games))
-            log(f"  {name}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
-                f" ({s['overall'].get('stopped_early', 0)} stopped early)")
+    dev_games = dev_ids[: cfg.dev_eval_limit]
+
+    def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience) -> Callable[[], None]:
+        def run() -> None:  # both panels in one pool of lock-step batches (`evaluate_many`)
+            for s, panel in zip(evaluate_many([eval_config(cfg, out, name, policy, store),
+                                               eval_config(cfg, out, f"dev_{name}", policy, store, dev_games)]),
+                                (cfg.eval_split, "dev")):
+                log(f"  {name} {panel}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
+                    f" ({s['overall'].get('stopped_early', 0)} stopped early)")
         return run
 
     stage("collect", collect)
@@ -430,35 +433,49 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         if cfg.rl_screen_games:
             stage("rl_screen", rl_screen)
         stage("rl", rl)
-    curve = learning_curve(cfg, out, stage, dev_ids[: cfg.curve_games], log) if cfg.curve_games else None
-    grpo_model, grpo_store = rl_dir / "final", rl_dir / "final" / "experience.json"
-    if curve and cfg.select_rl_checkpoint and not cfg.skip_rl:
+    stage("eval_random", evaluate_system("random", PolicyConfig(kind="random", seed=cfg.seed)))
+    stage("eval_scripted_teacher", evaluate_system("scripted_teacher", cfg.teacher))
+    if cfg.dagger_rounds and cfg.eval_teacher_only_sft:
+        stage("eval_sft_teacher_only", evaluate_system("sft_teacher_only", model_policy(cfg, sfts[0] / "final")))
+    stage("eval_sft", evaluate_system("sft", model_policy(cfg, sft_final)))
+    # The checkpoints the final models are (the SFT stage's last, RL's last) get their curve points
+    # from these full development-set evaluations instead of playing the curve games again.
+    reuse = {}
+    last_sft = _last_checkpoint(sfts[-1])
+    if last_sft is not None and _last_step(sfts[-1]) == int(last_sft.name.split("_")[1]):
+        reuse[last_sft] = out / "eval" / "dev_sft"  # the final model is this checkpoint's weights
+    select = bool(cfg.curve_games and cfg.select_rl_checkpoint and not cfg.skip_rl)
+    last_rl = _last_checkpoint(rl_dir) if select else None
+    if last_rl is not None:  # the usual choice: evaluated before the choice, both panels at once
+        stage("eval_rl_last", evaluate_system("rl_last", model_policy(cfg, last_rl), last_rl / "experience.json"))
+        reuse[last_rl] = out / "eval" / "dev_rl_last"
+    curve = learning_curve(cfg, out, stage, dev_ids[: cfg.curve_games], log, reuse) if cfg.curve_games else None
+    grpo_eval = "sft_grpo"  # the eval directory of the system reported as SFT + GRPO
+    if select and curve:
         best = max((p for p in curve["points"] if p["stage"] in ("rl", "sft_final")), key=lambda p: (p["success"], -p["minutes"]))
         curve["rl_selected"] = best
-        grpo_model = Path(best["path"])
-        grpo_store = grpo_model / "experience.json" if best["stage"] == "rl" else experience
         (out / "curve.json").write_text(json.dumps(curve, indent=1))
-    systems: dict[str, tuple[PolicyConfig, Path]] = {  # display order; each model row is compared with the one above
-        "random": (PolicyConfig(kind="random", seed=cfg.seed), experience),
-        "scripted_teacher": (cfg.teacher, experience),
-    }
+        if best["stage"] == "sft_final":  # no RL checkpoint beat the SFT model: SFT + GRPO *is* the SFT model
+            grpo_eval = "sft"
+        elif last_rl is not None and Path(best["path"]) == last_rl:
+            grpo_eval = "rl_last"
+        else:
+            ck = Path(best["path"])
+            stage("eval_sft_grpo", evaluate_system("sft_grpo", model_policy(cfg, ck), ck / "experience.json"))
+    elif not cfg.skip_rl and (rl_dir / "final").exists():
+        stage("eval_sft_grpo", evaluate_system("sft_grpo", model_policy(cfg, rl_dir / "final"),
+                                               rl_dir / "final" / "experience.json"))
+    evals = {"random": "random", "scripted_teacher": "scripted_teacher"}  # display order; each model row is compared with the one above
     if cfg.dagger_rounds and cfg.eval_teacher_only_sft:
-        systems["sft_teacher_only"] = (model_policy(cfg, sfts[0] / "final"), experience)
-    systems["sft"] = (model_policy(cfg, sft_final), experience)
-    # when no RL checkpoint beat the SFT model on the dev games, SFT + GRPO *is* the SFT model: its rows reuse
-    # the SFT evaluations instead of playing the same weights again
-    rl_is_sft = bool(curve and curve.get("rl_selected", {}).get("stage") == "sft_final")
-    if not cfg.skip_rl and (rl_dir / "final").exists():
-        systems["sft_grpo"] = (model_policy(cfg, grpo_model), grpo_store)
-    for name, (pol, store) in systems.items():
-        if name == "sft_grpo" and rl_is_sft:
-            continue
-        stage(f"eval_{name}", evaluate_system(name, pol, store))
-        stage(f"eval_dev_{name}", evaluate_system(f"dev_{name}", pol, store, dev_ids[: cfg.dev_eval_limit]))
+        evals["sft_teacher_only"] = "sft_teacher_only"
+    evals["sft"] = "sft"
+    if not cfg.skip_rl and (out / "eval" / grpo_eval / "summary.json").exists():
+        evals["sft_grpo"] = grpo_eval
+    # which evaluation each reported system is (eval/<dir> valid_seen, eval/dev_<dir> development set)
+    (out / "systems.json").write_text(json.dumps(evals, indent=1))
     labels = {"random": "random", "scripted_teacher": "scripted teacher (non-privileged)",
               "sft_teacher_only": "SFT on teacher traces only", "sft": "SFT" + (" + DAgger" if cfg.dagger_rounds else ""),
               "sft_grpo": "SFT" + (" + DAgger" if cfg.dagger_rounds else "") + " + GRPO"}
-    evals = {n: ("sft" if n == "sft_grpo" and rl_is_sft else n) for n in systems}
     summaries = {labels[n]: out / "eval" / e for n, e in evals.items()}
     dev = {labels[n]: out / "eval" / f"dev_{e}" for n, e in evals.items()}
     rl_note = ""
@@ -488,15 +505,19 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
                             None if cfg.skip_rl else rl_dir / "metrics.jsonl", notes, stage.times(), curve)
 
 
-def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], log: Callable[[str], None]) -> dict:
+def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], log: Callable[[str], None],
+                   reuse: dict[Path, Path] | None = None) -> dict:
     """Dev success of every saved checkpoint against cumulative training minutes.
 
     Each SFT/DAgger checkpoint (``checkpoints/step_N``) and each RL checkpoint plays
     `games` (development games, greedy, early stopping); minutes are the stages'
-    training wall time up to that step (DAgger rollouts included). Written to
-    ``curve.json``: ``{"games", "game_ids", "points": [{"stage", "step", "minutes", "success", "path"}]}``.
+    training wall time up to that step (DAgger rollouts included). A checkpoint in `reuse`
+    (checkpoint -> an evaluation directory of its weights on a development set holding every
+    one of `games`) takes its point from that evaluation's episodes on `games` instead.
+    Written to ``curve.json``: ``{"games", "game_ids", "points": [{"stage", "step", "minutes",
+    "success", "path"}]}``.
     """
-    points, offset = [], 0.0
+    points, offset, reuse = [], 0.0, reuse or {}
     small = cfg.model_copy(update={"eval_workers": 1})  # a few games: worker start-up would cost more than play
     stages = [(d.name, d) for d in sft_dirs(cfg, out)]
     if not cfg.skip_rl:
@@ -504,22 +525,18 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
     for name, d in stages:
         if name.startswith("sft_dagger"):
             offset += float((out / f".dagger{name[len('sft_dagger'):]}.done").read_text() or 0) / 60
-        elapsed, cum = {}, 0.0  # step -> training seconds (SFT logs elapsed_s, RL per-step timing_s/step)
-        for rec in read_jsonl(d / "metrics.jsonl"):
-            if "step" in rec and "elapsed_s" in rec:
-                elapsed[rec["step"]] = rec["elapsed_s"]
-            elif "step" in rec and "timing_s/step" in rec:
-                cum += rec["timing_s/step"]
-                elapsed[rec["step"]] = cum
+        elapsed = _elapsed(d)
         for ck in sorted((d / "checkpoints").glob("step_*")):
             step = int(ck.name.split("_")[1])
-            store = ck / "experience.json" if name == "rl" else out / "experience.json"
-            ename = f"curve/{name}_{step:05d}"
-            stage(f"curve_{name}_{step}", lambda ck=ck, store=store, ename=ename: evaluate(
-                eval_config(small, out, ename, model_policy(cfg, ck), store, games), progress=False))
-            s = json.loads((out / "eval" / ename / "summary.json").read_text())["overall"]
+            won = _won_on(reuse[ck], games) if ck in reuse else None
+            if won is None:
+                store = ck / "experience.json" if name == "rl" else out / "experience.json"
+                ename = f"curve/{name}_{step:05d}"
+                stage(f"curve_{name}_{step}", lambda ck=ck, store=store, ename=ename: evaluate(
+                    eval_config(small, out, ename, model_policy(cfg, ck), store, games), progress=False))
+                won = _won_on(out / "eval" / ename, games)
             points.append({"stage": name, "step": step, "minutes": round(offset + elapsed.get(step, 0) / 60, 2),
-                           "success": s["success"], "path": str(ck)})
+                           "success": round(100 * sum(won) / max(1, len(won)), 1), "path": str(ck)})
         offset += max(elapsed.values(), default=0) / 60
         if name == sft_dirs(cfg, out)[-1].name:
             last = max((p for p in points if p["stage"] == name), key=lambda p: p["step"], default=None)
@@ -529,6 +546,34 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
     (out / "curve.json").write_text(json.dumps(curve, indent=1))
     log("  learning curve: " + ", ".join(f"{p['stage']}@{p['step']}={p['success']:.0f}%" for p in points))
     return curve
+
+
+def _elapsed(stage_dir: Path) -> dict[int, float]:
+    """step -> training seconds of a stage (SFT logs elapsed_s, RL per-step timing_s/step)."""
+    elapsed, cum = {}, 0.0
+    for rec in read_jsonl(stage_dir / "metrics.jsonl"):
+        if "step" in rec and "elapsed_s" in rec:
+            elapsed[rec["step"]] = rec["elapsed_s"]
+        elif "step" in rec and "timing_s/step" in rec:
+            cum += rec["timing_s/step"]
+            elapsed[rec["step"]] = cum
+    return elapsed
+
+
+def _last_step(stage_dir: Path) -> int:
+    """The last optimizer step a training stage logged (0: none)."""
+    return max(_elapsed(stage_dir), default=0)
+
+
+def _last_checkpoint(stage_dir: Path) -> Path | None:
+    cks = sorted((stage_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return cks[-1] if cks else None
+
+
+def _won_on(eval_dir: Path, games: list[str]) -> list[bool] | None:
+    """Won / lost per game of `games` in an evaluation's episodes; None when one is missing."""
+    won = {e["task_id"]: e["won"] for e in read_jsonl(eval_dir / "episodes.jsonl")}
+    return [won[g] for g in games] if all(g in won for g in games) else None
 
 
 def _fields(fields: dict) -> str:

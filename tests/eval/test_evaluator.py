@@ -4,7 +4,9 @@ import json
 import subprocess
 import sys
 
-from evoharness.eval.evaluate import EvalConfig, evaluate
+import pytest
+
+from evoharness.eval.evaluate import EvalConfig, chunk_sizes, evaluate, evaluate_many
 from evoharness.eval.panel import build_episodes
 from evoharness.jsonl import read_jsonl
 
@@ -32,6 +34,37 @@ def test_same_results_with_one_and_two_workers(tmp_path):
     for f in ("report.md", "summary.json", "success.png"):
         assert (tmp_path / "w2" / f).stat().st_size > 0
     assert "| **all** | 4 |" in (tmp_path / "w2" / "report.md").read_text()
+
+
+def test_panels_played_together_give_what_each_gives_alone(tmp_path):
+    """One system on valid_seen and on training games in one pool of mixed lock-step batches
+    (the main job's valid_seen + development evaluation): each panel's episodes and summary are
+    those of its own evaluation, in its own directory."""
+    from evoharness.envs.alfworld.games import discover_games
+
+    train = dict(split="train", limit=None, games=[t.task_id for t in discover_games("train", None)][:2])
+    alone = [evaluate(_cfg(tmp_path, "vs", limit=3), progress=False),
+             evaluate(_cfg(tmp_path, "tr", **train), progress=False)]
+    both = evaluate_many([_cfg(tmp_path, "vs2", limit=3, workers=2, batch_size=4),
+                          _cfg(tmp_path, "tr2", workers=2, batch_size=4, **train)], progress=False)
+    assert _per_game(tmp_path / "vs2") == _per_game(tmp_path / "vs") and len(_per_game(tmp_path / "vs")) == 3
+    assert _per_game(tmp_path / "tr2") == _per_game(tmp_path / "tr") and len(_per_game(tmp_path / "tr")) == 2
+    assert [s["overall"] for s in both] == [s["overall"] for s in alone]
+    assert both[1]["split"] == "train" and "| **all** | 2 |" in (tmp_path / "tr2" / "report.md").read_text()
+    with pytest.raises(ValueError, match="share the system"):
+        evaluate_many([_cfg(tmp_path, "a"), _cfg(tmp_path, "b", policy={"kind": "expert"})])
+    with pytest.raises(ValueError, match="episode id occurs in two"):
+        evaluate_many([_cfg(tmp_path, "c", limit=1), _cfg(tmp_path, "d", limit=1)])
+
+
+def test_chunks_keep_every_worker_busy():
+    assert chunk_sizes(140, 2, 70) == [70, 70]
+    assert chunk_sizes(60, 2, 70) == [30, 30]  # not one chunk of 60 and an idle worker
+    assert chunk_sizes(160, 2, 70) == [40, 40, 40, 40]
+    assert chunk_sizes(5, 1, 2) == [2, 2, 1] and chunk_sizes(1, 4, 8) == [1] and chunk_sizes(0, 2, 8) == []
+    for n, w, b in [(200, 2, 100), (7, 3, 2), (999, 2, 70)]:
+        sizes = chunk_sizes(n, w, b)
+        assert sum(sizes) == n and max(sizes) <= b and max(sizes) - min(sizes) <= 1 and len(sizes) % w == 0
 
 
 def test_resume_skips_finished_episodes(tmp_path):

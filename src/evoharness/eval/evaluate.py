@@ -149,8 +149,14 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
         RuntimeError: a worker process died (the episodes finished before it are kept).
         Any error a worker raised (e.g. FileNotFoundError for a missing model directory).
     """
-    from evoharness.eval.report import summarize, write_report
+    return evaluate_many([cfg], progress)[0]
 
+
+# what may differ between the evaluations `evaluate_many` plays together: which games, where they go
+_PER_PANEL = {"split", "protocol", "limit", "games", "task_types", "out_dir", "seed", "max_steps"}
+
+
+def _panel_specs(cfg: EvalConfig) -> list[EpisodeSpec]:
     tasks = discover_games(cfg.split, cfg.env.data_path, tuple(cfg.task_types))
     if cfg.games is not None:
         wanted = set(cfg.games)
@@ -158,59 +164,112 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
         if len(tasks) != len(wanted):
             raise ValueError(f"{len(wanted) - len(tasks)} of the {len(wanted)} requested games are not in split {cfg.split!r}")
     specs = build_episodes(tasks, cfg.protocol, cfg.seed)
-    if cfg.limit:
-        specs = specs[: cfg.limit]
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.resume:
-        check_resumable(out, cfg)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    jsonl = out / "episodes.jsonl"
-    have = {d["episode_id"]: d for d in read_jsonl(jsonl)} if cfg.resume else {}
-    if not cfg.resume and jsonl.exists():
-        jsonl.unlink()
-    todo = [s for s in specs if s.episode_id not in have]
-    chunks = [todo[i: i + cfg.batch_size] for i in range(0, len(todo), cfg.batch_size)]
-    t0 = time.perf_counter()
-    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc=f"eval {cfg.split}", unit="ep",
-               disable=not progress, dynamic_ncols=True)
-    with open(jsonl, "a") as f:
-        def record(rows: list[dict]) -> None:
-            for d in rows:
-                f.write(json.dumps(d) + "\n")
-                have[d["episode_id"]] = d
-            f.flush()
-            os.fsync(f.fileno())
-            bar.update(len(rows))
-            won = sum(d["won"] for d in have.values())
-            bar.set_postfix(success=f"{won}/{len(have)}")
+    return specs[: cfg.limit] if cfg.limit else specs
 
-        if cfg.workers <= 1:
-            _init_worker(cfg.model_dump_json())
+
+def chunk_sizes(n: int, workers: int, batch_size: int) -> list[int]:
+    """Sizes of the lock-step chunks `n` episodes are played in: at most `batch_size` each, and
+    a multiple of `workers` chunks of near-equal size, so no worker idles while another plays
+    a second chunk (60 games on 2 workers: 30 + 30, not 60 + 0)."""
+    if n <= 0:
+        return []
+    rounds = -(-n // (max(1, workers) * batch_size))
+    k = max(1, workers) * rounds
+    k = min(k, n)
+    return [n // k + (i < n % k) for i in range(k)]
+
+
+def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
+    """Play several evaluations of one system as one pool of lock-step batches (a model policy
+    answers the episodes of every panel in the same forward passes); returns their summaries.
+
+    Each config writes its own ``out_dir`` exactly as `evaluate` would (and resumes from it). The
+    configs may differ only in which games they play and where they write (`_PER_PANEL`); policy,
+    harness, env, step cap, early stopping, workers and batch size come from the first. A system
+    evaluated on valid_seen and on a development set this way skips one worker start-up and one
+    tail of lock-step batches (the longest episode of each batch) per extra panel.
+
+    Raises:
+        ValueError: configs that differ in the system played or the step cap, or an episode id
+            in two of them; and what `evaluate` raises.
+    """
+    from evoharness.eval.report import summarize, write_report
+
+    if not cfgs:
+        return []
+    base = cfgs[0]
+    shared = lambda c: {k: v for k, v in _flat(json.loads(c.model_dump_json())).items()  # noqa: E731
+                        if k.split(".")[0] not in _PER_PANEL}
+    for c in cfgs[1:]:
+        if shared(c) != shared(base) or c.step_cap != base.step_cap:
+            raise ValueError(f"evaluations played together must share the system and step cap: {c.out_dir} "
+                             f"differs from {base.out_dir}")
+    panels = []  # (cfg, specs, have, out)
+    for c in cfgs:
+        specs = _panel_specs(c)
+        out = Path(c.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if c.resume:
+            check_resumable(out, c)
+        (out / "config.json").write_text(c.model_dump_json(indent=2))
+        jsonl = out / "episodes.jsonl"
+        have = {d["episode_id"]: d for d in read_jsonl(jsonl)} if c.resume else {}
+        if not c.resume and jsonl.exists():
+            jsonl.unlink()
+        panels.append((c, specs, have, out))
+    todo = [(i, s) for i, (_, specs, have, _) in enumerate(panels) for s in specs if s.episode_id not in have]
+    ids = [s.episode_id for _, s in todo]
+    if len(set(ids)) != len(ids):
+        raise ValueError("an episode id occurs in two of the evaluations played together")
+    chunks, at = [], 0
+    for size in chunk_sizes(len(todo), base.workers, base.batch_size):
+        chunks.append(todo[at: at + size])
+        at += size
+    n_total = sum(len(specs) for _, specs, _, _ in panels)
+    t0 = time.perf_counter()
+    bar = tqdm(total=n_total, initial=n_total - len(todo), desc=f"eval {'+'.join(c.split for c in cfgs)}", unit="ep",
+               disable=not progress, dynamic_ncols=True)
+    files = [open(out / "episodes.jsonl", "a") for _, _, _, out in panels]
+    try:
+        def record(chunk: list[tuple[int, EpisodeSpec]], rows: list[dict]) -> None:
+            for (i, spec), d in zip(chunk, rows, strict=True):
+                if d["episode_id"] != spec.episode_id:  # run_episodes keeps the order of its specs
+                    raise RuntimeError(f"episode {d['episode_id']} came back in the place of {spec.episode_id}")
+                files[i].write(json.dumps(d) + "\n")
+                panels[i][2][d["episode_id"]] = d
+            for f in files:
+                f.flush()
+                os.fsync(f.fileno())
+            bar.update(len(rows))
+            won = sum(d["won"] for _, _, have, _ in panels for d in have.values())
+            bar.set_postfix(success=f"{won}/{sum(len(have) for _, _, have, _ in panels)}")
+
+        if base.workers <= 1:
+            _init_worker(base.model_dump_json())
             try:
                 for chunk in chunks:
-                    record(_play_chunk(chunk))
+                    record(chunk, _play_chunk([s for _, s in chunk]))
             finally:
                 _WORKER["policy"].close()
         elif chunks:
             # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed, out of memory,
             # a script without a __main__ guard re-running this at import) breaks the executor with
             # an error, where a Pool would start replacement workers forever
-            with ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
-                                     initargs=(cfg.model_dump_json(),)) as pool:
-                futures, kept, write_failed = [], set(), []
+            with ProcessPoolExecutor(base.workers, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
+                                     initargs=(base.model_dump_json(),)) as pool:
+                futures, kept, write_failed = {}, set(), []
 
                 def keep(fut) -> None:  # a finished chunk's episodes, once
                     rows = fut.result()  # raises the chunk's error
                     kept.add(fut)
                     try:
-                        record(rows)
+                        record(futures[fut], rows)
                     except BaseException:
                         write_failed.append(True)
                         raise
 
                 try:
-                    futures = [pool.submit(_play_chunk, chunk) for chunk in chunks]
+                    futures = {pool.submit(_play_chunk, [s for _, s in chunk]): chunk for chunk in chunks}
                     for fut in as_completed(futures):
                         keep(fut)
                 except BaseException as e:
@@ -221,19 +280,29 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
                                 and fut.exception() is None):
                             keep(fut)
                     if isinstance(e, BrokenProcessPool):
+                        recorded = sum(len(have) for _, _, have, _ in panels)
                         raise RuntimeError(
-                            f"an evaluation worker process died ({len(have)} of {len(specs)} episodes are recorded "
-                            f"in {jsonl}; the same evaluation rerun resumes from them). If evaluate() was called "
+                            f"an evaluation worker process died ({recorded} of {n_total} episodes are recorded "
+                            f"in {', '.join(str(out / 'episodes.jsonl') for *_, out in panels)}; the same evaluation "
+                            "rerun resumes from them). If evaluate() was called "
                             "from a script, its entry point needs `if __name__ == \"__main__\":` (workers are "
                             "spawned and import it).") from e
                     raise
+    finally:
+        for f in files:
+            f.close()
     bar.close()
-    order = {s.episode_id: i for i, s in enumerate(specs)}
-    episodes = sorted((d for d in have.values() if d["episode_id"] in order), key=lambda d: order[d["episode_id"]])
-    tmp = jsonl.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(d) + "\n" for d in episodes))
-    os.replace(tmp, jsonl)
-    summary = summarize([Trajectory.from_dict(d) for d in episodes], cfg)
-    summary["wall_s"] = round(time.perf_counter() - t0, 2)
-    write_report(summary, out)
-    return summary
+    wall = round(time.perf_counter() - t0, 2)
+    summaries = []
+    for c, specs, have, out in panels:
+        jsonl = out / "episodes.jsonl"
+        order = {s.episode_id: i for i, s in enumerate(specs)}
+        episodes = sorted((d for d in have.values() if d["episode_id"] in order), key=lambda d: order[d["episode_id"]])
+        tmp = jsonl.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(d) + "\n" for d in episodes))
+        os.replace(tmp, jsonl)
+        summary = summarize([Trajectory.from_dict(d) for d in episodes], c)
+        summary["wall_s"] = wall  # of the whole pool when panels were played together
+        write_report(summary, out)
+        summaries.append(summary)
+    return summaries

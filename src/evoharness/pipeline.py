@@ -282,9 +282,10 @@ class Stage:
     def __init__(self, out: Path, log: Callable[[str], None]) -> None:
         self.out, self.log = out, log
 
-    def __call__(self, name: str, fn: Callable[[], object]) -> None:
+    def __call__(self, name: str, fn: Callable[[], object], outputs: tuple[Path, ...] = ()) -> None:
+        """Run `fn` unless the stage finished earlier and every one of `outputs` exists."""
         marker = self.out / f".{name}.done"
-        if marker.exists():
+        if marker.exists() and all(p.exists() for p in outputs):
             self.log(f"[{name}] done earlier, skipped")
             return
         self.log(f"[{name}] ...")
@@ -412,14 +413,16 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
 
     dev_games = dev_ids[: cfg.dev_eval_limit]
 
-    def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience) -> Callable[[], None]:
-        def run() -> None:  # both panels in one pool of lock-step batches (`evaluate_many`)
+    def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience) -> None:
+        """Stage ``eval_<name>``: the system on both panels in one pool of lock-step batches
+        (`evaluate_many`), into ``eval/<name>`` and ``eval/dev_<name>``."""
+        def run() -> None:
             for s, panel in zip(evaluate_many([eval_config(cfg, out, name, policy, store),
                                                eval_config(cfg, out, f"dev_{name}", policy, store, dev_games)]),
                                 (cfg.eval_split, "dev")):
                 log(f"  {name} {panel}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
                     f" ({s['overall'].get('stopped_early', 0)} stopped early)")
-        return run
+        stage(f"eval_{name}", run, (out / "eval" / name / "summary.json", out / "eval" / f"dev_{name}" / "summary.json"))
 
     stage("collect", collect)
     if cfg.model_path is None:
@@ -433,38 +436,32 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         if cfg.rl_screen_games:
             stage("rl_screen", rl_screen)
         stage("rl", rl)
-    stage("eval_random", evaluate_system("random", PolicyConfig(kind="random", seed=cfg.seed)))
-    stage("eval_scripted_teacher", evaluate_system("scripted_teacher", cfg.teacher))
+    evaluate_system("random", PolicyConfig(kind="random", seed=cfg.seed))
+    evaluate_system("scripted_teacher", cfg.teacher)
     if cfg.dagger_rounds and cfg.eval_teacher_only_sft:
-        stage("eval_sft_teacher_only", evaluate_system("sft_teacher_only", model_policy(cfg, sfts[0] / "final")))
-    stage("eval_sft", evaluate_system("sft", model_policy(cfg, sft_final)))
+        evaluate_system("sft_teacher_only", model_policy(cfg, sfts[0] / "final"))
+    evaluate_system("sft", model_policy(cfg, sft_final))
     # The checkpoints the final models are (the SFT stage's last, RL's last) get their curve points
     # from these full development-set evaluations instead of playing the curve games again.
     reuse = {}
     last_sft = _last_checkpoint(sfts[-1])
     if last_sft is not None and _last_step(sfts[-1]) == int(last_sft.name.split("_")[1]):
-        reuse[last_sft] = out / "eval" / "dev_sft"  # the final model is this checkpoint's weights
+        reuse[last_sft] = out / "eval" / "dev_sft"  # final/ is this checkpoint's weights (in the model's dtype)
     select = bool(cfg.curve_games and cfg.select_rl_checkpoint and not cfg.skip_rl)
     last_rl = _last_checkpoint(rl_dir) if select else None
     if last_rl is not None:  # the usual choice: evaluated before the choice, both panels at once
-        stage("eval_rl_last", evaluate_system("rl_last", model_policy(cfg, last_rl), last_rl / "experience.json"))
+        evaluate_system("rl_last", model_policy(cfg, last_rl), last_rl / "experience.json")
         reuse[last_rl] = out / "eval" / "dev_rl_last"
     curve = learning_curve(cfg, out, stage, dev_ids[: cfg.curve_games], log, reuse) if cfg.curve_games else None
     grpo_eval = "sft_grpo"  # the eval directory of the system reported as SFT + GRPO
     if select and curve:
-        best = max((p for p in curve["points"] if p["stage"] in ("rl", "sft_final")), key=lambda p: (p["success"], -p["minutes"]))
+        best, grpo_eval = chosen_rl(curve["points"], last_rl)
         curve["rl_selected"] = best
         (out / "curve.json").write_text(json.dumps(curve, indent=1))
-        if best["stage"] == "sft_final":  # no RL checkpoint beat the SFT model: SFT + GRPO *is* the SFT model
-            grpo_eval = "sft"
-        elif last_rl is not None and Path(best["path"]) == last_rl:
-            grpo_eval = "rl_last"
-        else:
-            ck = Path(best["path"])
-            stage("eval_sft_grpo", evaluate_system("sft_grpo", model_policy(cfg, ck), ck / "experience.json"))
+        if grpo_eval.startswith("rl_step"):
+            evaluate_system(grpo_eval, model_policy(cfg, Path(best["path"])), Path(best["path"]) / "experience.json")
     elif not cfg.skip_rl and (rl_dir / "final").exists():
-        stage("eval_sft_grpo", evaluate_system("sft_grpo", model_policy(cfg, rl_dir / "final"),
-                                               rl_dir / "final" / "experience.json"))
+        evaluate_system("sft_grpo", model_policy(cfg, rl_dir / "final"), rl_dir / "final" / "experience.json")
     evals = {"random": "random", "scripted_teacher": "scripted_teacher"}  # display order; each model row is compared with the one above
     if cfg.dagger_rounds and cfg.eval_teacher_only_sft:
         evals["sft_teacher_only"] = "sft_teacher_only"
@@ -503,6 +500,25 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     ] + ([rl_note] if rl_note else [])
     return write_run_report(out, summaries, dev, [d / "metrics.jsonl" for d in sfts],
                             None if cfg.skip_rl else rl_dir / "metrics.jsonl", notes, stage.times(), curve)
+
+
+def chosen_rl(points: list[dict], last_rl: Path | None) -> tuple[dict, str]:
+    """The model reported as SFT + GRPO: the RL checkpoint best on the curve's dev games, or the
+    SFT model when none beats it (ties: the earlier in training minutes), and the evaluation
+    directory that holds it: ``sft`` (its rows repeat the SFT evaluation), ``rl_last`` (the last
+    RL checkpoint, evaluated before the choice) or ``rl_step<N>`` (an earlier one, named by its
+    step so a rerun that chooses another one plays that one).
+
+    Args:
+        points: `learning_curve` points (``stage`` "rl" or "sft_final" are candidates).
+        last_rl: the last RL checkpoint directory, or None.
+    """
+    best = max((p for p in points if p["stage"] in ("rl", "sft_final")), key=lambda p: (p["success"], -p["minutes"]))
+    if best["stage"] == "sft_final":
+        return best, "sft"
+    if last_rl is not None and Path(best["path"]) == last_rl:
+        return best, "rl_last"
+    return best, f"rl_step{best['step']}"
 
 
 def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], log: Callable[[str], None],

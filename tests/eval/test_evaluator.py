@@ -43,18 +43,66 @@ def test_panels_played_together_give_what_each_gives_alone(tmp_path):
     from evoharness.envs.alfworld.games import discover_games
 
     train = dict(split="train", limit=None, games=[t.task_id for t in discover_games("train", None)][:2])
-    alone = [evaluate(_cfg(tmp_path, "vs", limit=3), progress=False),
-             evaluate(_cfg(tmp_path, "tr", **train), progress=False)]
-    both = evaluate_many([_cfg(tmp_path, "vs2", limit=3, workers=2, batch_size=4),
-                          _cfg(tmp_path, "tr2", workers=2, batch_size=4, **train)], progress=False)
-    assert _per_game(tmp_path / "vs2") == _per_game(tmp_path / "vs") and len(_per_game(tmp_path / "vs")) == 3
+    alone = [evaluate(_cfg(tmp_path, "vs"), progress=False), evaluate(_cfg(tmp_path, "tr", **train), progress=False)]
+    # 6 episodes in chunks of 3: the second batch holds the last valid_seen game and both train games
+    both = evaluate_many([_cfg(tmp_path, "vs2", workers=2, batch_size=3),
+                          _cfg(tmp_path, "tr2", workers=2, batch_size=3, **train)], progress=False)
+    assert _per_game(tmp_path / "vs2") == _per_game(tmp_path / "vs") and len(_per_game(tmp_path / "vs")) == 4
     assert _per_game(tmp_path / "tr2") == _per_game(tmp_path / "tr") and len(_per_game(tmp_path / "tr")) == 2
     assert [s["overall"] for s in both] == [s["overall"] for s in alone]
     assert both[1]["split"] == "train" and "| **all** | 2 |" in (tmp_path / "tr2" / "report.md").read_text()
     with pytest.raises(ValueError, match="share the system"):
         evaluate_many([_cfg(tmp_path, "a"), _cfg(tmp_path, "b", policy={"kind": "expert"})])
-    with pytest.raises(ValueError, match="episode id occurs in two"):
-        evaluate_many([_cfg(tmp_path, "c", limit=1), _cfg(tmp_path, "d", limit=1)])
+    with pytest.raises(ValueError, match="different seeds"):
+        evaluate_many([_cfg(tmp_path, "c", limit=1), _cfg(tmp_path, "d", limit=1, seed=1)])
+    assert not (tmp_path / "c").exists()  # refused before anything was written
+
+
+def test_an_episode_in_two_panels_is_played_once(tmp_path):
+    """A panel that contains another's episodes (the first 2 games of 3) takes them from it,
+    also from an earlier run's directory: the very records (their wall time too), not a replay."""
+    first = evaluate(_cfg(tmp_path, "two", limit=2), progress=False)
+    old = {d["episode_id"]: d for d in read_jsonl(tmp_path / "two" / "episodes.jsonl")}
+    s2, s3 = evaluate_many([_cfg(tmp_path, "two", limit=2), _cfg(tmp_path, "three", limit=3)], progress=False)
+    three = read_jsonl(tmp_path / "three" / "episodes.jsonl")
+    assert [d for d in three if d["episode_id"] in old] == list(old.values()) and len(three) == 3
+    assert s2["overall"] == first["overall"] and s3["overall"]["n"] == 3
+
+
+def test_an_interrupted_evaluation_keeps_the_episodes_that_ended(tmp_path, monkeypatch):
+    """Episodes are written as each one ends, not when its lock-step batch does: an interrupt
+    (Ctrl-C, a killed worker) loses only the episodes still in play, and the rerun plays only those."""
+    import evoharness.eval.evaluate as ev
+
+    full = evaluate(_cfg(tmp_path, "full", policy={"kind": "expert"}), progress=False)
+    steps = {d["episode_id"]: len(d["turns"]) for d in read_jsonl(tmp_path / "full" / "episodes.jsonl")}
+    longest = max(steps, key=steps.get).split("#")[0]
+    assert sorted(steps.values())[0] < steps[max(steps, key=steps.get)]  # one ends while another plays on
+    log = tmp_path / "cut" / "episodes.jsonl"
+    real = ev.make_env
+
+    def make_env(task, **kw):
+        env = real(task, **kw)
+        if task.task_id == longest:  # interrupted as soon as another episode has been written
+            step = env.step
+
+            def interrupted(action):
+                if log.exists() and log.read_text().strip():
+                    raise KeyboardInterrupt
+                return step(action)
+            env.step = interrupted
+        return env
+
+    monkeypatch.setattr(ev, "make_env", make_env)
+    cfg = _cfg(tmp_path, "cut", policy={"kind": "expert"}, batch_size=4)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(cfg, progress=False)
+    kept = {d["episode_id"]: d for d in read_jsonl(log)}
+    assert 1 <= len(kept) < 4 and longest + "#0" not in kept
+    monkeypatch.setattr(ev, "make_env", real)
+    again = evaluate(cfg, progress=False)
+    assert again["overall"] == full["overall"]
+    assert all(d == kept[d["episode_id"]] for d in read_jsonl(log) if d["episode_id"] in kept)
 
 
 def test_chunks_keep_every_worker_busy():

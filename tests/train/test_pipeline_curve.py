@@ -2,10 +2,11 @@
 that are the final models, and the SFT + GRPO row is the checkpoint chosen on the curve's games."""
 
 import json
+from pathlib import Path
 
 from evoharness.config import load_config
 from evoharness.jsonl import read_jsonl
-from evoharness.pipeline import RunConfig, run_pipeline
+from evoharness.pipeline import RunConfig, chosen_rl, run_pipeline
 
 RUN = ["train_games=6", "dev_games=2", "max_steps=10", "eval_limit=1", "dev_eval_limit=2", "curve_games=1",
        "sft.max_steps=2", "sft.ckpt_every=1", "sft.progress=false", "vocab_size=300", "model_overrides.head_dim=16",
@@ -15,7 +16,8 @@ RUN = ["train_games=6", "dev_games=2", "max_steps=10", "eval_limit=1", "dev_eval
 
 def test_curve_points_of_the_final_checkpoints_come_from_their_dev_evaluations(tmp_path):
     out = tmp_path / "run"
-    run_pipeline(load_config(RunConfig, overrides=[*RUN, f'out_dir="{out}"']), log=lambda m: None)
+    cfg = load_config(RunConfig, overrides=[*RUN, f'out_dir="{out}"'])
+    run_pipeline(cfg, log=lambda m: None)
     curve = json.loads((out / "curve.json").read_text())
     game = curve["game_ids"][0]
     # only the checkpoints that are not final models played the curve game on their own
@@ -26,10 +28,27 @@ def test_curve_points_of_the_final_checkpoints_come_from_their_dev_evaluations(t
         won = {e["task_id"]: e["won"] for e in read_jsonl(out / "eval" / ev / "episodes.jsonl")}
         assert len(won) == 2 and points[key] == 100.0 * won[game]
     # the last RL checkpoint played both panels before the choice; the report's SFT + GRPO is the choice
-    sel = curve["rl_selected"]
-    expected = {"sft_final": "sft", "rl": "rl_last" if sel["step"] == 2 else "sft_grpo"}[sel["stage"]]
+    last = out / "rl" / "checkpoints" / "step_0000002"
+    assert last.is_dir() and (out / "eval" / "rl_last" / "summary.json").exists()
     systems = json.loads((out / "systems.json").read_text())
-    assert systems == {"random": "random", "scripted_teacher": "scripted_teacher", "sft": "sft", "sft_grpo": expected}
-    assert (out / "eval" / "rl_last" / "summary.json").exists() and (out / "eval" / "dev_rl_last" / "summary.json").exists()
+    assert systems == {"random": "random", "scripted_teacher": "scripted_teacher", "sft": "sft",
+                       "sft_grpo": chosen_rl(curve["points"], last)[1]}
     report = (out / "report.md").read_text()
     assert "| SFT + GRPO |" in report and "eval_rl_last" in report
+    # a rerun plays nothing again and reports the same systems
+    lines: list[str] = []
+    run_pipeline(cfg, log=lines.append)
+    assert [m for m in lines if m.startswith("[eval_")] == [f"[eval_{n}] done earlier, skipped" for n in
+                                                           ("random", "scripted_teacher", "sft", "rl_last")]
+    assert json.loads((out / "systems.json").read_text()) == systems
+
+
+def test_the_reported_rl_model_is_the_best_on_the_curve_games_earliest_on_ties():
+    last = Path("rl/checkpoints/step_8")
+    pt = lambda stage, step, minutes, success, path: dict(stage=stage, step=step, minutes=minutes,  # noqa: E731
+                                                          success=success, path=path)
+    sft = pt("sft_final", 2000, 25.0, 90.0, "sft/checkpoints/step_2000")
+    rl4, rl8 = pt("rl", 4, 29.0, 95.0, "rl/checkpoints/step_4"), pt("rl", 8, 33.0, 95.0, str(last))
+    assert chosen_rl([pt("sft", 1000, 13.0, 99.0, "x"), sft, rl4, rl8], last) == (rl4, "rl_step4")  # a tie: the earlier
+    assert chosen_rl([sft, rl4, {**rl8, "success": 100.0}], last) == ({**rl8, "success": 100.0}, "rl_last")
+    assert chosen_rl([{**sft, "success": 95.0}, rl4, rl8], last) == ({**sft, "success": 95.0}, "sft")

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import queue
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from tqdm import tqdm
 
@@ -102,17 +103,18 @@ def check_resumable(out: Path, cfg: EvalConfig) -> None:
 _WORKER: dict = {}
 
 
-def _init_worker(cfg_json: str) -> None:
+def _init_worker(cfg_json: str, finished=None) -> None:
     cfg = EvalConfig.model_validate_json(cfg_json)
     _WORKER["cfg"] = cfg
+    _WORKER["finished"] = finished  # a queue (pool workers) or a callable (in-process): each episode as it ends
     _WORKER["policy"] = make_policy(cfg.policy)
 
 
-def _init_pool_worker(cfg_json: str) -> None:
+def _init_pool_worker(cfg_json: str, finished=None) -> None:
     # A failing initializer would only break the pool; keep the error for the first chunk to
     # raise, so the caller gets its type and message (a missing model directory, say).
     try:
-        _init_worker(cfg_json)
+        _init_worker(cfg_json, finished)
     except Exception as e:  # noqa: BLE001 - re-raised by _play_chunk
         _WORKER["error"] = e
 
@@ -121,6 +123,13 @@ def _play_chunk(specs: list[EpisodeSpec]) -> list[dict]:
     if "error" in _WORKER:
         raise _WORKER["error"]
     cfg: EvalConfig = _WORKER["cfg"]
+    sink = _WORKER.get("finished")
+
+    def on_finish(t) -> None:
+        t.info["wording"] = cfg.env.wording  # tools that replay the log (distill) read it: `put X in/on Y` or `move X to Y`
+        if sink is not None:  # streamed, so an episode outlives a later crash of its chunk
+            (sink if callable(sink) else sink.put)(t.to_dict())
+
     trajs = run_episodes(
         specs,
         make_env=lambda task: make_env(task, engine=cfg.env.engine, wording=cfg.env.wording),
@@ -129,12 +138,9 @@ def _play_chunk(specs: list[EpisodeSpec]) -> list[dict]:
         max_steps=cfg.step_cap,
         env_timeout_s=cfg.env.timeout_s,
         stop_repeats=cfg.stop_repeats,
+        on_finish=on_finish,
     )
-    for t in trajs:  # tools that replay the log (distill) read it: `put X in/on Y` or `move X to Y`
-        t.info["wording"] = cfg.env.wording
     return [t.to_dict() for t in trajs]
-
-
 
 
 def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
@@ -187,11 +193,14 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
     configs may differ only in which games they play and where they write (`_PER_PANEL`); policy,
     harness, env, step cap, early stopping, workers and batch size come from the first. A system
     evaluated on valid_seen and on a development set this way skips one worker start-up and one
-    tail of lock-step batches (the longest episode of each batch) per extra panel.
+    tail of lock-step batches (the longest episode of each batch) per extra panel. An episode in
+    several panels (same id and seed) is played once and recorded in each. Every episode is
+    recorded as it ends, so a worker that dies loses only the episodes it was still playing.
 
     Raises:
-        ValueError: configs that differ in the system played or the step cap, or an episode id
-            in two of them; and what `evaluate` raises.
+        ValueError: configs that differ in the system played or the step cap, an episode id with
+            two seeds, or a directory holding another evaluation's episodes (nothing is written
+            then); and what `evaluate` raises.
     """
     from evoharness.eval.report import summarize, write_report
 
@@ -204,98 +213,72 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
         if shared(c) != shared(base) or c.step_cap != base.step_cap:
             raise ValueError(f"evaluations played together must share the system and step cap: {c.out_dir} "
                              f"differs from {base.out_dir}")
-    panels = []  # (cfg, specs, have, out)
-    for c in cfgs:
-        specs = _panel_specs(c)
+    specs_of = [_panel_specs(c) for c in cfgs]
+    seeds: dict[str, int] = {}
+    for specs in specs_of:
+        for s in specs:
+            if seeds.setdefault(s.episode_id, s.seed) != s.seed:
+                raise ValueError(f"episode {s.episode_id} is in two of the evaluations with different seeds")
+    for c in cfgs:  # every check before anything is written
+        if c.resume:
+            check_resumable(Path(c.out_dir), c)
+    panels = []  # (cfg, specs, have: episode id -> dict, episodes.jsonl)
+    for c, specs in zip(cfgs, specs_of):
         out = Path(c.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if c.resume:
-            check_resumable(out, c)
         (out / "config.json").write_text(c.model_dump_json(indent=2))
         jsonl = out / "episodes.jsonl"
-        have = {d["episode_id"]: d for d in read_jsonl(jsonl)} if c.resume else {}
         if not c.resume and jsonl.exists():
             jsonl.unlink()
-        panels.append((c, specs, have, out))
-    todo = [(i, s) for i, (_, specs, have, _) in enumerate(panels) for s in specs if s.episode_id not in have]
-    ids = [s.episode_id for _, s in todo]
-    if len(set(ids)) != len(ids):
-        raise ValueError("an episode id occurs in two of the evaluations played together")
-    chunks, at = [], 0
-    for size in chunk_sizes(len(todo), base.workers, base.batch_size):
-        chunks.append(todo[at: at + size])
-        at += size
-    n_total = sum(len(specs) for _, specs, _, _ in panels)
+        panels.append((c, specs, {d["episode_id"]: d for d in read_jsonl(jsonl)} if c.resume else {}, jsonl))
+    in_panels: dict[str, list[int]] = {}
+    for i, (_, specs, _, _) in enumerate(panels):
+        for s in specs:
+            in_panels.setdefault(s.episode_id, []).append(i)
+    known = {k: d for _, _, have, _ in panels for k, d in have.items() if k in in_panels}
+    todo = list({s.episode_id: s for specs in specs_of for s in specs if s.episode_id not in known}.values())
+    n_total = sum(len(specs) for specs in specs_of)
     t0 = time.perf_counter()
-    bar = tqdm(total=n_total, initial=n_total - len(todo), desc=f"eval {'+'.join(c.split for c in cfgs)}", unit="ep",
-               disable=not progress, dynamic_ncols=True)
-    files = [open(out / "episodes.jsonl", "a") for _, _, _, out in panels]
+    bar = tqdm(total=n_total, desc=f"eval {'+'.join(c.split for c in cfgs)}", unit="ep", disable=not progress,
+               dynamic_ncols=True)
+    files = [open(jsonl, "a") for *_, jsonl in panels]
     try:
-        def record(chunk: list[tuple[int, EpisodeSpec]], rows: list[dict]) -> None:
-            for (i, spec), d in zip(chunk, rows, strict=True):
-                if d["episode_id"] != spec.episode_id:  # run_episodes keeps the order of its specs
-                    raise RuntimeError(f"episode {d['episode_id']} came back in the place of {spec.episode_id}")
-                files[i].write(json.dumps(d) + "\n")
-                panels[i][2][d["episode_id"]] = d
-            for f in files:
+        def record(d: dict) -> None:  # one finished episode, into every panel that lacks it
+            for i in in_panels.get(d["episode_id"], []):
+                have, f = panels[i][2], files[i]
+                if d["episode_id"] in have:
+                    continue
+                f.write(json.dumps(d) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-            bar.update(len(rows))
+                have[d["episode_id"]] = d
+                bar.update(1)
             won = sum(d["won"] for _, _, have, _ in panels for d in have.values())
             bar.set_postfix(success=f"{won}/{sum(len(have) for _, _, have, _ in panels)}")
 
+        bar.update(sum(len(have) for _, _, have, _ in panels))
+        for d in known.values():  # played for another panel (an earlier run): not played again
+            record(d)
+        chunks, at = [], 0
+        for size in chunk_sizes(len(todo), base.workers, base.batch_size):
+            chunks.append(todo[at: at + size])
+            at += size
         if base.workers <= 1:
-            _init_worker(base.model_dump_json())
+            _init_worker(base.model_dump_json(), record)
             try:
                 for chunk in chunks:
-                    record(chunk, _play_chunk([s for _, s in chunk]))
+                    _play_chunk(chunk)
             finally:
                 _WORKER["policy"].close()
         elif chunks:
-            # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed, out of memory,
-            # a script without a __main__ guard re-running this at import) breaks the executor with
-            # an error, where a Pool would start replacement workers forever
-            with ProcessPoolExecutor(base.workers, mp_context=mp.get_context("spawn"), initializer=_init_pool_worker,
-                                     initargs=(base.model_dump_json(),)) as pool:
-                futures, kept, write_failed = {}, set(), []
-
-                def keep(fut) -> None:  # a finished chunk's episodes, once
-                    rows = fut.result()  # raises the chunk's error
-                    kept.add(fut)
-                    try:
-                        record(futures[fut], rows)
-                    except BaseException:
-                        write_failed.append(True)
-                        raise
-
-                try:
-                    futures = {pool.submit(_play_chunk, [s for _, s in chunk]): chunk for chunk in chunks}
-                    for fut in as_completed(futures):
-                        keep(fut)
-                except BaseException as e:
-                    # chunks already running when this failed play on until shutdown: keep what they finish
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    for fut in futures:
-                        if (not write_failed and fut not in kept and fut.done() and not fut.cancelled()
-                                and fut.exception() is None):
-                            keep(fut)
-                    if isinstance(e, BrokenProcessPool):
-                        recorded = sum(len(have) for _, _, have, _ in panels)
-                        raise RuntimeError(
-                            f"an evaluation worker process died ({recorded} of {n_total} episodes are recorded "
-                            f"in {', '.join(str(out / 'episodes.jsonl') for *_, out in panels)}; the same evaluation "
-                            "rerun resumes from them). If evaluate() was called "
-                            "from a script, its entry point needs `if __name__ == \"__main__\":` (workers are "
-                            "spawned and import it).") from e
-                    raise
+            _play_pool(base, chunks, record, ", ".join(str(jsonl) for *_, jsonl in panels))
     finally:
         for f in files:
             f.close()
     bar.close()
     wall = round(time.perf_counter() - t0, 2)
     summaries = []
-    for c, specs, have, out in panels:
-        jsonl = out / "episodes.jsonl"
+    for c, specs, have, jsonl in panels:
         order = {s.episode_id: i for i, s in enumerate(specs)}
         episodes = sorted((d for d in have.values() if d["episode_id"] in order), key=lambda d: order[d["episode_id"]])
         tmp = jsonl.with_suffix(".tmp")
@@ -303,6 +286,46 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
         os.replace(tmp, jsonl)
         summary = summarize([Trajectory.from_dict(d) for d in episodes], c)
         summary["wall_s"] = wall  # of the whole pool when panels were played together
-        write_report(summary, out)
+        write_report(summary, out=jsonl.parent)
         summaries.append(summary)
     return summaries
+
+
+def _play_pool(cfg: EvalConfig, chunks: list[list[EpisodeSpec]], record: Callable[[dict], None], logs: str) -> None:
+    """Play `chunks` on ``cfg.workers`` spawned processes; every episode reaches `record` as it ends
+    (through a queue), and a chunk's returned episodes once more (`record` keeps the first)."""
+    ctx = mp.get_context("spawn")
+    finished = ctx.Queue()
+
+    def drain() -> None:
+        while True:
+            try:
+                record(finished.get_nowait())
+            except queue.Empty:
+                return
+
+    # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed, out of memory,
+    # a script without a __main__ guard re-running this at import) breaks the executor with
+    # an error, where a Pool would start replacement workers forever
+    with ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_pool_worker,
+                             initargs=(cfg.model_dump_json(), finished)) as pool:
+        pending = {pool.submit(_play_chunk, chunk) for chunk in chunks}
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                drain()
+                for fut in done:
+                    for d in fut.result():  # raises the chunk's error
+                        record(d)
+        except BaseException as e:
+            # chunks already running when this failed play on until shutdown: keep what they finish
+            pool.shutdown(wait=True, cancel_futures=True)
+            time.sleep(0.2)  # the queue's feeder threads of exited workers flush before they end
+            drain()
+            if isinstance(e, BrokenProcessPool):
+                raise RuntimeError(
+                    f"an evaluation worker process died (the episodes finished before it are recorded in "
+                    f"{logs}; the same evaluation rerun resumes from them). If evaluate() was called "
+                    "from a script, its entry point needs `if __name__ == \"__main__\":` (workers are "
+                    "spawned and import it).") from e
+            raise

@@ -38,10 +38,10 @@ from evoharness.train.sft import SFTConfig
 def _default_sft() -> SFTConfig:
     # small batches, many steps (benchmarks/results/student/levers.md: at equal tokens 4K-token batches
     # beat 16K ones on the dev set); the prompt tokens trained too, at weight 2 (levers.md: the largest
-    # lever measured); no packing: a 4K batch holds ~6 distinct states, and the tree mask cost more than
-    # the shared system prompt saved; the step budget, not the clock, ends the stage. 2000 steps for the
-    # 45-minute job on the slower 2-core box (0.70-0.77 s/step: 23-26 min; the job 43.3 and 47.8 min in
-    # all, benchmarks/results/main_job/machine.txt): 129/140 valid_seen and 54/60 dev, where 4000 steps
+    # lever measured); no packing: a 4K batch holds ~6 distinct states whose common prefix is 47 tokens
+    # (9% of its tokens), and the tree mask cost more than that saved; the step budget, not the clock,
+    # ends the stage. 2000 steps for the 45-minute job on the slower 2-core box (0.70-0.77 s/step: 23-26
+    # min; the job 29.4 min in a fast hour, 47.8 min in a slow one, benchmarks/results/main_job/machine.txt): 129/140 valid_seen and 54/60 dev, where 4000 steps
     # (73.3 min) gave 137/140 and the same 54/60.
     # On the 540 bundled train games 4000 steps beat 5000 (57.9% vs 49.3% valid_seen) and all 3,493
     # ALFWorld train games at 4000 steps (33.6%): student/full_scale.md
@@ -85,9 +85,9 @@ RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_bat
 
 class RunConfig(Strict):
     """The whole pipeline. Defaults: the embedded CPU default (bundled games, a
-    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 43.3 and 47.8
-    min in two runs an hour apart on the slower 2-core box of benchmarks/results/main_job/ (an
-    earlier box ran SFT steps 2.4x faster, benchmarks/results/student/full_scale.md)."""
+    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 29.4 min on the
+    2-core box of benchmarks/results/main_job/ in a fast hour, 44.9 min scaled to its slowest
+    measured hour (an earlier box ran SFT steps 2.4x faster, benchmarks/results/student/full_scale.md)."""
 
     out_dir: str = "runs/main"
     seed: int = 0

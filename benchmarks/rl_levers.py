@@ -19,7 +19,8 @@ thing against ``screened`` (16 steps of 2 games):
   how much of an arm's gain is its draw;
 - ``screened8``: ``screened`` for 8 steps (the main job's RL budget); ``t15_8``: it at T = 1.5
   (more exploration from a near-deterministic SFT policy: the main job's RL today); ``lr3e4_8``:
-  it at lr 3e-4 (1e-4); ``t15_8_seed1``: ``t15_8`` with RL seed 1; ``t15_lr2e4_8``: ``t15_8`` at lr 2e-4.
+  it at lr 3e-4 (1e-4); ``t15_8_seed1``: ``t15_8`` with RL seed 1; ``t15_lr2e4_8``: ``t15_8`` at lr 2e-4;
+  ``t20_8``: ``t15_8`` at T = 2.0; ``t15_g4x4_8``: ``t15_8`` with 4 games x 4 samples per step (the same episodes).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -51,6 +52,8 @@ ARMS = {
     "lr3e4_8": {**_SCREENED, "steps": 8, "lr": 3e-4},
     "t15_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "seed": 1},
     "t15_lr2e4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 2e-4},
+    "t20_8": {**_SCREENED, "steps": 8, "temperature": 2.0},
+    "t15_g4x4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "games_per_step": 4, "samples": 4},
 }
 
 
@@ -92,6 +95,7 @@ def main() -> None:
         rl.out_dir, rl.threads = str(d / "rl"), args.threads
         rl.grpo.temperature, rl.grpo.advantage.estimator = arm["temperature"], arm["estimator"]
         rl.steps, rl.grpo.prompts_per_step = arm["steps"], arm["games_per_step"]
+        rl.grpo.group_size = arm.get("samples", rl.grpo.group_size)
         rl.seed, rl.grpo.lr = arm.get("seed", cfg.seed), arm.get("lr", rl.grpo.lr)
         if arm["screen"]:
             screened = out / f"screen{arm['screen']}.json"
@@ -103,7 +107,7 @@ def main() -> None:
             t = time.perf_counter()
             train_rl(rl)
             (d / "rl_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}")
-        row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, **arm,
+        row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, "samples": rl.grpo.group_size, **arm,
                "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
                "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"}
         todo = [eval_config(cfg, d, f"{panel}_final", model_policy(cfg, final), final / "experience.json", games)
@@ -120,13 +124,13 @@ def main() -> None:
     lines = [
         "# GRPO levers (one main job's SFT model, seed 0)", "",
         f"`python benchmarks/rl_levers.py {' '.join(sys.argv[1:])}`; SFT on the {len(dev_ids)} development games: "
-        f"{sum(sft_dev.values())}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x 8 "
-        "samples, T_max 30, then its final model on the development games (greedy, cap 50). wins / losses: games only "
+        f"{sum(sft_dev.values())}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x its samples "
+        "per game, T_max 30, then its final model on the development games (greedy, cap 50). wins / losses: games only "
         "the arm / only SFT won; p: exact two-sided sign test.", "",
-        "| arm | RL games | steps | games/step | T | lr | advantage | RL seed | RL s | "
+        "| arm | RL games | steps | games/step | samples | T | lr | advantage | RL seed | RL s | "
         + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
-        "|---" * (9 + 4 * len(names)) + "|",
-    ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['temperature']} | {r['lr']:g} | "
+        "|---" * (10 + 4 * len(names)) + "|",
+    ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['samples']} | {r['temperature']} | {r['lr']:g} | "
          f"{r['estimator']} | {r['seed']} | {r['rl_seconds']} | "
          + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
          + " |" for r in rows] + [

@@ -6,7 +6,7 @@ Usage: python benchmarks/rl_levers.py --run runs/main [--out runs/rl_levers]
        [--valid-seen] [--note TEXT]
 
 Every arm starts from ``--run``'s SFT model with the run's RL stage (`pipeline.rl_config`: T_max 30,
-the teacher's experience store), sets its steps and games per step (x 8 samples) and changes one
+the teacher's experience store), sets its steps and games per step (x 8 samples, unless it sets its own) and changes one
 thing against ``screened`` (16 steps of 2 games):
 
 - ``default``: every training game, T = 0.6 (the main job's first RL recipe);

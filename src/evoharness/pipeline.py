@@ -41,8 +41,8 @@ def _default_sft() -> SFTConfig:
     # lever measured); no packing: a 4K batch holds ~6 distinct states whose common prefix is 47 tokens
     # (9% of its tokens), and the tree mask cost more than that saved; the step budget, not the clock,
     # ends the stage. 2000 steps for the 45-minute job on the slower 2-core box (0.70-0.77 s/step: 23-26
-    # min; the job 29.4 min in a fast hour, 47.8 min in a slow one, benchmarks/results/main_job/machine.txt): 129/140 valid_seen and 54/60 dev, where 4000 steps
-    # (73.3 min) gave 137/140 and the same 54/60.
+    # min; the job 29.4 min in a fast hour, 47.8 min in a slow one, benchmarks/results/main_job/machine.txt):
+    # 129/140 valid_seen and 54/60 dev, where 4000 steps (73.3 min) gave 137/140 and the same 54/60.
     # On the 540 bundled train games 4000 steps beat 5000 (57.9% vs 49.3% valid_seen) and all 3,493
     # ALFWorld train games at 4000 steps (33.6%): student/full_scale.md
     return SFTConfig(lr=2e-3, max_steps=2000, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,

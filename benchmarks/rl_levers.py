@@ -6,8 +6,8 @@ Usage: python benchmarks/rl_levers.py --run runs/main [--out runs/rl_levers]
        [--valid-seen] [--note TEXT]
 
 Every arm starts from ``--run``'s SFT model with the run's RL stage (`pipeline.rl_config`: T_max 30,
-the teacher's experience store), sets its steps and games per step (x 8 samples, unless it sets its own) and changes one
-thing against ``screened`` (16 steps of 2 games):
+the teacher's experience store; the SFT anchor only where the arm sets one), sets its steps and games per
+step (x 8 samples, unless it sets its own) and changes one thing against ``screened`` (16 steps of 2 games):
 
 - ``default``: every training game, T = 0.6 (the main job's first RL recipe);
 - ``screened``: the games the SFT model lost among 160 screened training games, mixed 1:1 with
@@ -18,9 +18,15 @@ thing against ``screened`` (16 steps of 2 games):
 - ``screened_seed1``: ``screened`` with RL seed 1 instead of the run's (other samples, same games):
   how much of an arm's gain is its draw;
 - ``screened8``: ``screened`` for 8 steps (the main job's RL budget); ``t15_8``: it at T = 1.5
-  (more exploration from a near-deterministic SFT policy: the main job's RL today); ``lr3e4_8``:
+  (more exploration from a near-deterministic SFT policy: the main job's RL until the anchor); ``lr3e4_8``:
   it at lr 3e-4 (1e-4); ``t15_8_seed1``: ``t15_8`` with RL seed 1; ``t15_lr2e4_8``: ``t15_8`` at lr 2e-4;
-  ``t20_8``: ``t15_8`` at T = 2.0; ``t15_g4x4_8``: ``t15_8`` with 4 games x 4 samples per step (the same episodes).
+  ``t20_8``: ``t15_8`` at T = 2.0; ``t15_g4x4_8``: ``t15_8`` with 4 games x 4 samples per step (the same episodes);
+- stronger updates held near SFT: ``t15_lr3e4_8`` (``t15_8`` at lr 3e-4), and it with a 10x KL weight
+  (``t15_lr3e4_kl01_8``, β 0.1) or the SFT anchor (``t15_lr3e4_anchor_8``: every update also descends the
+  teacher rows' NLL, weight 1, `train.sft_anchor`), both (``t15_lr3e4_kl01_anchor_8``) or the anchor at
+  weight 4 (``t15_lr3e4_anchor4_8``); ``t15_anchor_8``: ``t15_8`` with the anchor (the main job's RL
+  today), ``t15_anchor_8_seed1`` it with RL seed 1, ``t15_lr2e4_anchor_8`` at lr 2e-4; ``t15_lost_lr3e4_anchor_8``: ``t15_lr3e4_anchor_8`` on the
+  lost screened games only; ``t15_ep2_8``: ``t15_8`` with two passes (PPO epochs) over each step batch.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -54,6 +60,20 @@ ARMS = {
     "t15_lr2e4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 2e-4},
     "t20_8": {**_SCREENED, "steps": 8, "temperature": 2.0},
     "t15_g4x4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "games_per_step": 4, "samples": 4},
+    # stronger updates held near SFT: the step size (lr 3e-4 at T = 1.5), a 10x KL weight, the SFT anchor
+    # (PPO-ptx on the teacher rows, train.sft_anchor), a second pass over each step batch (PPO epochs)
+    "t15_lr3e4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4},
+    "t15_lr3e4_kl01_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "kl_beta": 0.1},
+    "t15_lr3e4_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "anchor": 1.0},
+    "t15_ep2_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "epochs": 2},
+    "t15_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "anchor": 1.0},
+    "t15_anchor_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "anchor": 1.0, "seed": 1},
+    "t15_lr2e4_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 2e-4, "anchor": 1.0},
+    "t15_lr3e4_anchor4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "anchor": 4.0},
+    "t15_lr3e4_kl01_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "kl_beta": 0.1,
+                                "anchor": 1.0},
+    "t15_lost_lr3e4_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "anchor": 1.0,
+                                "lost_only": True},
 }
 
 
@@ -75,6 +95,7 @@ def main() -> None:
     from evoharness.jsonl import read_jsonl
     from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy, rl_config, screen_rl_games
     from evoharness.train.rl import train_rl, train_tasks
+    from evoharness.train.sft_anchor import SFTAnchorConfig
 
     torch.set_num_threads(args.threads)
     run, out = Path(args.run), Path(args.out)
@@ -91,23 +112,27 @@ def main() -> None:
     for name in args.arms:
         arm, d = ARMS[name], out / name
         d.mkdir(parents=True, exist_ok=True)
-        rl = rl_config(cfg, run)
+        arm_cfg = cfg.model_copy(deep=True)
+        arm_cfg.rl.sft_anchor = SFTAnchorConfig(coef=arm["anchor"]) if arm.get("anchor") else None
+        rl = rl_config(arm_cfg, run)
         rl.out_dir, rl.threads = str(d / "rl"), args.threads
         rl.grpo.temperature, rl.grpo.advantage.estimator = arm["temperature"], arm["estimator"]
         rl.steps, rl.grpo.prompts_per_step = arm["steps"], arm["games_per_step"]
         rl.grpo.group_size = arm.get("samples", rl.grpo.group_size)
         rl.seed, rl.grpo.lr = arm.get("seed", cfg.seed), arm.get("lr", rl.grpo.lr)
+        rl.grpo.kl_beta, rl.grpo.epochs = arm.get("kl_beta", rl.grpo.kl_beta), arm.get("epochs", rl.grpo.epochs)
         if arm["screen"]:
             screened = out / f"screen{arm['screen']}.json"
             if not screened.exists():
                 screened.write_text(json.dumps(screen_rl_games(cfg, run, arm["screen"], out), indent=1))
-            rl.games = json.loads(screened.read_text())["games"]
+            rl.games = json.loads(screened.read_text())["lost" if arm.get("lost_only") else "games"]
         final = d / "rl" / "final"
         if not final.exists():
             t = time.perf_counter()
             train_rl(rl)
             (d / "rl_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}")
-        row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, "samples": rl.grpo.group_size, **arm,
+        row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, "samples": rl.grpo.group_size,
+               "kl_beta": rl.grpo.kl_beta, "epochs": rl.grpo.epochs, "anchor": arm.get("anchor", 0), **arm,
                "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
                "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"}
         todo = [eval_config(cfg, d, f"{panel}_final", model_policy(cfg, final), final / "experience.json", games)
@@ -118,7 +143,7 @@ def main() -> None:
             won = {e["task_id"]: e["won"] for e in read_jsonl(ev / "episodes.jsonl")}
             wins, losses = sum(won[g] and not base[g] for g in base), sum(base[g] and not won[g] for g in base)
             row[panel] = {"won": sum(won.values()), "n": len(won), "wins": wins, "losses": losses,
-                          "p": round(sign_test(wins, losses), 3)}
+                          "p": float(f"{sign_test(wins, losses):.3g}")}
         rows.append(row)
     names = [p for p, _, _ in panels]
     lines = [
@@ -127,10 +152,11 @@ def main() -> None:
         f"{sum(sft_dev.values())}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x its samples "
         "per game, T_max 30, then its final model on the development games (greedy, cap 50). wins / losses: games only "
         "the arm / only SFT won; p: exact two-sided sign test.", "",
-        "| arm | RL games | steps | games/step | samples | T | lr | advantage | RL seed | RL s | "
+        "| arm | RL games | steps | games/step | samples | T | lr | KL β | epochs | anchor | advantage | RL seed | RL s | "
         + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
-        "|---" * (10 + 4 * len(names)) + "|",
+        "|---" * (13 + 4 * len(names)) + "|",
     ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['samples']} | {r['temperature']} | {r['lr']:g} | "
+         f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {r.get('anchor', 0):g} | "
          f"{r['estimator']} | {r['seed']} | {r['rl_seconds']} | "
          + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
          + " |" for r in rows] + [

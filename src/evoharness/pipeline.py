@@ -32,6 +32,7 @@ from evoharness.harness.factory import HarnessConfig
 from evoharness.jsonl import read_jsonl
 from evoharness.policies.factory import PolicyConfig
 from evoharness.train.rl import RLConfig, spread, train_rl
+from evoharness.train.sft_anchor import SFTAnchorConfig
 from evoharness.train.sft import SFTConfig
 
 
@@ -51,26 +52,25 @@ def _default_sft() -> SFTConfig:
 
 def _default_rl() -> RLConfig:
     """configs/rl_cpu.toml's settings (2 updates per batch) on every task type, at 2 games x 8
-    samples per step, sampled at T = 1.5 on the screened games (`RunConfig.rl_screen_games`); 8
-    steps (~60 s each on the slower 2-core box); the main job keeps the checkpoint best on the
+    samples per step, sampled at T = 1.5 on the screened games (`RunConfig.rl_screen_games`), each
+    update also descending the SFT loss on the teacher rows (PPO-ptx, `train.sft_anchor`, weight 1);
+    8 steps (~60 s each on the slower 2-core box); the main job keeps the checkpoint best on the
     development set (`select_rl_checkpoint`). The SFT policy is near-deterministic (entropy ~0.01
-    nats/token): at T = 0.6 on every game most groups had no success spread. Measured from the SFT
-    model of the harness before TRACK RESULT listed receptacles likeliest first (seed 0) on the
-    full development set against its 51/60 (benchmarks/results/student/rl_levers.md): this
-    recipe at T = 1.0 and 16 steps 54/60 (+4 / -1 games), with RL seed 1 50/60 (+3 / -4), so
-    within the spread of RL draws; GiGPO 53/60 (+2 / -0); 4 games per step 55/60 (+4 / -0) at twice
-    the RL time, and as the main job's RL stage its chosen checkpoint (step 4) 54/60; 32 steps
-    51/60 (+2 / -2); the first recipe (T = 0.6, every game) 50/60 (+2 / -3). The experience store
-    stays the teacher's: consolidating the student's own notes into it left every GRPO checkpoint
-    below SFT on the development games (benchmarks/results/student/full_scale.md). The checkpoints
-    chosen in the last main jobs were steps 4 and 8, so 8 steps, for the 45-minute budget (16 at
-    T = 1.0 cost 549 s, 8 at T = 1.5 479 s). From the 2000-step SFT model (54/60 dev, 129/140
-    valid_seen; benchmarks/results/student/rl_levers8.md), 8 steps at T = 1.0 gave 55/60 dev
-    (+1 / -0) and 129/140 (+3 / -3); at T = 1.5 56/60 (+2 / -0) and 133/140 (+4 / -0) (its samples
-    carried 0.01-0.05 nats/token at T = 1.0, 0.33-0.72 at 1.5); lr 3e-4 instead of 1e-4 fell to
-    46/60 (+2 / -10)."""
+    nats/token): at T = 0.6 on every game most groups had no success spread, at T = 1.0 its samples
+    carried 0.01-0.05 nats/token, at 1.5 0.33-0.72. The experience store stays the teacher's:
+    consolidating the student's own notes into it left every GRPO checkpoint below SFT on the
+    development games (benchmarks/results/student/full_scale.md). 16 steps at T = 1.0 cost 549 s, 8
+    at T = 1.5 479 s on the slower box. Measured from one SFT model (Intel box, 53/60 dev, 127/140
+    valid_seen; benchmarks/results/student/rl_levers_anchor.md), 8 steps: without the anchor 54/60
+    (+1 / -0) and 129/140 (+2 / -0); with it 55/60 (+2 / -0) and 130/140 (+3 / -0); lr 3e-4 alone
+    47/60 and 108/140 (+3 / -22), with the anchor 53/60 and 127/140 (+6 / -6), with KL β 0.1 55/60
+    (+3 / -1) and 127/140 (+3 / -3); lr 2e-4 with the anchor 53/60, 131/140 (+5 / -1); two PPO
+    epochs 53/60, 130/140 (+5 / -2); RL on the lost games only (lr 3e-4, anchor) 49/60, 118/140.
+    From the AMD box's SFT model (54/60, 129/140; rl_levers8.md) T = 1.5 gave 56/60 (+2 / -0) and
+    133/140 (+4 / -0) against 55/60 and 129/140 (+3 / -3) at T = 1.0."""
     rl = RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
-                  task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False)
+                  task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False,
+                  sft_anchor=SFTAnchorConfig(coef=1.0))  # data: the run's sft_examples.jsonl (`rl_config`)
     g = rl.grpo
     g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 2, 8, 2
     g.lr, g.temperature, g.micro_batch_size = 1e-4, 1.5, 16
@@ -223,6 +223,10 @@ def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
     rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
     rl_cfg.split = cfg.train_split
     rl_cfg.exclude_games = sorted(t.task_id for t in dev_split(cfg)[1])
+    if rl_cfg.sft_anchor is not None and not rl_cfg.sft_anchor.data_path:  # the teacher rows SFT trained on
+        rl_cfg.sft_anchor = rl_cfg.sft_anchor.model_copy(update={
+            "data_path": str(out / "sft_examples.jsonl"), "max_prompt_tokens": cfg.sft.max_prompt_tokens,
+            "max_completion_tokens": cfg.sft.max_completion_tokens})
     if rl_cfg.max_minutes is None and cfg.budget_minutes is not None:
         rl_cfg.max_minutes = cfg.budget_minutes * cfg.rl_budget_share
     return rl_cfg
@@ -457,6 +461,8 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     if select and curve:
         best, grpo_eval = chosen_rl(curve["points"], last_rl)
         curve["rl_selected"] = best
+        # the games that chose it: a paired comparison on them is not a test (eval.run_report)
+        curve["chosen_on"] = dev_ids if selection_key(curve["points"]) == "dev_success" else curve["game_ids"]
         (out / "curve.json").write_text(json.dumps(curve, indent=1))
         if grpo_eval.startswith("rl_step"):
             evaluate_system(grpo_eval, model_policy(cfg, Path(best["path"])), Path(best["path"]) / "experience.json")
@@ -478,7 +484,8 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     rl_note = ""
     if curve and "rl_selected" in curve:
         sel = curve["rl_selected"]
-        rl_note = (f"SFT + GRPO is the checkpoint best on the {len(dev_ids[: cfg.curve_games])} curve dev games: "
+        rl_note = (f"SFT + GRPO is the checkpoint best on {len(curve['chosen_on'])} development games "
+                   f"({'all' if len(curve['chosen_on']) == len(dev_ids) else 'the curve'} games): "
                    + ("the SFT model itself (no RL checkpoint beat it; its rows repeat the SFT evaluation)"
                       if sel["stage"] != "rl" else f"RL step {sel['step']}")
                    + f" ({sel['success']:.0f}%).")
@@ -502,18 +509,27 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
                             None if cfg.skip_rl else rl_dir / "metrics.jsonl", notes, stage.times(), curve)
 
 
+def selection_key(points: list[dict]) -> str:
+    """What `chosen_rl` ranks on: ``dev_success`` (the whole development set) when every candidate
+    (``stage`` "rl" or "sft_final") played it, as the SFT model and the last RL checkpoint do by
+    default; else ``success`` (the curve's games, which every checkpoint plays)."""
+    cands = [p for p in points if p["stage"] in ("rl", "sft_final")]
+    return "dev_success" if cands and all("dev_success" in p for p in cands) else "success"
+
+
 def chosen_rl(points: list[dict], last_rl: Path | None) -> tuple[dict, str]:
-    """The model reported as SFT + GRPO: the RL checkpoint best on the curve's dev games, or the
-    SFT model when none beats it (ties: the earlier in training minutes), and the evaluation
-    directory that holds it: ``sft`` (its rows repeat the SFT evaluation), ``rl_last`` (the last
-    RL checkpoint, evaluated before the choice) or ``rl_step<N>`` (an earlier one, named by its
-    step so a rerun that chooses another one plays that one).
+    """The model reported as SFT + GRPO: the RL checkpoint best on the development games
+    (`selection_key`), or the SFT model when none beats it (ties: the earlier in training minutes),
+    and the evaluation directory that holds it: ``sft`` (its rows repeat the SFT evaluation),
+    ``rl_last`` (the last RL checkpoint, evaluated before the choice) or ``rl_step<N>`` (an earlier
+    one, named by its step so a rerun that chooses another one plays that one).
 
     Args:
         points: `learning_curve` points (``stage`` "rl" or "sft_final" are candidates).
         last_rl: the last RL checkpoint directory, or None.
     """
-    best = max((p for p in points if p["stage"] in ("rl", "sft_final")), key=lambda p: (p["success"], -p["minutes"]))
+    key = selection_key(points)
+    best = max((p for p in points if p["stage"] in ("rl", "sft_final")), key=lambda p: (p[key], -p["minutes"]))
     if best["stage"] == "sft_final":
         return best, "sft"
     if last_rl is not None and Path(best["path"]) == last_rl:
@@ -529,9 +545,10 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
     `games` (development games, greedy, early stopping); minutes are the stages'
     training wall time up to that step (DAgger rollouts included). A checkpoint in `reuse`
     (checkpoint -> an evaluation directory of its weights on a development set holding every
-    one of `games`) takes its point from that evaluation's episodes on `games` instead.
+    one of `games`) takes its point from that evaluation's episodes on `games` instead, and its
+    success on that whole set as ``dev_success`` (%, ``dev_games`` games).
     Written to ``curve.json``: ``{"games", "game_ids", "points": [{"stage", "step", "minutes",
-    "success", "path"}]}``.
+    "success", "path"[, "dev_success", "dev_games"]}]}``.
     """
     points, offset, reuse = [], 0.0, reuse or {}
     small = cfg.model_copy(update={"eval_workers": 1})  # a few games: worker start-up would cost more than play
@@ -553,6 +570,9 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
                 won = _won_on(out / "eval" / ename, games)
             points.append({"stage": name, "step": step, "minutes": round(offset + elapsed.get(step, 0) / 60, 2),
                            "success": round(100 * sum(won) / max(1, len(won)), 1), "path": str(ck)})
+            if ck in reuse:
+                full = [e["won"] for e in read_jsonl(reuse[ck] / "episodes.jsonl")]
+                points[-1].update(dev_success=round(100 * sum(full) / len(full), 1), dev_games=len(full))
         offset += max(elapsed.values(), default=0) / 60
         if name == sft_dirs(cfg, out)[-1].name:
             last = max((p for p in points if p["stage"] == name), key=lambda p: p["step"], default=None)

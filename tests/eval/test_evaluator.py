@@ -200,3 +200,39 @@ def test_cli_errors_are_clear(tmp_path):
     (tmp_path / "garbled.toml").write_text("split = [\n")
     r = _cli("eval", "--config", str(tmp_path / "garbled.toml"))
     assert r.returncode == 2 and "not valid TOML" in r.stderr
+
+
+_QUEUE = None
+
+
+def _keep_queue(q) -> None:
+    global _QUEUE
+    _QUEUE = q
+
+
+def _put_episode(n_bytes: int) -> int:
+    """A worker task that puts an episode bigger than a pipe holds (a random policy's 50-turn
+    episode is ~90 KB): its queue's feeder thread is still writing when the task returns."""
+    _QUEUE.put({"episode_id": "big", "blob": "x" * n_bytes})
+    return n_bytes
+
+
+def test_the_pool_shuts_down_while_workers_still_flush_their_episodes():
+    """A worker exits only once its queue has been read: a shutdown that only waited for the
+    workers hung forever after the random policy's evaluation in the main job."""
+    import multiprocessing as mp
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    from evoharness.eval.evaluate import _shutdown_draining
+
+    ctx = mp.get_context("spawn")
+    finished = ctx.Queue()
+    pool = ProcessPoolExecutor(2, mp_context=ctx, initializer=_keep_queue, initargs=(finished,))
+    assert [f.result() for f in [pool.submit(_put_episode, 1 << 20) for _ in range(2)]] == [1 << 20] * 2
+    got: list[dict] = []
+    closer = threading.Thread(target=_shutdown_draining, args=(pool, finished, got.append), daemon=True)
+    closer.start()
+    closer.join(120)
+    assert not closer.is_alive(), "the shutdown hung"
+    assert [d["episode_id"] for d in got] == ["big", "big"] and len(got[0]["blob"]) == 1 << 20

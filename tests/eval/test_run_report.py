@@ -41,3 +41,8 @@ def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_
     curve["rl_selected"] = {"stage": "sft_final", "step": 0}
     md = write_run_report(tmp_path / "run2", vs, systems, [], None, [], curve=curve).read_text()
     assert "that chose it" not in md and "| valid_seen + dev | 8 |" in md
+    # chosen on the whole development set: that row says so, and no dev game joins a pooled test
+    curve.update(chosen_on=games, rl_selected={"stage": "rl", "step": 8})
+    md = write_run_report(tmp_path / "run3", vs, systems, [], None, [], curve=curve).read_text()
+    assert "| SFT + GRPO vs SFT | dev (chose the checkpoint) | 4 |" in md
+    assert "that chose it" not in md and "valid_seen + dev" not in md

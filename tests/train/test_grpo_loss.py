@@ -102,6 +102,39 @@ def test_mini_batches_take_one_step_per_slice_and_the_clip_acts_after_the_first(
     assert few["updates"] == 2
 
 
+def test_epochs_repeat_the_slices_and_the_clip_acts_on_the_second_pass():
+    model = tiny_model()
+    prompt = [1, 2, 3, 4, 5]
+    samples = samples_for(model, [(prompt, [10, 11, 12], 1.0, "a"), (prompt, [20, 21, 22], -1.0, "b")])
+    cfg = GRPOConfig(lr=1e-1, kl_beta=0.0, epochs=3, clip_low=0.01, clip_high=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    m = grpo_step(model, opt, samples, cfg, group_size=2)
+    assert m["updates"] == 3 and m["n_tokens"] == 18
+    assert all(st["step"] == 3 for st in opt.state.values())
+    assert m["ratio_max"] > 1.0 + 1e-3 and m["clip_fraction"] > 0
+    with pytest.raises(ValueError, match="epochs = 1"):
+        GRPOConfig(off_policy="decoupled", epochs=2)
+
+
+def test_an_anchor_adds_its_gradient_to_every_update_before_the_clip():
+    model = tiny_model()
+    samples = samples_for(model, [([1, 2, 3], [10, 11], 0.0, "a"), ([1, 2, 3], [20, 21], 0.0, "b")])
+    calls = []
+
+    def anchor(j):  # advantages are 0: the update is the anchor's alone
+        calls.append(j)
+        logp = logprobs_of(model, [[1, 2, 3]], [[30, 31]])
+        (-logp.sum()).backward()
+        return {"anchor_nll": float(-logp.detach().sum())}
+
+    before = float(logprobs_of(model, [[1, 2, 3]], [[30, 31]]).detach().sum())
+    cfg = GRPOConfig(lr=1e-2, kl_beta=0.0, mini_batches=2)
+    m = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=cfg.lr), samples, cfg, group_size=1,
+                  anchor=anchor)
+    assert calls == [0, 1] and m["updates"] == 2 and m["grad_norm"] > 0 and "anchor_nll" in m
+    assert float(logprobs_of(model, [[1, 2, 3]], [[30, 31]]).detach().sum()) > before + 0.05
+
+
 def test_no_gradient_reaches_prompt_or_padding_positions():
     model = tiny_model()
     ref = tiny_model(seed=1)  # differs: KL term active

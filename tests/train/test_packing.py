@@ -199,20 +199,33 @@ def test_cost_model_packs_only_what_shares_enough():
     assert batch.n_targets == 5  # the shared "1" is context in both rows; every completion token once
 
 
-def test_tree_grpo_step_equals_grpo_step_with_mini_batches(model_dir, constrained):
-    """Two updates (mini-batches of whole groups): the weights after a tree step equal a turn step's
-    (SGD: Adam's g/sqrt(v) would blow float noise in near-zero gradients up to a full step)."""
+def _l2_anchor(model, calls: list[int]):
+    """An anchor adding the gradient of a small L2 term, logging the update it was called for."""
+    def anchor(j: int) -> dict[str, float]:
+        calls.append(j)
+        (1e-3 * sum((p ** 2).sum() for p in model.parameters())).backward()
+        return {"anchor_nll": 0.0}
+    return anchor
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_tree_grpo_step_equals_grpo_step_with_mini_batches(model_dir, constrained, epochs):
+    """Two updates (mini-batches of whole groups) per epoch, each with the anchor's gradient: the
+    weights after a tree step equal a turn step's (SGD: Adam's g/sqrt(v) would blow float noise in
+    near-zero gradients up to a full step)."""
     episodes, masks = constrained
-    cfg = GRPOConfig(lr=0.5, kl_beta=0.0, mini_batches=2, clip_low=0.05, clip_high=0.05)
+    cfg = GRPOConfig(lr=0.5, kl_beta=0.0, mini_batches=2, epochs=epochs, clip_low=0.05, clip_high=0.05)
     adv = [[1.0] * 4, [-1.0] * 4, [0.5] * 4]
     a, b = load_model(model_dir), load_model(model_dir)
     a.train(), b.train()
+    calls_a, calls_b = [], []
     want = grpo_step(a, torch.optim.SGD(a.parameters(), lr=cfg.lr), turn_samples(episodes, adv, group_size=1),
-                     cfg, group_size=1, masks=masks)
+                     cfg, group_size=1, masks=masks, anchor=_l2_anchor(a, calls_a))
     trees, call_adv = trajectory_trees(episodes, adv)
     got = tree_grpo_step(b, torch.optim.SGD(b.parameters(), lr=cfg.lr), trees, call_adv, cfg, group_size=1,
-                         masks=masks, seed=0)
-    assert got["updates"] == want["updates"] == 2 and got["n_tokens"] == want["n_tokens"]
+                         masks=masks, seed=0, anchor=_l2_anchor(b, calls_b))
+    assert got["updates"] == want["updates"] == 2 * epochs and got["n_tokens"] == want["n_tokens"]
+    assert calls_a == calls_b == list(range(2 * epochs))
     assert got["clip_fraction"] == pytest.approx(want["clip_fraction"]) and want["clip_fraction"] > 0
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
     for (n, p), q in zip(a.named_parameters(), b.parameters()):

@@ -1,12 +1,12 @@
 """The main job's learning curve reuses the full development-set evaluations of the checkpoints
-that are the final models, and the SFT + GRPO row is the checkpoint chosen on the curve's games."""
+that are the final models, and the SFT + GRPO row is the checkpoint chosen on the development games."""
 
 import json
 from pathlib import Path
 
 from evoharness.config import load_config
 from evoharness.jsonl import read_jsonl
-from evoharness.pipeline import RunConfig, chosen_rl, run_pipeline
+from evoharness.pipeline import RunConfig, chosen_rl, run_pipeline, selection_key
 
 RUN = ["train_games=6", "dev_games=2", "max_steps=10", "eval_limit=1", "dev_eval_limit=2", "curve_games=1",
        "sft.max_steps=2", "sft.ckpt_every=1", "sft.progress=false", "vocab_size=300", "model_overrides.head_dim=16",
@@ -24,6 +24,9 @@ def test_curve_points_of_the_final_checkpoints_come_from_their_dev_evaluations(t
     assert sorted(p.name for p in (out / "eval" / "curve").iterdir()) == ["rl_00001", "sft_00001"]
     points = {(p["stage"], p["step"]): p["success"] for p in curve["points"]}
     assert set(points) == {("sft", 1), ("sft", 2), ("sft_final", 2), ("rl", 1), ("rl", 2)}
+    # RL step 1 played only the curve game, so the curve game chose (the final ones played all dev games)
+    assert curve["chosen_on"] == curve["game_ids"]
+    assert [p["dev_games"] for p in curve["points"] if "dev_success" in p] == [2, 2, 2]
     for key, ev in [(("sft", 2), "dev_sft"), (("rl", 2), "dev_rl_last")]:
         won = {e["task_id"]: e["won"] for e in read_jsonl(out / "eval" / ev / "episodes.jsonl")}
         assert len(won) == 2 and points[key] == 100.0 * won[game]
@@ -43,7 +46,7 @@ def test_curve_points_of_the_final_checkpoints_come_from_their_dev_evaluations(t
     assert json.loads((out / "systems.json").read_text()) == systems
 
 
-def test_the_reported_rl_model_is_the_best_on_the_curve_games_earliest_on_ties():
+def test_the_reported_rl_model_is_the_best_on_the_dev_games_earliest_on_ties():
     last = Path("rl/checkpoints/step_8")
     pt = lambda stage, step, minutes, success, path: dict(stage=stage, step=step, minutes=minutes,  # noqa: E731
                                                           success=success, path=path)
@@ -52,3 +55,12 @@ def test_the_reported_rl_model_is_the_best_on_the_curve_games_earliest_on_ties()
     assert chosen_rl([pt("sft", 1000, 13.0, 99.0, "x"), sft, rl4, rl8], last) == (rl4, "rl_step4")  # a tie: the earlier
     assert chosen_rl([sft, rl4, {**rl8, "success": 100.0}], last) == ({**rl8, "success": 100.0}, "rl_last")
     assert chosen_rl([{**sft, "success": 95.0}, rl4, rl8], last) == ({**sft, "success": 95.0}, "sft")
+    # every candidate played the whole development set (the SFT model and the last RL checkpoint by
+    # default): that set decides, not the curve's few games
+    sft_d, rl8_d = {**sft, "success": 95.0, "dev_success": 88.3}, {**rl8, "success": 90.0, "dev_success": 90.0}
+    assert selection_key([sft_d, rl8_d]) == "dev_success"
+    assert chosen_rl([sft_d, rl8_d], last) == (rl8_d, "rl_last")
+    assert chosen_rl([sft_d, {**rl8_d, "dev_success": 88.3}], last)[1] == "sft"  # a tie: the earlier
+    # a candidate without it (an intermediate checkpoint): the curve games decide, ties to the earlier
+    assert selection_key([sft_d, rl4, rl8_d]) == "success"
+    assert chosen_rl([sft_d, rl4, rl8_d], last) == (sft_d, "sft")

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from evoharness.cli import app
 from evoharness.train.rl import train_rl
+from evoharness.train.sft_anchor import SFTAnchorConfig
 
 
 def _same_run(out, final, ref, model_dir):
@@ -227,6 +228,8 @@ def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, 
     ({"grpo.mini_batches": 2}, "mini_batches > 1 runs with runtime.schedule = 'inprocess'"),
     ({"rollout_via_gateway": True}, "rollout_via_gateway runs with runtime.schedule = 'inprocess'"),
     ({"ckpt_every": 2}, "ckpt_every = 1"),
+    ({"grpo.epochs": 2}, "grpo.epochs > 1 runs with runtime.schedule = 'inprocess'"),
+    ({"sft_anchor": SFTAnchorConfig(data_path="sft.jsonl")}, "sft_anchor runs with runtime.schedule = 'inprocess'"),
 ])
 def test_cells_refuse_what_their_streaming_trainer_cannot_honour(model_dir, tmp_path, setting, message):
     """The in-process runtime honours every GRPO lever (tests/train/test_rl_kill.py runs

@@ -18,6 +18,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -296,36 +297,47 @@ def _play_pool(cfg: EvalConfig, chunks: list[list[EpisodeSpec]], record: Callabl
     (through a queue), and a chunk's returned episodes once more (`record` keeps the first)."""
     ctx = mp.get_context("spawn")
     finished = ctx.Queue()
-
-    def drain() -> None:
-        while True:
-            try:
-                record(finished.get_nowait())
-            except queue.Empty:
-                return
-
     # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed, out of memory,
     # a script without a __main__ guard re-running this at import) breaks the executor with
     # an error, where a Pool would start replacement workers forever
-    with ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_pool_worker,
-                             initargs=(cfg.model_dump_json(), finished)) as pool:
-        pending = {pool.submit(_play_chunk, chunk) for chunk in chunks}
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                drain()
-                for fut in done:
-                    for d in fut.result():  # raises the chunk's error
-                        record(d)
-        except BaseException as e:
-            # chunks already running when this failed play on until shutdown: keep what they finish
-            pool.shutdown(wait=True, cancel_futures=True)
-            time.sleep(0.2)  # the queue's feeder threads of exited workers flush before they end
-            drain()
-            if isinstance(e, BrokenProcessPool):
-                raise RuntimeError(
-                    f"an evaluation worker process died (the episodes finished before it are recorded in "
-                    f"{logs}; the same evaluation rerun resumes from them). If evaluate() was called "
-                    "from a script, its entry point needs `if __name__ == \"__main__\":` (workers are "
-                    "spawned and import it).") from e
-            raise
+    pool = ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_pool_worker,
+                               initargs=(cfg.model_dump_json(), finished))
+    pending = {pool.submit(_play_chunk, chunk) for chunk in chunks}
+    try:
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            _drain(finished, record)
+            for fut in done:
+                for d in fut.result():  # raises the chunk's error
+                    record(d)
+    except BrokenProcessPool as e:
+        raise RuntimeError(
+            f"an evaluation worker process died (the episodes finished before it are recorded in "
+            f"{logs}; the same evaluation rerun resumes from them). If evaluate() was called "
+            "from a script, its entry point needs `if __name__ == \"__main__\":` (workers are "
+            "spawned and import it).") from e
+    finally:
+        # chunks already running when something failed play on until shutdown: keep what they finish
+        _shutdown_draining(pool, finished, record)
+
+
+def _drain(finished: mp.Queue, record: Callable[[dict], None], timeout: float = 0.0) -> None:
+    """Record every episode in the queue (waiting up to `timeout` s for the first)."""
+    try:
+        record(finished.get(timeout=timeout) if timeout else finished.get_nowait())
+        while True:
+            record(finished.get_nowait())
+    except queue.Empty:
+        return
+
+
+def _shutdown_draining(pool: ProcessPoolExecutor, finished: mp.Queue, record: Callable[[dict], None]) -> None:
+    """Shut `pool` down (unstarted chunks cancelled) while reading `finished`: a worker process
+    exits only after its queue's feeder thread has written everything it put, which blocks on a
+    full pipe until this process reads it, so a shutdown that only waits would wait forever (an
+    episode put just before its chunk returned, or one of a chunk still running at an error)."""
+    closer = threading.Thread(target=pool.shutdown, kwargs={"wait": True, "cancel_futures": True}, daemon=True)
+    closer.start()
+    while closer.is_alive():
+        _drain(finished, record, timeout=0.1)
+    _drain(finished, record)

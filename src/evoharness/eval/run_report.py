@@ -166,26 +166,31 @@ def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], 
             md += ["Paired per game (same games, same order): wins = games only the second system won, losses = "
                    "games only the first won; p = exact two-sided sign test (McNemar) on those.", "",
                    "| comparison | panel | games | wins | losses | both won | p |", "|---|---|---|---|---|---|---|"]
-            # a GRPO checkpoint chosen on the curve's dev games is also compared on the dev games that had
-            # no say in the choice
-            chose = set(curve.get("game_ids", [])) if curve and curve.get("rl_selected", {}).get("stage") == "rl" else set()
+            # a GRPO checkpoint chosen on dev games is also compared on the dev games that had no say in
+            # the choice (none when the whole development set chose it)
+            chose = (set(curve.get("chosen_on", curve.get("game_ids", [])))
+                     if curve and curve.get("rl_selected", {}).get("stage") == "rl" else set())
             for a, b in pairs:
-                panels = [("valid_seen", vs, set()), ("dev", dv, set())]
-                if chose and "GRPO" in b:
-                    panels.append((f"dev without the {len(chose)} that chose it", dv, chose))
+                chosen = chose if "GRPO" in b else set()
+                every = bool(chosen) and b in dv and {e["task_id"] for e in dv[b][1]} <= chosen
+                # (panel, data, games left out, may join the pooled test)
+                panels = [("valid_seen", vs, set(), True),
+                          ("dev (chose the checkpoint)" if every else "dev", dv, set(), not chosen)]
+                if chosen and not every:
+                    panels.append((f"dev without the {len(chosen)} that chose it", dv, chosen, True))
                 pooled: list[tuple[list[dict], list[dict]]] = []
-                for panel, data, drop in panels:
+                for panel, data, drop, pool in panels:
                     if a in data and b in data:
                         pair = ([e for e in data[a][1] if e["task_id"] not in drop],
                                 [e for e in data[b][1] if e["task_id"] not in drop])
                         c = paired(*pair)
                         md.append(f"| {b} vs {a} | {panel} | {c['n']} | {c['b_only']} | {c['a_only']} | {c['both']} | "
                                   f"{c['p']:.3g} |")
-                        if pair[0] and (panel != "dev" or not chose or "GRPO" not in b):
+                        if pair[0] and pool:
                             pooled.append(pair)
                 if len(pooled) > 1:  # disjoint game sets, none of which chose the checkpoint: one larger paired test
                     c = paired([e for x, _ in pooled for e in x], [e for _, y in pooled for e in y])
-                    both_panels = "valid_seen + dev" + (" without those" if chose and "GRPO" in b else "")
+                    both_panels = "valid_seen + dev" + (" without those" if chosen else "")
                     md.append(f"| {b} vs {a} | {both_panels} | {c['n']} | {c['b_only']} | "
                               f"{c['a_only']} | {c['both']} | {c['p']:.3g} |")
             md.append("")

@@ -8,14 +8,14 @@ turn, optionally through a loopback gateway), the role switches are free
 (the same weights serve and train), micro-batches are claimed, and the
 optimizer step runs at the `SyncWeights` command over the whole step batch:
 `train.grpo.grpo_step` (turn rows) or `train.tree_loss.tree_grpo_step`
-(trajectory trees), with every GRPO lever, ``mini_batches`` > 1 (several
-updates per batch) included, which is why the cell trains at the sync and
+(trajectory trees), with every GRPO lever, ``mini_batches`` / ``epochs`` > 1 (several
+updates per batch) and the SFT anchor included, which is why the cell trains at the sync and
 not per claimed micro-batch. One RL step (EvoHarness-RL §4, Table 4)::
 
     rollout: P train games x G samples with the BPE harness (experience store frozen)
     reward:  Eq. 5-6 per trajectory (`train.rewards.trajectory_reward`)
     advantage: group-relative (GRPO), optionally GiGPO step-level
-    update:  PPO-clip step(s) with KL to the frozen SFT reference
+    update:  PPO-clip step(s) with KL to the frozen SFT reference (and the SFT anchor's loss)
     consolidate the experience store (notes, pickup priors)
 
 `InProcessRuntime` is what `train.rl.train_rl` drives: the steps' metrics
@@ -97,11 +97,13 @@ class InProcessBackend:
             sampler's token masks.
         rollout_policy: who answers the rollout calls (the policy, or a gateway over it).
         consolidator: the experience store's LLM consolidator (None: rules).
+        anchor: the SFT anchor (`train.sft_anchor.SFTAnchor`; None: GRPO alone).
     """
 
     def __init__(self, cfg: Any, tasks: list, order: list[int], store: Any, policy: Any, optimizer: Any,
-                 ref: Any, masks: TokenMasks, rollout_policy: Any = None, consolidator: Any = None):
-        self.cfg, self.tasks, self.order, self.store = cfg, tasks, order, store
+                 ref: Any, masks: TokenMasks, rollout_policy: Any = None, consolidator: Any = None,
+                 anchor: Any = None):
+        self.cfg, self.tasks, self.order, self.store, self.anchor = cfg, tasks, order, store, anchor
         self.policy, self.optimizer, self.ref, self.masks = policy, optimizer, ref, masks
         self.rollout_policy, self.consolidator = rollout_policy or policy, consolidator
         self.P, self.G = cfg.grpo.prompts_per_step, cfg.grpo.group_size
@@ -194,16 +196,17 @@ class InProcessBackend:
         flat_adv = [a for ga in adv for a in ga]
         t1 = time.perf_counter()
         self.policy.model.train()
+        anchor = self.anchor.for_step(self.policy.model, step, self.amp) if self.anchor else None
         if g.packing:  # trajectory trees, dedup-sampled and tree-packed (train/tree_loss.py)
             trees, call_adv = trajectory_trees(trajs, flat_adv)
             upd = tree_grpo_step(self.policy.model, self.optimizer, trees, call_adv, g, group_size=self.G,
                                  j_max=g.j_max, seed=step, max_tokens=g.pack_tokens,
                                  rows_per_micro=g.micro_batch_size, ref_model=self.ref, masks=self.masks,
-                                 amp=self.amp) if any(t.n_trainable for t in trees) else {}
+                                 amp=self.amp, anchor=anchor) if any(t.n_trainable for t in trees) else {}
         else:
             samples = turn_samples(trajs, flat_adv, max_turns=g.max_train_turns, seed=step, group_size=self.G)
             upd = grpo_step(self.policy.model, self.optimizer, samples, g, ref_model=self.ref, group_size=self.G,
-                            masks=self.masks, amp=self.amp) if samples else {}
+                            masks=self.masks, amp=self.amp, anchor=anchor) if samples else {}
         self.policy.policy_version = version
         t_train = time.perf_counter() - t1
         self.store.unfreeze()
@@ -318,8 +321,13 @@ class InProcessRuntime:
             from evoharness.runtime.gateway import served_policy
 
             rollout_policy = self._served.enter_context(served_policy(policy, records=out / "gateway"))
+        anchor = None
+        if cfg.sft_anchor is not None:
+            from evoharness.train.sft_anchor import SFTAnchor
+
+            anchor = SFTAnchor(cfg.sft_anchor, policy.tokenizer, cfg.seed, g.epochs * g.mini_batches)
         self.backend = InProcessBackend(cfg, tasks, self.order, store, policy, optimizer, ref, masks,
-                                        rollout_policy, consolidator)
+                                        rollout_policy, consolidator, anchor)
         sched = build_scheduler("colocate", sim_config(cfg)).resume_at(self.step)
         self.driver = Driver(sched, self.backend, stall_s=cfg.runtime.stall_s)
 

@@ -102,7 +102,7 @@ class CellRuntime:
 
     Raises:
         ValueError: a setting the cells cannot honour (a non-CPU device, tree packing,
-            gateway rollouts, grpo.mini_batches > 1, ckpt_every > 1), an out_dir of an
+            gateway rollouts, grpo.mini_batches or grpo.epochs > 1, an SFT anchor, ckpt_every > 1), an out_dir of an
             in-process run, or a bad task filter.
     """
 
@@ -120,6 +120,9 @@ class CellRuntime:
                        cfg.rollout_via_gateway,
                    "grpo.mini_batches > 1 runs with runtime.schedule = 'inprocess' only (the cells' streaming trainer "
                    "makes one update per step)": cfg.grpo.mini_batches != 1,
+                   "grpo.epochs > 1 runs with runtime.schedule = 'inprocess' only (one update per step)":
+                       cfg.grpo.epochs != 1,
+                   "sft_anchor runs with runtime.schedule = 'inprocess' only": cfg.sft_anchor is not None,
                    "the cells' job checkpoint is taken at every weight sync (ckpt_every = 1)": cfg.ckpt_every != 1,
                    "runtime cells run on CPU for now (device = 'cpu')": cfg.device != "cpu",
                    "env = 'repo' has no periodic evaluation yet (eval_every = 0; `eval --env repo` evaluates)":

@@ -93,6 +93,8 @@ class GRPOConfig(Strict):
     micro_batch_size: int = Field(8, gt=0, description="turns (with packing: packed rows) per forward/backward")
     mini_batches: int = Field(1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); "
                                                     "groups are kept whole")
+    epochs: int = Field(1, gt=0, description="passes over the step batch, each of `mini_batches` updates "
+                                             "(verl ppo_epochs): from the second on the PPO clip bounds the move")
     off_policy: Literal["auto", "ppo", "decoupled"] = Field(
         "auto", description="ppo: clip the ratio to the behaviour policy; decoupled: decoupled PPO with a truncated "
                             "behaviour importance weight (module docstring); auto: decoupled on the schedules that "
@@ -111,9 +113,9 @@ class GRPOConfig(Strict):
 
     @model_validator(mode="after")
     def _one_work_cap(self) -> "GRPOConfig":
-        if self.off_policy == "decoupled" and self.mini_batches != 1:
+        if self.off_policy == "decoupled" and (self.mini_batches != 1 or self.epochs != 1):
             raise ValueError("grpo.off_policy=decoupled takes π_prox as the weights the gradient is taken at: "
-                             "it needs grpo.mini_batches = 1")
+                             "it needs grpo.mini_batches = 1 and grpo.epochs = 1")
         if self.packing and self.max_train_turns is not None:
             raise ValueError("grpo.max_train_turns samples turn rows; with grpo.packing cap the work with grpo.j_max")
         return self
@@ -509,22 +511,29 @@ def make_optimizer(model: Any, cfg: GRPOConfig) -> torch.optim.Optimizer:
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample], cfg: GRPOConfig,
               ref_model: Any = None, group_size: int = 1, masks: TokenMasks | None = None,
-              amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+              amp: Callable[[], AbstractContextManager] = nullcontext,
+              anchor: Callable[[int], dict[str, float]] | None = None) -> dict[str, float]:
     """Optimizer steps on one step batch of turns.
 
     The batch's GRPO groups are cut into ``cfg.mini_batches`` slices of whole
     groups (`mini_batch_slices`); each slice is one update: accumulate (token
     weights over the slice), clip the gradient norm to ``cfg.grad_clip``, step.
-    From the second slice on the policy has moved, so ρ ≠ 1 and the PPO clip
-    acts (verl's ``ppo_mini_batch_size``). With one mini-batch this is exactly
-    one full-batch step. Returns `accumulate_gradients`' metrics plus
-    ``grad_norm`` (before clipping), averaged over the updates
-    (``ratio_max``: the max; ``n_tokens``: the sum).
+    ``cfg.epochs`` passes run over the same slices. From the second update on
+    the policy has moved, so ρ ≠ 1 and the PPO clip acts (verl's
+    ``ppo_mini_batch_size`` / ``ppo_epochs``). With one mini-batch and one epoch
+    this is exactly one full-batch step. `anchor(j)`, if given, adds its own
+    gradient to update j's before clipping (`train.sft_anchor`: an SFT loss on
+    teacher rows) and returns its metrics. Returns `accumulate_gradients`'
+    metrics (and the anchor's) plus ``grad_norm`` (before clipping), averaged
+    over the updates (``ratio_max``: the max; ``n_tokens``: the sum).
     """
     runs = []
-    for batch in mini_batch_slices(samples, cfg.mini_batches, group_size):
+    slices = mini_batch_slices(samples, cfg.mini_batches, group_size)
+    for batch in [b for _ in range(cfg.epochs) for b in slices]:
         optimizer.zero_grad(set_to_none=True)
         m = accumulate_gradients(model, batch, cfg, ref_model, masks, amp)
+        if anchor is not None:
+            m.update(anchor(len(runs)))
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
         optimizer.step()

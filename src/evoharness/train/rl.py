@@ -38,6 +38,7 @@ from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.runtime.rl_job import RuntimeConfig
 from evoharness.train.checkpoint import append_jsonl, failpoint, get_rng_state, set_rng_state
 from evoharness.train.grpo import GRPOConfig
+from evoharness.train.sft_anchor import SFTAnchorConfig
 
 
 class LLMConsolidatorConfig(Strict):
@@ -84,6 +85,8 @@ class RLConfig(Strict):
     step_caps: list[int] | None = Field(None, min_length=1)
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe"))
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    # each GRPO update also descends the SFT loss on these teacher examples (PPO-ptx; train.sft_anchor)
+    sft_anchor: SFTAnchorConfig | None = None
     device: str = "cpu"
     # Forward compute dtype of rollouts and training (auto: bf16 on CUDA, fp32 on CPU). The
     # policy's parameters and AdamW state are fp32 master weights whatever this says

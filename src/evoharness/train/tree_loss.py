@@ -184,25 +184,29 @@ def tree_grpo_step(model: Any, optimizer: torch.optim.Optimizer, trees: Sequence
                    advantages: Sequence[float | Sequence[float]], cfg: GRPOConfig, *, group_size: int = 1,
                    j_max: int | None = None, seed: int | str = 0, max_tokens: int | None = 4096,
                    rows_per_micro: int = 1, ref_model: Any = None, masks: TokenMasks | None = None,
-                   amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+                   amp: Callable[[], AbstractContextManager] = nullcontext,
+                   anchor: Callable[[int], dict[str, float]] | None = None) -> dict[str, float]:
     """Optimizer steps on one step batch of trees: `grpo.grpo_step` with tree packing.
 
     The trees (rollout order, ``group_size`` consecutive trees per GRPO group)
     are dealt round-robin by whole groups into ``cfg.mini_batches`` slices, as
     `grpo.mini_batch_slices`; each slice is one update (weights over the slice,
-    accumulate, clip to ``cfg.grad_clip``, step). Returns the metrics of
+    accumulate, add `anchor`'s gradient, clip to ``cfg.grad_clip``, step), ``cfg.epochs``
+    passes over the slices. Returns the metrics of
     `tree_accumulate_gradients` plus ``grad_norm``, averaged over the updates
     (``ratio_max``: the max; ``n_tokens``, ``packed_tokens``, ``paths``, ``rows``: sums).
     """
     n_groups = -(-len(trees) // max(1, group_size))
     n = max(1, min(cfg.mini_batches, n_groups))
     runs = []
-    for j in range(n):
+    for j in [j for _ in range(cfg.epochs) for j in range(n)]:
         idx = [i for i in range(len(trees)) if (i // max(1, group_size)) % n == j]
         optimizer.zero_grad(set_to_none=True)
         m = tree_accumulate_gradients(model, [trees[i] for i in idx], [advantages[i] for i in idx], cfg,
                                       j_max=j_max, seed=seed, max_tokens=max_tokens, rows_per_micro=rows_per_micro,
                                       ref_model=ref_model, masks=masks, amp=amp)
+        if anchor is not None:
+            m.update(anchor(len(runs)))
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
         optimizer.step()

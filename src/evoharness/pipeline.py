@@ -484,11 +484,12 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     rl_note = ""
     if curve and "rl_selected" in curve:
         sel = curve["rl_selected"]
+        key = selection_key(curve["points"])
         rl_note = (f"SFT + GRPO is the checkpoint best on {len(curve['chosen_on'])} development games "
-                   f"({'all' if len(curve['chosen_on']) == len(dev_ids) else 'the curve'} games): "
+                   f"({'all' if key == 'dev_success' else 'the curve'} games): "
                    + ("the SFT model itself (no RL checkpoint beat it; its rows repeat the SFT evaluation)"
                       if sel["stage"] != "rl" else f"RL step {sel['step']}")
-                   + f" ({sel['success']:.0f}%).")
+                   + f" ({sel[key]:.1f}%).")
     notes = [
         f"Model: Qwen3-architecture '{cfg.model_preset}'{_fields(cfg.model_overrides)} initialised from scratch, "
         f"tokenizer trained locally (vocab {cfg.vocab_size}); decoding {'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",

@@ -38,6 +38,7 @@ def test_curve_points_of_the_final_checkpoints_come_from_their_dev_evaluations(t
                        "sft_grpo": chosen_rl(curve["points"], last)[1]}
     report = (out / "report.md").read_text()
     assert "| SFT + GRPO |" in report and "eval_rl_last" in report
+    assert "checkpoint best on 1 development games (the curve games)" in report
     # a rerun plays nothing again and reports the same systems
     lines: list[str] = []
     run_pipeline(cfg, log=lines.append)

@@ -18,15 +18,16 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
 - ``screened_seed1``: ``screened`` with RL seed 1 instead of the run's (other samples, same games):
   how much of an arm's gain is its draw;
 - ``screened8``: ``screened`` for 8 steps (the main job's RL budget); ``t15_8``: it at T = 1.5
-  (more exploration from a near-deterministic SFT policy: the main job's RL until the anchor); ``lr3e4_8``:
+  (more exploration from a near-deterministic SFT policy: the main job's RL today); ``lr3e4_8``:
   it at lr 3e-4 (1e-4); ``t15_8_seed1``: ``t15_8`` with RL seed 1; ``t15_lr2e4_8``: ``t15_8`` at lr 2e-4;
   ``t20_8``: ``t15_8`` at T = 2.0; ``t15_g4x4_8``: ``t15_8`` with 4 games x 4 samples per step (the same episodes);
 - stronger updates held near SFT: ``t15_lr3e4_8`` (``t15_8`` at lr 3e-4), and it with a 10x KL weight
   (``t15_lr3e4_kl01_8``, β 0.1) or the SFT anchor (``t15_lr3e4_anchor_8``: every update also descends the
   teacher rows' NLL, weight 1, `train.sft_anchor`), both (``t15_lr3e4_kl01_anchor_8``) or the anchor at
-  weight 4 (``t15_lr3e4_anchor4_8``); ``t15_anchor_8``: ``t15_8`` with the anchor (the main job's RL
-  today), ``t15_anchor_8_seed1`` it with RL seed 1, ``t15_lr2e4_anchor_8`` at lr 2e-4; ``t15_lost_lr3e4_anchor_8``: ``t15_lr3e4_anchor_8`` on the
-  lost screened games only; ``t15_ep2_8``: ``t15_8`` with two passes (PPO epochs) over each step batch.
+  weight 4 (``t15_lr3e4_anchor4_8``); ``t15_anchor_8``: ``t15_8`` with the anchor, ``t15_anchor_8_seed1``
+  it with RL seed 1, ``t15_lr2e4_anchor_8`` at lr 2e-4; ``t15_lost_lr3e4_anchor_8``:
+  ``t15_lr3e4_anchor_8`` on the lost screened games only; ``t15_ep2_8``: ``t15_8`` with two passes (PPO
+  epochs) over each step batch.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact

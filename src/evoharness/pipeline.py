@@ -32,7 +32,6 @@ from evoharness.harness.factory import HarnessConfig
 from evoharness.jsonl import read_jsonl
 from evoharness.policies.factory import PolicyConfig
 from evoharness.train.rl import RLConfig, spread, train_rl
-from evoharness.train.sft_anchor import SFTAnchorConfig
 from evoharness.train.sft import SFTConfig
 
 
@@ -52,25 +51,23 @@ def _default_sft() -> SFTConfig:
 
 def _default_rl() -> RLConfig:
     """configs/rl_cpu.toml's settings (2 updates per batch) on every task type, at 2 games x 8
-    samples per step, sampled at T = 1.5 on the screened games (`RunConfig.rl_screen_games`), each
-    update also descending the SFT loss on the teacher rows (PPO-ptx, `train.sft_anchor`, weight 1);
-    8 steps (~60 s each on the slower 2-core box); the main job keeps the checkpoint best on the
+    samples per step, sampled at T = 1.5 on the screened games (`RunConfig.rl_screen_games`); 8
+    steps (~60 s each on the slower 2-core box); the main job keeps the checkpoint best on the
     development set (`select_rl_checkpoint`). The SFT policy is near-deterministic (entropy ~0.01
     nats/token): at T = 0.6 on every game most groups had no success spread, at T = 1.0 its samples
     carried 0.01-0.05 nats/token, at 1.5 0.33-0.72. The experience store stays the teacher's:
     consolidating the student's own notes into it left every GRPO checkpoint below SFT on the
     development games (benchmarks/results/student/full_scale.md). 16 steps at T = 1.0 cost 549 s, 8
     at T = 1.5 479 s on the slower box. Measured from one SFT model (Intel box, 53/60 dev, 127/140
-    valid_seen; benchmarks/results/student/rl_levers_anchor.md), 8 steps: without the anchor 54/60
-    (+1 / -0) and 129/140 (+2 / -0); with it 55/60 (+2 / -0) and 130/140 (+3 / -0); lr 3e-4 alone
-    47/60 and 108/140 (+3 / -22), with the anchor 53/60 and 127/140 (+6 / -6), with KL β 0.1 55/60
-    (+3 / -1) and 127/140 (+3 / -3); lr 2e-4 with the anchor 53/60, 131/140 (+5 / -1); two PPO
-    epochs 53/60, 130/140 (+5 / -2); RL on the lost games only (lr 3e-4, anchor) 49/60, 118/140.
-    From the AMD box's SFT model (54/60, 129/140; rl_levers8.md) T = 1.5 gave 56/60 (+2 / -0) and
-    133/140 (+4 / -0) against 55/60 and 129/140 (+3 / -3) at T = 1.0."""
+    valid_seen; benchmarks/results/student/rl_levers_anchor.md), 8 steps, RL seeds 0 / 1: this recipe
+    54/60 (+1 / -0) and 54/60 (+2 / -1) dev, 129/140 (+2 / -0) and 127/140 (+3 / -3) valid_seen; with
+    the SFT anchor (`sft_anchor`, PPO-ptx) 55/60 (+2 / -0) and 51/60 (+0 / -2), 130/140 and 124/140:
+    not better, so off. The anchor does hold larger steps: lr 3e-4 alone 47/60 and 108/140 (+3 /
+    -22), with it 53/60 and 127/140 (+6 / -6), with KL β 0.1 instead 55/60, 127/140 (+3 / -3); two
+    PPO epochs 53/60, 130/140 (+5 / -2); RL on the lost games only 49/60, 118/140. From the AMD box's
+    SFT model (54/60, 129/140; rl_levers8.md) this recipe gave 56/60 (+2 / -0), 133/140 (+4 / -0)."""
     rl = RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
-                  task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False,
-                  sft_anchor=SFTAnchorConfig(coef=1.0))  # data: the run's sft_examples.jsonl (`rl_config`)
+                  task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False)
     g = rl.grpo
     g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 2, 8, 2
     g.lr, g.temperature, g.micro_batch_size = 1e-4, 1.5, 16
@@ -85,9 +82,10 @@ RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_bat
 
 class RunConfig(Strict):
     """The whole pipeline. Defaults: the embedded CPU default (bundled games, a
-    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 29.4 min on the
-    2-core box of benchmarks/results/main_job/ in a fast hour, 44.9 min scaled to its slowest
-    measured hour (an earlier box ran SFT steps 2.4x faster, benchmarks/results/student/full_scale.md)."""
+    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 15.5 min on the
+    2-core Intel box of benchmarks/results/main_job/; on the AMD box of the previous report 29.4 min in
+    a fast hour, 44.9 min scaled to its slowest measured hour (an earlier box ran SFT steps 2.4x
+    faster, benchmarks/results/student/full_scale.md)."""
 
     out_dir: str = "runs/main"
     seed: int = 0

@@ -104,7 +104,7 @@ def test_mini_batches_keep_groups_whole_when_a_game_fails_to_load(model_dir):
         {s.episode_id for s in legacy[1]} & {specs[3].episode_id}
 
 
-@pytest.mark.parametrize("key", ["grpo.epochs=3", "grpo.max_prompt_tokens=1024", "grpo.max_response_tokens=64"])
+@pytest.mark.parametrize("key", ["grpo.ppo_epochs=3", "grpo.max_prompt_tokens=1024", "grpo.max_response_tokens=64"])
 def test_unread_config_fields_are_rejected(key):
     with pytest.raises(ConfigError, match=key.split("=")[0]):
         load_config(RLConfig, overrides=[key])

@@ -79,6 +79,15 @@ def test_one_update_moves_bandit_towards_positive_completion():
     assert m["entropy"] > 0
 
 
+def _tight_clip_step(model, samples, updates: int, **grpo) -> dict:
+    """One `grpo_step` (groups of 2) at a large lr and a 1% clip, checking it took `updates` AdamW steps."""
+    cfg = GRPOConfig(lr=1e-1, kl_beta=0.0, clip_low=0.01, clip_high=0.01, **grpo)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    m = grpo_step(model, opt, samples, cfg, group_size=2)
+    assert m["updates"] == updates and all(st["step"] == updates for st in opt.state.values())
+    return m
+
+
 def test_mini_batches_take_one_step_per_slice_and_the_clip_acts_after_the_first():
     model = tiny_model()
     prompt = [1, 2, 3, 4, 5]
@@ -88,11 +97,8 @@ def test_mini_batches_take_one_step_per_slice_and_the_clip_acts_after_the_first(
     single = grpo_step(one, torch.optim.AdamW(one.parameters(), lr=1e-1), samples, GRPOConfig(lr=1e-1, kl_beta=0.0),
                        group_size=2)
     assert single["updates"] == 1 and single["ratio_max"] == pytest.approx(1.0, abs=1e-5)
-    cfg = GRPOConfig(lr=1e-1, kl_beta=0.0, mini_batches=2, clip_low=0.01, clip_high=0.01)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    m = grpo_step(model, opt, samples, cfg, group_size=2)
-    assert m["updates"] == 2 and m["n_tokens"] == 12
-    assert all(st["step"] == 2 for st in opt.state.values())
+    m = _tight_clip_step(model, samples, updates=2, mini_batches=2)
+    assert m["n_tokens"] == 12
     # slice 2 is scored by the policy slice 1 moved: ratios leave 1 and the tight clip bites
     assert m["ratio_max"] > 1.0 + 1e-3 and m["clip_fraction"] > 0
     # more slices than groups: one step per group
@@ -106,11 +112,8 @@ def test_epochs_repeat_the_slices_and_the_clip_acts_on_the_second_pass():
     model = tiny_model()
     prompt = [1, 2, 3, 4, 5]
     samples = samples_for(model, [(prompt, [10, 11, 12], 1.0, "a"), (prompt, [20, 21, 22], -1.0, "b")])
-    cfg = GRPOConfig(lr=1e-1, kl_beta=0.0, epochs=3, clip_low=0.01, clip_high=0.01)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    m = grpo_step(model, opt, samples, cfg, group_size=2)
-    assert m["updates"] == 3 and m["n_tokens"] == 18
-    assert all(st["step"] == 3 for st in opt.state.values())
+    m = _tight_clip_step(model, samples, updates=3, epochs=3)
+    assert m["n_tokens"] == 18
     assert m["ratio_max"] > 1.0 + 1e-3 and m["clip_fraction"] > 0
     with pytest.raises(ValueError, match="epochs = 1"):
         GRPOConfig(off_policy="decoupled", epochs=2)

@@ -27,7 +27,10 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   weight 4 (``t15_lr3e4_anchor4_8``); ``t15_anchor_8``: ``t15_8`` with the anchor, ``t15_anchor_8_seed1``
   it with RL seed 1, ``t15_lr2e4_anchor_8`` at lr 2e-4; ``t15_lost_lr3e4_anchor_8``:
   ``t15_lr3e4_anchor_8`` on the lost screened games only; ``t15_ep2_8``: ``t15_8`` with two passes (PPO
-  epochs) over each step batch.
+  epochs) over each step batch;
+- the signal: ``t15_all_8`` trains every turn of each episode (``grpo.max_train_turns`` None, not 8
+  sampled), ``t15_s400_8`` screens 400 training games (more lost ones to learn from), ``t15_s400_all_8``
+  both; ``t15_gigpo_8`` uses GiGPO's step-level advantage at T = 1.5, ``t15_gigpo_all_8`` on every turn.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -75,6 +78,14 @@ ARMS = {
                                 "anchor": 1.0},
     "t15_lost_lr3e4_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "anchor": 1.0,
                                 "lost_only": True},
+    # where the signal is: every turn of each episode trained (the decisive turn is one of ~24; 8 sampled
+    # turns miss it two times in three), more screened games (400: more lost ones)
+    "t15_all_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "train_turns": None},
+    "t15_s400_8": {**_SCREENED, "screen": 400, "steps": 8, "temperature": 1.5},
+    "t15_s400_all_8": {**_SCREENED, "screen": 400, "steps": 8, "temperature": 1.5, "train_turns": None},
+    # GiGPO's step-level advantage singles out the turn where the same state led to different returns
+    "t15_gigpo_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "estimator": "gigpo"},
+    "t15_gigpo_all_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "estimator": "gigpo", "train_turns": None},
 }
 
 
@@ -122,6 +133,7 @@ def main() -> None:
         rl.grpo.group_size = arm.get("samples", rl.grpo.group_size)
         rl.seed, rl.grpo.lr = arm.get("seed", cfg.seed), arm.get("lr", rl.grpo.lr)
         rl.grpo.kl_beta, rl.grpo.epochs = arm.get("kl_beta", rl.grpo.kl_beta), arm.get("epochs", rl.grpo.epochs)
+        rl.grpo.max_train_turns = arm.get("train_turns", rl.grpo.max_train_turns)
         if arm["screen"]:
             screened = out / f"screen{arm['screen']}.json"
             if not screened.exists():
@@ -133,6 +145,7 @@ def main() -> None:
             train_rl(rl)
             (d / "rl_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}")
         row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, "samples": rl.grpo.group_size,
+               "train_turns": rl.grpo.max_train_turns,
                "kl_beta": rl.grpo.kl_beta, "epochs": rl.grpo.epochs, "anchor": arm.get("anchor", 0), **arm,
                "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
                "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"}
@@ -151,12 +164,14 @@ def main() -> None:
         "# GRPO levers (one main job's SFT model, seed 0)", "",
         f"`python benchmarks/rl_levers.py {' '.join(sys.argv[1:])}`; SFT on the {len(dev_ids)} development games: "
         f"{sum(sft_dev.values())}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x its samples "
-        "per game, T_max 30, then its final model on the development games (greedy, cap 50). wins / losses: games only "
-        "the arm / only SFT won; p: exact two-sided sign test.", "",
-        "| arm | RL games | steps | games/step | samples | T | lr | KL β | epochs | anchor | advantage | RL seed | RL s | "
+        "per game (trained turns: per episode, drawn), T_max 30, then its final model on the development games "
+        "(greedy, cap 50). wins / losses: games only the arm / only SFT won; p: exact two-sided sign test.", "",
+        "| arm | RL games | steps | games/step | samples | trained turns | T | lr | KL β | epochs | anchor | advantage | "
+        "RL seed | RL s | "
         + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
-        "|---" * (13 + 4 * len(names)) + "|",
-    ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['samples']} | {r['temperature']} | {r['lr']:g} | "
+        "|---" * (14 + 4 * len(names)) + "|",
+    ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['samples']} | "
+         f"{r['train_turns'] or 'all'} | {r['temperature']} | {r['lr']:g} | "
          f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {r.get('anchor', 0):g} | "
          f"{r['estimator']} | {r['seed']} | {r['rl_seconds']} | "
          + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)

@@ -99,6 +99,10 @@ class RunConfig(Strict):
     dagger_games: int = 100  # train games the student plays per round
     dagger_beta: float = 0.0  # probability the teacher's action is executed instead of the student's
     dagger_sft_steps: int = 300  # SFT steps per round on teacher + all DAgger examples so far
+    # peak lr of a round's SFT: about where the first SFT stage's cosine ended (sft.lr 2e-3 x 0.1). A
+    # round fine-tunes a converged model; re-warmed to sft.lr it lost games (50/60 dev against SFT's 53;
+    # at 2e-4 54/60: benchmarks/results/student/dagger90_lr2e3/, dagger90/)
+    dagger_lr: float = Field(2e-4, gt=0)
     stop_repeats: int = 3  # evaluation/DAgger: end an episode whose (prompt, completion) repeats K times
     curve_games: int = 20  # dev games each saved checkpoint plays for the learning curve (0: no curve)
     # before RL the SFT model plays this many training games (greedy, once); RL then trains on the ones
@@ -371,6 +375,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
             sft_cfg = cfg.sft.model_copy()
             if r > 0:
                 sft_cfg.max_steps = cfg.dagger_sft_steps
+                sft_cfg.lr = cfg.dagger_lr
             if sft_cfg.max_minutes is None:
                 sft_cfg.max_minutes = sft_minutes
             data = read_jsonl(sft_data) + [ex for k in range(1, r + 1) for ex in read_jsonl(out / f"dagger{k}.jsonl")]
@@ -495,7 +500,8 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         + (f" + {cfg.sft.prompt_loss_weight:g} x the prompt-token loss" if cfg.sft.prompt_loss_weight else " tokens only")
         + f"; GRPO on {', '.join(cfg.rl.task_types) if cfg.rl.task_types else 'every task type'}; torch threads {cfg.threads}.",
         f"Budget in optimizer steps: SFT {cfg.sft.max_steps}, DAgger {cfg.dagger_rounds} round(s) x {cfg.dagger_games} games "
-        f"+ {cfg.dagger_sft_steps} SFT steps, GRPO {0 if cfg.skip_rl else cfg.rl.steps}"
+        f"+ {cfg.dagger_sft_steps} SFT steps{f' at lr {cfg.dagger_lr:g}' if cfg.dagger_rounds else ''}, "
+        f"GRPO {0 if cfg.skip_rl else cfg.rl.steps}"
         + (f"; wall cap {cfg.budget_minutes:.0f} min" if cfg.budget_minutes else "; no wall cap")
         + f". The stages took {sum(stage.times().values()) / 60:.1f} min in all (table below); this invocation "
         f"{(time.perf_counter() - t0) / 60:.1f} min (a rerun resumes: finished stages are not redone).",

@@ -60,3 +60,17 @@ def test_dev_teacher_examples_play_only_development_games_and_leave_the_store_al
     assert store.read_bytes() == before
     # played afresh, not resumed from the traces file the first call left
     assert len(dev_teacher_examples(cfg, store, tmp_path / "traces.jsonl", n_games=3)) == len(examples)
+
+
+def test_a_dagger_round_fine_tunes_at_its_own_learning_rate(tmp_path):
+    """`dagger_lr` sets the peak lr of a DAgger round's SFT (a converged model re-warmed to the
+    from-scratch lr lost games: benchmarks/results/student/dagger90_lr2e3/); the first SFT stage keeps sft.lr."""
+    out = f'out_dir="{tmp_path / "run"}"'
+    run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "dagger_lr=3e-5"]), log=lambda m: None)
+    first = json.loads((tmp_path / "run" / "sft" / "sft_config.json").read_text())
+    dagger = json.loads((tmp_path / "run" / "sft_dagger1" / "sft_config.json").read_text())
+    assert first["lr"] == RunConfig().sft.lr and dagger["lr"] == 3e-5
+    steps = [json.loads(line) for line in (tmp_path / "run" / "sft_dagger1" / "metrics.jsonl").read_text().splitlines()]
+    assert steps and all(0 < s["lr"] <= 3e-5 for s in steps)
+    with pytest.raises(ValueError, match="greater than 0"):
+        load_config(RunConfig, overrides=["dagger_lr=0"])

@@ -102,8 +102,8 @@ class CellRuntime:
 
     Raises:
         ValueError: a setting the cells cannot honour (a non-CPU device, tree packing,
-            gateway rollouts, grpo.mini_batches or grpo.epochs > 1, an SFT anchor, ckpt_every > 1), an out_dir of an
-            in-process run, or a bad task filter.
+            gateway rollouts, grpo.mini_batches or grpo.epochs > 1, an SFT anchor, ckpt_every > 1),
+            an out_dir of an in-process run, or a bad task filter.
     """
 
     def __init__(self, cfg: "RLConfig"):

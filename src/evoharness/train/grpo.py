@@ -527,11 +527,24 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Tu
     metrics (and the anchor's) plus ``grad_norm`` (before clipping), averaged
     over the updates (``ratio_max``: the max; ``n_tokens``: the sum).
     """
-    runs = []
     slices = mini_batch_slices(samples, cfg.mini_batches, group_size)
-    for batch in [b for _ in range(cfg.epochs) for b in slices]:
+    return run_updates(optimizer, cfg, len(slices),
+                       lambda j: accumulate_gradients(model, slices[j], cfg, ref_model, masks, amp), anchor)
+
+
+def run_updates(optimizer: torch.optim.Optimizer, cfg: GRPOConfig, n_slices: int,
+                accumulate: Callable[[int], dict[str, float]],
+                anchor: Callable[[int], dict[str, float]] | None = None,
+                sums: Sequence[str] = ("n_tokens",)) -> dict[str, float]:
+    """``cfg.epochs`` passes over `n_slices` updates (`grpo_step`, `tree_loss.tree_grpo_step`): per
+    update j, `accumulate(slice)` leaves the slice's gradient and returns its metrics, `anchor(j)`
+    adds its own, the norm is clipped to ``cfg.grad_clip``, the optimizer steps. Returns the
+    metrics averaged over the updates (``ratio_max``: the max; the `sums` keys: sums), plus
+    ``grad_norm`` (before clipping) and ``updates``."""
+    runs = []
+    for k in [k for _ in range(cfg.epochs) for k in range(n_slices)]:
         optimizer.zero_grad(set_to_none=True)
-        m = accumulate_gradients(model, batch, cfg, ref_model, masks, amp)
+        m = accumulate(k)
         if anchor is not None:
             m.update(anchor(len(runs)))
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -541,6 +554,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Tu
         runs.append(m)
     out = {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]}
     out["ratio_max"] = max(r["ratio_max"] for r in runs)
-    out["n_tokens"] = sum(r["n_tokens"] for r in runs)
+    for key in sums:
+        out[key] = sum(r[key] for r in runs)
     out["updates"] = len(runs)
     return out

@@ -26,7 +26,7 @@ import torch
 
 from evoharness.rollout.records import Trajectory
 from evoharness.rollout.tree import PathSelection, TrajectoryTree, all_paths, has_tokens, select_paths
-from evoharness.train.grpo import GRPOConfig, StepStats, TokenMasks, token_terms
+from evoharness.train.grpo import GRPOConfig, StepStats, TokenMasks, run_updates, token_terms
 from evoharness.train.packing import PackedBatch, collate, linear_cost, pack_trees, target_logprobs
 
 
@@ -198,23 +198,11 @@ def tree_grpo_step(model: Any, optimizer: torch.optim.Optimizer, trees: Sequence
     """
     n_groups = -(-len(trees) // max(1, group_size))
     n = max(1, min(cfg.mini_batches, n_groups))
-    runs = []
-    for j in [j for _ in range(cfg.epochs) for j in range(n)]:
+
+    def accumulate(j: int) -> dict[str, float]:
         idx = [i for i in range(len(trees)) if (i // max(1, group_size)) % n == j]
-        optimizer.zero_grad(set_to_none=True)
-        m = tree_accumulate_gradients(model, [trees[i] for i in idx], [advantages[i] for i in idx], cfg,
-                                      j_max=j_max, seed=seed, max_tokens=max_tokens, rows_per_micro=rows_per_micro,
-                                      ref_model=ref_model, masks=masks, amp=amp)
-        if anchor is not None:
-            m.update(anchor(len(runs)))
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        runs.append(m)
-    out = {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]}
-    out["ratio_max"] = max(r["ratio_max"] for r in runs)
-    for key in ("n_tokens", "packed_tokens", "paths", "rows"):
-        out[key] = sum(r[key] for r in runs)
-    out["updates"] = len(runs)
-    return out
+        return tree_accumulate_gradients(model, [trees[i] for i in idx], [advantages[i] for i in idx], cfg,
+                                         j_max=j_max, seed=seed, max_tokens=max_tokens, rows_per_micro=rows_per_micro,
+                                         ref_model=ref_model, masks=masks, amp=amp)
+
+    return run_updates(optimizer, cfg, n, accumulate, anchor, sums=("n_tokens", "packed_tokens", "paths", "rows"))

@@ -114,7 +114,7 @@ class Backend:
         name: unique within a gateway.
         capacity: calls in flight at which the backend counts as full (routing weight).
         state: ``active`` (routable), ``draining`` (no new calls) or ``dead``.
-        in_flight / served / failed: counters.
+        in_flight / served / failed: counters (a call is in flight until its generation has unwound).
     """
 
     kind = "base"
@@ -160,8 +160,7 @@ class Backend:
         waiter = asyncio.ensure_future(evict.wait())
         try:
             done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if task not in done:
-                task.cancel()
+            if task not in done:  # evicted; the finally cancels the generation
                 raise BackendError(f"backend {self.name} drained mid-request")
             out = task.result()
             self.served += 1
@@ -170,10 +169,13 @@ class Backend:
             self.failed += 1
             raise
         finally:
-            self.in_flight -= 1
             waiter.cancel()
-            if not task.done():
-                task.cancel()
+            try:
+                if not task.done():
+                    task.cancel()
+                    await asyncio.wait({task})  # in flight until it has unwound (an HTTP backend's abort)
+            finally:  # even when a second cancel cuts that wait short
+                self.in_flight -= 1
 
     async def _generate(self, params: GenParams) -> GenOutput:
         raise NotImplementedError

@@ -241,8 +241,14 @@ class Gateway:
         try:
             results = await asyncio.gather(*tasks)
         finally:
-            for t in tasks:  # a sibling failed, or the client went away
-                t.cancel()
+            # a sibling failed, or the client went away (gather then cancelled them: a second cancel
+            # would cut their unwinding short); the call ends once every sample has unwound
+            pending = [t for t in tasks if not t.done()]
+            for t in pending:
+                if not t.cancelling():
+                    t.cancel()
+            if pending:
+                await asyncio.wait(pending)
         choices, n_completion = [], 0
         for i, (out, attempts) in enumerate(results):
             rec = CallRecord(
@@ -383,6 +389,7 @@ def create_app(gw: Gateway):
             return "done"
         if listener in done:
             task.cancel()
+            await asyncio.wait({task})  # counted once the call has unwound, not when it is asked to
             gw.stats["cancelled"] += 1
             return "gone"
         return "timeout"

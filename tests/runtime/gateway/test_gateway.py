@@ -16,7 +16,7 @@ import torch
 from evoharness.engines.grammar import GenRequest
 from evoharness.engines.hf import Engine
 from evoharness.models.init import load_model, load_tokenizer, save_model
-from evoharness.runtime.backends import HTTPBackend, LocalBackend
+from evoharness.runtime.backends import Backend, HTTPBackend, LocalBackend
 from evoharness.runtime.gateway import Gateway
 from evoharness.runtime.wire import action_regex, parse_tool_calls
 
@@ -230,6 +230,38 @@ def test_client_that_disconnects_mid_call_cancels_it_and_leaves_no_record(gw_mod
     r = httpx.post(f"{srv.url}/chat/completions", json=chat_body("look"), headers={"X-Execution-Id": "here"}, timeout=60)
     assert r.status_code == 200
     assert srv.gateway.records.executions() == {"here": 1} and srv.gateway.stats["calls"] == 1
+
+
+class _SlowAbortBackend(Backend):
+    """Never answers; a cancelled call takes 0.1 s x its order to unwind (an HTTP backend's abort
+    round trip to its server)."""
+
+    def __init__(self):
+        super().__init__("slow")
+        self.calls = 0
+
+    async def _generate(self, params):
+        self.calls += 1
+        unwind_s = 0.1 * self.calls
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(unwind_s)
+            raise
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_cancelled_call_counts_only_once_every_sample_has_unwound(serve, n):
+    """The gateway's ``cancelled`` count and the backends' ``in_flight`` agree at every instant,
+    however long a backend takes to abort, for each of `n` samples."""
+    backend = _SlowAbortBackend()
+    srv = serve(Gateway([backend], served_model=MODEL))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{srv.url}/chat/completions", json=chat_body("look", n=n, temperature=1.0), timeout=0.5)
+    deadline = time.monotonic() + 30
+    while srv.gateway.stats["cancelled"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert srv.gateway.stats["cancelled"] == 1 and backend.calls == n and backend.in_flight == 0
 
 
 def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):

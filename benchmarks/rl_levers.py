@@ -30,7 +30,13 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   epochs) over each step batch;
 - the signal: ``t15_all_8`` trains every turn of each episode (``grpo.max_train_turns`` None, not 8
   sampled), ``t15_s400_8`` screens 400 training games (more lost ones to learn from), ``t15_s400_all_8``
-  both; ``t15_gigpo_8`` uses GiGPO's step-level advantage at T = 1.5, ``t15_gigpo_all_8`` on every turn.
+  both; ``t15_gigpo_8`` uses GiGPO's step-level advantage at T = 1.5, ``t15_gigpo_all_8`` on every turn;
+  ``t15_branch_8``: ``t15_8`` where every other group branches from a state at which a lost screened
+  game began to loop (its first repeated action, `pipeline.screened_games`), so all 8 samples start at
+  the decision SFT gets wrong; ``t15_branch_all_8`` trains every turn of those groups as well,
+  ``t15_branch_8_seed1`` is it with RL seed 1, ``t15_branch_g4_8`` with 4 groups per step (2 games and
+  2 branches), ``t15_branch_16`` for 16 steps, ``t15_branch_gigpo_8`` with GiGPO's step-level advantage
+  (a branch group's samples all share its first state, GiGPO's anchor), ``t15_branch_lr2e4_8`` at lr 2e-4.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -86,6 +92,14 @@ ARMS = {
     # GiGPO's step-level advantage singles out the turn where the same state led to different returns
     "t15_gigpo_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "estimator": "gigpo"},
     "t15_gigpo_all_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "estimator": "gigpo", "train_turns": None},
+    # every other group branches from a state where a lost screened game began to loop (train.rl.Branch)
+    "t15_branch_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True},
+    "t15_branch_all_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "train_turns": None},
+    "t15_branch_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "seed": 1},
+    "t15_branch_g4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "games_per_step": 4},
+    "t15_branch_16": {**_SCREENED, "steps": 16, "temperature": 1.5, "branches": True},
+    "t15_branch_gigpo_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "estimator": "gigpo"},
+    "t15_branch_lr2e4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "lr": 2e-4},
 }
 
 
@@ -106,7 +120,7 @@ def main() -> None:
     from evoharness.eval.run_report import sign_test
     from evoharness.jsonl import read_jsonl
     from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy, rl_config, screen_rl_games
-    from evoharness.train.rl import train_rl, train_tasks
+    from evoharness.train.rl import Branch, train_rl, train_tasks
     from evoharness.train.sft_anchor import SFTAnchorConfig
 
     torch.set_num_threads(args.threads)
@@ -138,7 +152,9 @@ def main() -> None:
             screened = out / f"screen{arm['screen']}.json"
             if not screened.exists():
                 screened.write_text(json.dumps(screen_rl_games(cfg, run, arm["screen"], out), indent=1))
-            rl.games = json.loads(screened.read_text())["lost" if arm.get("lost_only") else "games"]
+            picked = json.loads(screened.read_text())
+            rl.games = picked["lost" if arm.get("lost_only") else "games"]
+            rl.branches = [Branch(**b) for b in picked["branches"]] if arm.get("branches") else []
         final = d / "rl" / "final"
         if not final.exists():
             t = time.perf_counter()

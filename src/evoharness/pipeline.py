@@ -31,7 +31,9 @@ from evoharness.eval.evaluate import EnvConfig, EvalConfig, evaluate, evaluate_m
 from evoharness.harness.factory import HarnessConfig
 from evoharness.jsonl import read_jsonl
 from evoharness.policies.factory import PolicyConfig
-from evoharness.train.rl import RLConfig, spread, train_rl
+from evoharness.rollout.records import Trajectory
+from evoharness.train.rewards import spam_turns
+from evoharness.train.rl import Branch, RLConfig, spread, train_rl
 from evoharness.train.sft import SFTConfig
 
 
@@ -109,6 +111,9 @@ class RunConfig(Strict):
     # it lost, mixed 1:1 with ones it won (`rl_games.json`): a group of a game the near-deterministic
     # SFT policy always wins has no success spread, so no GRPO signal (0: RL on every training game)
     rl_screen_games: int = Field(160, ge=0)
+    # every other GRPO group starts from a state where a lost screened game began to loop
+    # (`rl_games.json` "branches", `train.rl.Branch`) instead of a game's first turn
+    rl_branches: bool = False
     select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint (or SFT, step 0) best on the curve's dev games
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))
@@ -252,13 +257,23 @@ def screened_games(episodes: list[dict]) -> dict:
     """RL's games from the SFT model's screening episodes (one per game, panel order): every
     game it lost, then as many it won, evenly spaced over the panel so every task type keeps
     some (`train.rl.spread`), so RL also rehearses what SFT already does right. When it lost
-    none: every screened game.
+    none: every screened game. Each lost episode that repeated an action with nothing changed
+    (`train.rewards.spam_turns`) also gives a branch (`train.rl.Branch`): its completions up to
+    that first repeat, the state where it started to loop.
 
-    Returns ``{"games": [task ids], "lost": [task ids], "screened": number of episodes}``.
+    Returns ``{"games": [task ids], "lost": [task ids], "screened": number of episodes,
+    "branches": [{"task_id", "prefix"}]}``.
     """
     lost = [e["task_id"] for e in episodes if not e["won"]]
     won = [e["task_id"] for e in episodes if e["won"]]
-    return {"games": lost + spread(won, len(lost)) if lost else won, "lost": lost, "screened": len(episodes)}
+    branches = []
+    for e in episodes:
+        if e["won"] or e.get("stop_reason") == "error" or not e.get("turns"):
+            continue
+        if (repeats := spam_turns(Trajectory.from_dict(e))) and repeats[0] > 0:
+            branches.append({"task_id": e["task_id"], "prefix": [t["completion"] for t in e["turns"][:repeats[0]]]})
+    return {"games": lost + spread(won, len(lost)) if lost else won, "lost": lost, "screened": len(episodes),
+            "branches": branches}
 
 
 def model_policy(cfg: RunConfig, path: Path, temperature: float = 0.0) -> PolicyConfig:
@@ -415,7 +430,10 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     def rl() -> None:
         rl_cfg = rl_config(cfg, out)
         if cfg.rl_screen_games:  # the rl_screen stage's choice
-            rl_cfg.games = json.loads((out / "rl_games.json").read_text())["games"]
+            screened = json.loads((out / "rl_games.json").read_text())
+            rl_cfg.games = screened["games"]
+            if cfg.rl_branches:
+                rl_cfg.branches = [Branch(**b) for b in screened["branches"]]
         train_rl(rl_cfg)
 
     dev_games = dev_ids[: cfg.dev_eval_limit]

@@ -14,7 +14,7 @@ RUN = ["train_games=6", "dev_games=2", "max_steps=8", "eval_limit=1", "dev_eval_
 
 def test_rl_trains_on_the_screened_games_the_sft_model_lost(tmp_path):
     out = tmp_path / "run"
-    cfg = load_config(RunConfig, overrides=[*RUN, f'out_dir="{out}"'])
+    cfg = load_config(RunConfig, overrides=[*RUN, f'out_dir="{out}"', "rl_branches=true"])
     lines: list[str] = []
     run_pipeline(cfg, log=lines.append)
     episodes = read_jsonl(out / "eval" / "rl_screen" / "episodes.jsonl")
@@ -24,7 +24,8 @@ def test_rl_trains_on_the_screened_games_the_sft_model_lost(tmp_path):
     assert any(" of 6 screened training games" in m for m in lines)
     games = json.loads((out / "rl_games.json").read_text())
     assert games == screened_games(episodes)
-    assert json.loads((out / "rl" / "rl_config.json").read_text())["games"] == games["games"]
+    rl_config = json.loads((out / "rl" / "rl_config.json").read_text())
+    assert rl_config["games"] == games["games"] and rl_config["branches"] == games["branches"]
     assert (out / ".rl_screen.done").exists() and (out / "rl" / "final").is_dir()
     assert "rl_screen" in (out / "report.md").read_text()  # its wall time is in the stage table
 
@@ -33,6 +34,29 @@ def test_screened_games_mix_the_lost_with_as_many_won():
     eps = [{"task_id": f"g{i}", "won": w} for i, w in enumerate([True, False, True, True, True, False, True])]
     # the won ones spread over the (type-sorted) panel, not its head
     assert screened_games(eps) == {"games": ["g1", "g5", "g0", "g3"], "lost": ["g1", "g5"],
-                                   "screened": 7}
-    assert screened_games(eps[:1]) == {"games": ["g0"], "lost": [], "screened": 1}  # nothing lost: every screened game
-    assert screened_games([{"task_id": "g", "won": False}]) == {"games": ["g"], "lost": ["g"], "screened": 1}
+                                   "screened": 7, "branches": []}
+    assert screened_games(eps[:1]) == {"games": ["g0"], "lost": [], "screened": 1,  # nothing lost: every screened game
+                                       "branches": []}
+    assert screened_games([{"task_id": "g", "won": False}]) == {"games": ["g"], "lost": ["g"], "screened": 1,
+                                                                "branches": []}
+
+
+def test_a_lost_episode_that_loops_gives_a_branch_at_its_first_repeat():
+    def episode(task_id, actions, won=False, stop_reason="max_steps"):
+        turns = [{"turn": i, "messages": [], "completion": f"<action>{a}</action>#{i}", "kind": k, "action": a,
+                  "feedback": ""} for i, (k, a) in enumerate(actions)]
+        return {"episode_id": f"{task_id}#0", "task_id": task_id, "task_type": "look_at_obj_in_light",
+                "split": "train", "harness": "bpe", "policy": "hf", "turns": turns, "won": won,
+                "stop_reason": stop_reason}
+
+    loop = [("meta", "commit plan"), ("env", "go to desk 1"), ("env", "take cd 1 from desk 1"),
+            ("meta", "track desklamp"), ("meta", "track desklamp"), ("meta", "track desklamp")]
+    walk = [("env", "go to desk 1"), ("env", "go to shelf 1"), ("env", "go to desk 1")]  # moves: no repeat
+    eps = [episode("a", loop), episode("b", walk), episode("c", loop, won=True, stop_reason="won"),
+           episode("d", loop, stop_reason="error"), episode("e", [("env", "look"), ("env", "look")])]
+    got = screened_games(eps)
+    assert got["lost"] == ["a", "b", "d", "e"]
+    # the prefix ends just before the first repeated action: the state where the loop began
+    assert got["branches"] == [{"task_id": "a", "prefix": [f"<action>{a}</action>#{i}" for i, (_, a) in
+                                                          enumerate(loop[:4])]},
+                               {"task_id": "e", "prefix": ["<action>look</action>#0"]}]

@@ -48,7 +48,8 @@ class Completion:
         policy_version: version of the weights that produced it.
         prompt_tokens / completion_tokens: usage counts (from the endpoint, the
             tokenizer, or an estimate for scripted policies).
-        finish_reason: ``stop``, ``length`` or ``error``.
+        finish_reason: ``stop``, ``length`` or ``error`` (``replayed``: a branch's prefix turn,
+            `rollout.episode.replayed`).
         error: set when the call failed; the text is then empty and the turn
             counts as an invalid action.
     """

@@ -51,11 +51,14 @@ def _raise_timeout(signum, frame):  # noqa: ARG001
 
 @dataclass
 class EpisodeSpec:
-    """One episode to play: a task, a unique id and a seed."""
+    """One episode to play: a task, a unique id and a seed; with a `prefix`, a branch: its first
+    turns replay these completions (an earlier episode's, e.g. up to the state where it
+    looped) before the policy acts, so a GRPO group of branches shares that state."""
 
     task: TaskSpec
     episode_id: str
     seed: int = 0
+    prefix: tuple[str, ...] = ()
 
 
 @dataclass
@@ -148,10 +151,14 @@ def run_episodes(
                           admissible_commands=list(lv.harness.admissible), env=lv.env, harness=lv.harness)
             for lv in live
         ]
+        completions = [replayed(lv) for lv in live]
+        asked = [i for i, c in enumerate(completions) if c is None]
         try:
-            completions = policy.act(requests)
-        except Exception as e:  # the policy's own failure: every live episode records it
-            completions = [Completion(text="", finish_reason="error", error=describe_error(e)) for _ in live]
+            answers = policy.act([requests[i] for i in asked]) if asked else []
+        except Exception as e:  # the policy's own failure: every live episode it was asking for records it
+            answers = [Completion(text="", finish_reason="error", error=describe_error(e)) for _ in asked]
+        for i, c in zip(asked, answers, strict=True):
+            completions[i] = c
         still: list[LiveEpisode] = []
         for lv, req, comp in zip(live, requests, completions):
             if advance(lv, req, comp, env_timeout_s, max_steps) and not _hopeless(lv, req, comp, seen, stop_repeats):
@@ -162,6 +169,16 @@ def run_episodes(
                 finish(lv.traj)
         live = still
     return [done[s.episode_id] for s in specs]
+
+
+def replayed(lv: LiveEpisode) -> Completion | None:
+    """The completion of `lv`'s branch prefix for its next turn (text only: no token ids, so no
+    gradient; the trajectory counts it in ``info["replayed_turns"]``); None once the policy acts."""
+    n = len(lv.traj.turns)
+    if n >= len(lv.spec.prefix):
+        return None
+    lv.traj.info["replayed_turns"] = n + 1
+    return Completion(text=lv.spec.prefix[n], finish_reason="replayed")
 
 
 def advance(lv: LiveEpisode, req: PolicyRequest, comp: Completion, timeout_s: float, max_steps: int) -> bool:

@@ -98,12 +98,16 @@ class InProcessBackend:
         rollout_policy: who answers the rollout calls (the policy, or a gateway over it).
         consolidator: the experience store's LLM consolidator (None: rules).
         anchor: the SFT anchor (`train.sft_anchor.SFTAnchor`; None: GRPO alone).
+        branches: ``(task, prefix)`` start states (`train.rl.branch_starts`); with any, every
+            other group (the run's odd ones) starts from the next one, the even ones play
+            ``tasks`` in `order` as above.
     """
 
     def __init__(self, cfg: Any, tasks: list, order: list[int], store: Any, policy: Any, optimizer: Any,
                  ref: Any, masks: TokenMasks, rollout_policy: Any = None, consolidator: Any = None,
-                 anchor: Any = None):
+                 anchor: Any = None, branches: list | None = None):
         self.cfg, self.tasks, self.order, self.store, self.anchor = cfg, tasks, order, store, anchor
+        self.branches = branches
         self.policy, self.optimizer, self.ref, self.masks = policy, optimizer, ref, masks
         self.rollout_policy, self.consolidator = rollout_policy or policy, consolidator
         self.P, self.G = cfg.grpo.prompts_per_step, cfg.grpo.group_size
@@ -153,7 +157,13 @@ class InProcessBackend:
     def _spec(self, e: int) -> EpisodeSpec:
         step, i = divmod(e, self.N)
         g, k = divmod(i, self.G)
-        task = self.tasks[self.order[(step * self.P + g) % len(self.order)]]
+        n = step * self.P + g                    # the run's n-th group
+        if self.branches:                        # odd groups start from the branches (`train.rl.Branch`)
+            if n % 2:
+                task, prefix = self.branches[n // 2 % len(self.branches)]
+                return EpisodeSpec(task, f"{task.task_id}@{len(prefix)}#u{step}g{k}", self.cfg.seed, prefix)
+            n //= 2
+        task = self.tasks[self.order[n % len(self.order)]]
         return EpisodeSpec(task, f"{task.task_id}#u{step}g{k}", self.cfg.seed)
 
     def _rollout(self, execs: list[int]) -> None:
@@ -283,7 +293,7 @@ class InProcessRuntime:
         from evoharness.policies.local import LocalHFPolicy
         from evoharness.runtime.rl_job import sim_config
         from evoharness.runtime.sim import build_scheduler
-        from evoharness.train.rl import load_experience_fresh, train_tasks
+        from evoharness.train.rl import branch_starts, load_experience_fresh, train_tasks
 
         self.cfg, g = cfg, cfg.grpo
         if cfg.threads:
@@ -327,7 +337,7 @@ class InProcessRuntime:
 
             anchor = SFTAnchor(cfg.sft_anchor, policy.tokenizer, cfg.seed, g.epochs * g.mini_batches)
         self.backend = InProcessBackend(cfg, tasks, self.order, store, policy, optimizer, ref, masks,
-                                        rollout_policy, consolidator, anchor)
+                                        rollout_policy, consolidator, anchor, branch_starts(cfg))
         sched = build_scheduler("colocate", sim_config(cfg)).resume_at(self.step)
         self.driver = Driver(sched, self.backend, stall_s=cfg.runtime.stall_s)
 

@@ -123,6 +123,7 @@ class CellRuntime:
                    "grpo.epochs > 1 runs with runtime.schedule = 'inprocess' only (one update per step)":
                        cfg.grpo.epochs != 1,
                    "sft_anchor runs with runtime.schedule = 'inprocess' only": cfg.sft_anchor is not None,
+                   "branches run with runtime.schedule = 'inprocess' only": bool(cfg.branches),
                    "the cells' job checkpoint is taken at every weight sync (ckpt_every = 1)": cfg.ckpt_every != 1,
                    "runtime cells run on CPU for now (device = 'cpu')": cfg.device != "cpu",
                    "env = 'repo' has no periodic evaluation yet (eval_every = 0; `eval --env repo` evaluates)":

@@ -222,8 +222,8 @@ def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequen
             every turn.
         seed: sampling seed (e.g. the RL step).
 
-    Turns without token ids (text-only policies) or with an empty completion
-    are skipped, and so are episodes an environment error ended (their reward
+    Turns without token ids (text-only policies, a branch's replayed prefix) or with an
+    empty completion are skipped, and so are episodes an environment error ended (their reward
     measures nothing; `advantages.valid_members`).
     """
     import random
@@ -232,7 +232,8 @@ def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequen
     for n, (traj, adv) in enumerate(zip(trajectories, advantages, strict=True)):
         if traj.stop_reason == "error":
             continue
-        pairs = list(zip(traj.turns, adv, strict=True))
+        # a branch's replayed prefix (`rollout.episode.EpisodeSpec.prefix`) was not sampled: never drawn
+        pairs = list(zip(traj.turns, adv, strict=True))[traj.info.get("replayed_turns", 0):]
         if max_turns is not None and len(pairs) > max_turns:
             keep = sorted(random.Random(f"{seed}:{traj.episode_id}").sample(range(len(pairs)), max_turns))
             pairs = [pairs[i] for i in keep]

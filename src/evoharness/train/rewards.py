@@ -127,21 +127,29 @@ def distinct_verbs(traj: Trajectory) -> set[str]:
     return {v for t in traj.turns if t.kind in ("env", "meta") and (v := action_verb(t.action))}
 
 
-def count_spam(traj: Trajectory) -> int:
-    """Uncapped R_spam (see the module docstring for the rule)."""
-    n = 0
+def spam_turns(traj: Trajectory) -> list[int]:
+    """Indices of the turns that repeat an action with nothing changed in between (the R_spam
+    rule of the module docstring)."""
+    out: list[int] = []
     last_env: str | None = None
     metas_since_env: set[str] = set()
-    for t in traj.turns:
+    for i, t in enumerate(traj.turns):
         a = _norm(t.action)
         if t.kind == "env":
-            n += a == last_env
+            if a == last_env:
+                out.append(i)
             last_env = a
             metas_since_env.clear()
         elif t.kind == "meta":
-            n += a in metas_since_env
+            if a in metas_since_env:
+                out.append(i)
             metas_since_env.add(a)
-    return n
+    return out
+
+
+def count_spam(traj: Trajectory) -> int:
+    """Uncapped R_spam (see the module docstring for the rule)."""
+    return len(spam_turns(traj))
 
 
 def completion_token_count(traj: Trajectory) -> int:

@@ -62,6 +62,18 @@ class RepoRLConfig(Strict):
     agent: AgentConfig = Field(default_factory=AgentConfig)
 
 
+class Branch(Strict):
+    """A GRPO group's start state: game `task_id` after its first turns replay `prefix` (an
+    earlier episode's completions up to where it went wrong, `pipeline.screened_games`); the
+    group's samples share that state and only their own turns are trained (`grpo.turn_samples`).
+    Branching from the states where the SFT model loops puts the group's whole reward spread on
+    the decision it gets wrong, where a group started from the game's first turn reaches that
+    state in few samples and trains it in few of its drawn turns."""
+
+    task_id: str
+    prefix: list[str] = Field(min_length=1)
+
+
 class RLConfig(Strict):
     """``evoharness rl`` settings. Defaults: the paper's Table 4 (``grpo``) on
     ALFWorld train games with T_max = 70; the main job overrides the sizes for CPU."""
@@ -74,6 +86,9 @@ class RLConfig(Strict):
     exclude_games: list[str] = []  # task ids never trained on (the main job's development set)
     # train on these task ids only (the main job's screened games, `pipeline.screen_rl_games`); None: all
     games: list[str] | None = Field(None, min_length=1)
+    # with branches, every other GRPO group starts from the next branch (in this order, cycling)
+    # instead of the next game's first turn (runtime.schedule = "inprocess" only)
+    branches: list[Branch] = []
     data_path: str | None = None
     engine: Literal["textworld", "fast"] = "fast"
     # the placing-command wording played (envs/alfworld/wording.py): set it as the data it
@@ -188,6 +203,21 @@ def train_tasks(cfg: RLConfig) -> list:
         raise ValueError(f"{len(wanted) - len(tasks)} of the {len(wanted)} RL games are not trainable games of "
                          f"split {cfg.split!r} (unknown, excluded, or not of task_types)")
     return tasks
+
+
+def branch_starts(cfg: RLConfig) -> list[tuple]:
+    """``cfg.branches`` as ``(TaskSpec, prefix)`` pairs, each game looked up in ``cfg.split``.
+
+    Raises:
+        ValueError: a branch of a game not in the split, or of an excluded (development) game.
+    """
+    by_id = {t.task_id: t for t in discover_games(cfg.split, cfg.data_path)}
+    excluded = set(cfg.exclude_games)
+    bad = sorted({b.task_id for b in cfg.branches if b.task_id not in by_id or b.task_id in excluded})
+    if bad:
+        raise ValueError(f"{len(bad)} branch game(s) are not trainable games of split {cfg.split!r} "
+                         f"(unknown or excluded): {bad[:3]}")
+    return [(by_id[b.task_id], tuple(b.prefix)) for b in cfg.branches]
 
 
 def step_cap(cfg: RLConfig, step: int, group: int) -> int:

@@ -1,0 +1,68 @@
+"""RL groups that branch from a recorded state (`train.rl.Branch`): the schedule alternates games and
+branches, the policy is first asked at the branch's state, and bad branches are refused."""
+
+from __future__ import annotations
+
+import pytest
+from engines import pick_engine
+from rl_cells import rl_config
+
+from evoharness.envs.alfworld import make_env
+from evoharness.envs.alfworld.games import discover_games
+from evoharness.harness.factory import make_harness
+from evoharness.policies.teacher import TeacherPolicy
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from evoharness.runtime.inprocess import InProcessBackend
+from evoharness.runtime.record_store import RecordStore
+from evoharness.train.rl import Branch, branch_starts, train_rl
+
+
+def test_every_other_group_starts_from_the_next_branch(model_dir, tmp_path):
+    cfg = rl_config(model_dir, tmp_path)  # 2 games x 2 samples per step
+    a, b, c = discover_games("train")[:3]
+    branches = [(a, ("x",)), (b, ("y", "z"))]
+    be = InProcessBackend(cfg, [a, b, c], [2, 0, 1], None, None, None, None, None, branches=branches)
+    specs = [be._spec(e) for e in range(12)]  # 3 steps x 2 groups x 2 samples
+    got = [(s.task.task_id, s.prefix) for s in specs[::2]]  # one per group
+    assert got == [(c.task_id, ()), (a.task_id, ("x",)), (a.task_id, ()), (b.task_id, ("y", "z")),
+                   (b.task_id, ()), (a.task_id, ("x",))]
+    assert specs[3].episode_id == f"{a.task_id}@1#u0g1"  # a group's samples share the state, not the id
+    plain = InProcessBackend(cfg, [a, b, c], [2, 0, 1], None, None, None, None, None)
+    assert [plain._spec(e).task.task_id for e in range(0, 12, 2)] == [c.task_id, a.task_id, b.task_id] * 2
+
+
+def test_rl_asks_the_policy_first_at_the_branch_state(model_dir, tmp_path):
+    cfg = rl_config(model_dir, tmp_path / "rl", steps=1)
+    cfg.rollout_via_gateway = True
+    task = discover_games("train")[0]
+    (teacher,) = run_episodes([EpisodeSpec(task, "t")], lambda t: make_env(t, engine=pick_engine(t)),
+                              lambda: make_harness(cfg.harness), TeacherPolicy(), max_steps=8)
+    prefix = [t.completion for t in teacher.turns[:2]]
+    cfg.games, cfg.branches = [discover_games("train")[1].task_id], [Branch(task_id=task.task_id, prefix=prefix)]
+    train_rl(cfg, progress=False)
+    records = RecordStore(tmp_path / "rl" / "gateway")
+    branch_runs = [e for e in records.executions() if "@2#" in e]
+    assert len(branch_runs) == 2  # the branch group's 2 samples
+    for e in branch_runs:
+        first = records.read(e)[0]
+        # the first call of a branch sees the state after the replayed turns (rendered as the teacher saw it)
+        assert first.messages == teacher.turns[2].messages
+    assert len([e for e in records.executions() if "@" not in e]) == 2  # and the game's group
+
+
+def test_branches_are_refused_off_the_training_games_and_on_cells(model_dir, tmp_path):
+    cfg = rl_config(model_dir, tmp_path)
+    dev = discover_games("train")[0].task_id
+    cfg.exclude_games = [dev]
+    cfg.branches = [Branch(task_id=dev, prefix=["<action>look</action>"])]
+    with pytest.raises(ValueError, match="not trainable games"):
+        branch_starts(cfg)
+    cfg.branches = [Branch(task_id="no/such-game", prefix=["<action>look</action>"])]
+    with pytest.raises(ValueError, match="no/such-game"):
+        branch_starts(cfg)
+    with pytest.raises(ValueError):
+        Branch(task_id=dev, prefix=[])  # a branch without a prefix is a plain game
+    cells = rl_config(model_dir, tmp_path / "cells", schedule="colocate")
+    cells.branches = [Branch(task_id=discover_games("train")[1].task_id, prefix=["<action>look</action>"])]
+    with pytest.raises(ValueError, match="branches run with runtime.schedule = 'inprocess' only"):
+        train_rl(cells, progress=False)

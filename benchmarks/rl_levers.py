@@ -36,7 +36,9 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   the decision SFT gets wrong; ``t15_branch_all_8`` trains every turn of those groups as well,
   ``t15_branch_8_seed1`` is it with RL seed 1, ``t15_branch_g4_8`` with 4 groups per step (2 games and
   2 branches), ``t15_branch_16`` for 16 steps, ``t15_branch_gigpo_8`` with GiGPO's step-level advantage
-  (a branch group's samples all share its first state, GiGPO's anchor), ``t15_branch_lr2e4_8`` at lr 2e-4.
+  (a branch group's samples all share its first state, GiGPO's anchor), ``t15_branch_lr2e4_8`` at lr 2e-4;
+  ``t15_branch400_8`` (and with RL seed 1) takes its branches from 400 screened games (16 instead of 6),
+  its games still from the 160.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -100,6 +102,8 @@ ARMS = {
     "t15_branch_16": {**_SCREENED, "steps": 16, "temperature": 1.5, "branches": True},
     "t15_branch_gigpo_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "estimator": "gigpo"},
     "t15_branch_lr2e4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "lr": 2e-4},
+    "t15_branch400_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400},
+    "t15_branch400_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400, "seed": 1},
 }
 
 
@@ -148,13 +152,16 @@ def main() -> None:
         rl.seed, rl.grpo.lr = arm.get("seed", cfg.seed), arm.get("lr", rl.grpo.lr)
         rl.grpo.kl_beta, rl.grpo.epochs = arm.get("kl_beta", rl.grpo.kl_beta), arm.get("epochs", rl.grpo.epochs)
         rl.grpo.max_train_turns = arm.get("train_turns", rl.grpo.max_train_turns)
+        def screen(n: int) -> dict:
+            path = out / f"screen{n}.json"
+            if not path.exists():
+                path.write_text(json.dumps(screen_rl_games(cfg, run, n, out), indent=1))
+            return json.loads(path.read_text())
+
         if arm["screen"]:
-            screened = out / f"screen{arm['screen']}.json"
-            if not screened.exists():
-                screened.write_text(json.dumps(screen_rl_games(cfg, run, arm["screen"], out), indent=1))
-            picked = json.loads(screened.read_text())
-            rl.games = picked["lost" if arm.get("lost_only") else "games"]
-            rl.branches = [Branch(**b) for b in picked["branches"]] if arm.get("branches") else []
+            rl.games = screen(arm["screen"])["lost" if arm.get("lost_only") else "games"]
+        if branches := arm.get("branches"):  # True: the arm's own screening's; N: N screened games'
+            rl.branches = [Branch(**b) for b in screen(arm["screen"] if branches is True else branches)["branches"]]
         final = d / "rl" / "final"
         if not final.exists():
             t = time.perf_counter()

@@ -138,6 +138,14 @@ def main() -> None:
     sft_dev = sft_won("dev_sft")
     panels = [("dev", dev_ids, sft_dev)] + ([(cfg.eval_split, None, sft_won("sft"))] if args.valid_seen else [])
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+    def screen(n: int) -> dict:
+        """`n` screened training games (each count evaluated into its own directory)."""
+        path = out / f"screen{n}.json"
+        if not path.exists():
+            path.write_text(json.dumps(screen_rl_games(cfg, run, n, out / f"screen{n}"), indent=1))
+        return json.loads(path.read_text())
+
     rows = []
     for name in args.arms:
         arm, d = ARMS[name], out / name
@@ -152,12 +160,6 @@ def main() -> None:
         rl.seed, rl.grpo.lr = arm.get("seed", cfg.seed), arm.get("lr", rl.grpo.lr)
         rl.grpo.kl_beta, rl.grpo.epochs = arm.get("kl_beta", rl.grpo.kl_beta), arm.get("epochs", rl.grpo.epochs)
         rl.grpo.max_train_turns = arm.get("train_turns", rl.grpo.max_train_turns)
-        def screen(n: int) -> dict:
-            path = out / f"screen{n}.json"
-            if not path.exists():
-                path.write_text(json.dumps(screen_rl_games(cfg, run, n, out), indent=1))
-            return json.loads(path.read_text())
-
         if arm["screen"]:
             rl.games = screen(arm["screen"])["lost" if arm.get("lost_only") else "games"]
         if branches := arm.get("branches"):  # True: the arm's own screening's; N: N screened games'

@@ -38,7 +38,8 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   2 branches), ``t15_branch_16`` for 16 steps, ``t15_branch_gigpo_8`` with GiGPO's step-level advantage
   (a branch group's samples all share its first state, GiGPO's anchor), ``t15_branch_lr2e4_8`` at lr 2e-4;
   ``t15_branch400_8`` (and with RL seed 1) takes its branches from 400 screened games (16 instead of 6),
-  its games still from the 160.
+  its games still from the 160; ``branch8`` is ``t15_branch_8`` at T = 1.0 (a sample that stays in the
+  loop fails more often, so a branch group's spread is in success).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -104,6 +105,7 @@ ARMS = {
     "t15_branch_lr2e4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "lr": 2e-4},
     "t15_branch400_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400},
     "t15_branch400_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400, "seed": 1},
+    "branch8": {**_SCREENED, "steps": 8, "branches": True},
 }
 
 

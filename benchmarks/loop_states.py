@@ -7,7 +7,8 @@ Usage: python benchmarks/loop_states.py --episodes runs/main/eval/rl_screen/epis
 Most of the SFT student's lost games end in a loop: in a look game it tracks the desk lamp, sees it
 "in view", and tracks it again until the repeat rule ends the episode. In each *lost* episode of ``--episodes``
 (training games, e.g. the main job's RL screening; never a reported panel) the loop state is the first
-turn whose action repeats the turn before it, kept when the scripted teacher, which decides from the
+turn that repeats an action with nothing changed in between (`train.rewards.spam_turns`, where
+`pipeline.screened_games` starts a branch), kept when the scripted teacher, which decides from the
 rendered message alone (`policies.teacher.teacher_completion`), would do something else there. Each
 model scores, with the prompt ids the student saw, the log-probability (natural log, summed over the
 completion's tokens and EOS, unconstrained) of the teacher's completion and of the student's repeat:
@@ -34,22 +35,24 @@ def loop_states(episodes: list[dict]) -> list[dict]:
     Returns dicts with ``task_id``, ``task_type``, ``prompt_ids``, ``student`` / ``teacher``
     (completion texts) and ``student_action`` / ``teacher_action``."""
     from evoharness.policies.teacher import teacher_completion
+    from evoharness.rollout.records import Trajectory
+    from evoharness.train.rewards import spam_turns
 
     out = []
     for e in episodes:
         if e["won"]:
             continue
-        turns = e["turns"]
-        for prev, t in zip(turns, turns[1:]):
-            if t.get("action") != prev.get("action") or not t.get("prompt_token_ids"):
-                continue
-            teacher = teacher_completion(t["messages"][-1]["content"])
-            action = teacher.split("<action>")[-1].split("</action>")[0].strip()
-            if action != t["action"]:
-                out.append({"task_id": e["task_id"], "task_type": e["task_type"], "prompt_ids": t["prompt_token_ids"],
-                            "student": t["completion"], "teacher": teacher,
-                            "student_action": t["action"], "teacher_action": action})
-            break
+        traj = Trajectory.from_dict(e)
+        repeats = [i for i in spam_turns(traj) if traj.turns[i].prompt_token_ids]
+        if not repeats:
+            continue
+        t = traj.turns[repeats[0]]
+        teacher = teacher_completion(t.messages[-1]["content"])
+        action = teacher.split("<action>")[-1].split("</action>")[0].strip()
+        if action != t.action:
+            out.append({"task_id": e["task_id"], "task_type": e["task_type"], "prompt_ids": t.prompt_token_ids,
+                        "student": t.completion, "teacher": teacher,
+                        "student_action": t.action, "teacher_action": action})
     return out
 
 

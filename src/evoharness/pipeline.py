@@ -270,8 +270,9 @@ def screened_games(episodes: list[dict]) -> dict:
     for e in episodes:
         if e["won"] or e.get("stop_reason") == "error" or not e.get("turns"):
             continue
-        if (repeats := spam_turns(Trajectory.from_dict(e))) and repeats[0] > 0:
-            branches.append({"task_id": e["task_id"], "prefix": [t["completion"] for t in e["turns"][:repeats[0]]]})
+        traj = Trajectory.from_dict(e)
+        if (repeats := spam_turns(traj)) and repeats[0] > 0:
+            branches.append({"task_id": traj.task_id, "prefix": [t.completion for t in traj.turns[:repeats[0]]]})
     return {"games": lost + spread(won, len(lost)) if lost else won, "lost": lost, "screened": len(episodes),
             "branches": branches}
 

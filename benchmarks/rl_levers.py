@@ -39,7 +39,12 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   (a branch group's samples all share its first state, GiGPO's anchor), ``t15_branch_lr2e4_8`` at lr 2e-4;
   ``t15_branch400_8`` (and with RL seed 1) takes its branches from 400 screened games (16 instead of 6),
   its games still from the 160; ``branch8`` is ``t15_branch_8`` at T = 1.0 (a sample that stays in the
-  loop fails more often, so a branch group's spread is in success).
+  loop fails more often, so a branch group's spread is in success);
+- short branches (`RLConfig.branch_turns`): ``bt4_8`` is ``t15_branch_8`` with each branch episode ended
+  after 4 turns of its own (a sample that does not leave the loop at once fails, and a branch group costs
+  a fraction of a game's), ``bt4_g4_8`` it with 4 groups per step (2 games, 2 branches), ``bt4_g4_16``
+  that for 16 steps, ``bt4_g4_8_seed1`` with RL seed 1, ``bt4_g4_kl01_8`` with KL β 0.1 (0.01),
+  ``bt4_400_g4_8`` ``bt4_g4_8`` with the 400-game screening's branches.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -106,6 +111,18 @@ ARMS = {
     "t15_branch400_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400},
     "t15_branch400_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400, "seed": 1},
     "branch8": {**_SCREENED, "steps": 8, "branches": True},
+    # branch episodes end after 4 turns of their own (`RLConfig.branch_turns`)
+    "bt4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4},
+    "bt4_g4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                 "games_per_step": 4},
+    "bt4_g4_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                       "games_per_step": 4, "seed": 1},
+    "bt4_g4_kl01_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                      "games_per_step": 4, "kl_beta": 0.1},
+    "bt4_g4_16": {**_SCREENED, "steps": 16, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                  "games_per_step": 4},
+    "bt4_400_g4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400, "branch_turns": 4,
+                     "games_per_step": 4},
 }
 
 
@@ -166,6 +183,7 @@ def main() -> None:
             rl.games = screen(arm["screen"])["lost" if arm.get("lost_only") else "games"]
         if branches := arm.get("branches"):  # True: the arm's own screening's; N: N screened games'
             rl.branches = [Branch(**b) for b in screen(arm["screen"] if branches is True else branches)["branches"]]
+        rl.branch_turns = arm.get("branch_turns")
         final = d / "rl" / "final"
         if not final.exists():
             t = time.perf_counter()
@@ -174,7 +192,7 @@ def main() -> None:
         row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, "samples": rl.grpo.group_size,
                "train_turns": rl.grpo.max_train_turns,
                "kl_beta": rl.grpo.kl_beta, "epochs": rl.grpo.epochs, "anchor": arm.get("anchor", 0), **arm,
-               "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
+               "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)), "n_branches": len(rl.branches),
                "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"}
         todo = [eval_config(cfg, d, f"{panel}_final", model_policy(cfg, final), final / "experience.json", games)
                 for panel, games, _ in panels if not (d / "eval" / f"{panel}_final" / "summary.json").exists()]
@@ -193,11 +211,11 @@ def main() -> None:
         f"{sum(sft_dev.values())}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x its samples "
         "per game (trained turns: per episode, drawn), T_max 30, then its final model on the development games "
         "(greedy, cap 50). wins / losses: games only the arm / only SFT won; p: exact two-sided sign test.", "",
-        "| arm | RL games | steps | games/step | samples | trained turns | T | lr | KL β | epochs | anchor | advantage | "
-        "RL seed | RL s | "
+        "| arm | RL games | branches | steps | games/step | samples | trained turns | T | lr | KL β | epochs | anchor | "
+        "advantage | RL seed | RL s | "
         + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
-        "|---" * (14 + 4 * len(names)) + "|",
-    ] + [f"| {r['arm']} | {r['rl_games']} | {r['steps']} | {r['games_per_step']} | {r['samples']} | "
+        "|---" * (15 + 4 * len(names)) + "|",
+    ] + [f"| {r['arm']} | {r['rl_games']} | {_branches(r)} | {r['steps']} | {r['games_per_step']} | {r['samples']} | "
          f"{r['train_turns'] or 'all'} | {r['temperature']} | {r['lr']:g} | "
          f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {r.get('anchor', 0):g} | "
          f"{r['estimator']} | {r['seed']} | {r['rl_seconds']} | "
@@ -211,6 +229,14 @@ def main() -> None:
     res.with_suffix(".md").write_text("\n".join(lines) + "\n")
     res.with_suffix(".json").write_text(json.dumps({"run": args.run, "rows": rows}, indent=1))
     print("\n".join(lines))
+
+
+def _branches(row: dict) -> str:
+    """The branches column: how many start states, and the own-turn cap of a branch episode."""
+    n = row["n_branches"]
+    if not n:
+        return "-"
+    return f"{n} ({row['branch_turns']} turns)" if row.get("branch_turns") else str(n)
 
 
 if __name__ == "__main__":

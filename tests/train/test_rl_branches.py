@@ -31,9 +31,9 @@ def test_every_other_group_starts_from_the_next_branch(model_dir, tmp_path):
     assert [plain._spec(e).task.task_id for e in range(0, 12, 2)] == [c.task_id, a.task_id, b.task_id] * 2
 
 
-def test_rl_asks_the_policy_first_at_the_branch_state(model_dir, tmp_path):
+def test_rl_asks_the_policy_first_at_the_branch_state_for_its_own_turns_only(model_dir, tmp_path):
     cfg = rl_config(model_dir, tmp_path / "rl", steps=1)
-    cfg.rollout_via_gateway = True
+    cfg.rollout_via_gateway, cfg.branch_turns = True, 1
     task = discover_games("train")[0]
     (teacher,) = run_episodes([EpisodeSpec(task, "t")], lambda t: make_env(t, engine=pick_engine(t)),
                               lambda: make_harness(cfg.harness), TeacherPolicy(), max_steps=8)
@@ -43,11 +43,14 @@ def test_rl_asks_the_policy_first_at_the_branch_state(model_dir, tmp_path):
     records = RecordStore(tmp_path / "rl" / "gateway")
     branch_runs = [e for e in records.executions() if "@2#" in e]
     assert len(branch_runs) == 2  # the branch group's 2 samples
+    assert teacher.steps > 3  # no win in the branch's one turn
     for e in branch_runs:
-        first = records.read(e)[0]
+        calls = records.read(e)
         # the first call of a branch sees the state after the replayed turns (rendered as the teacher saw it)
-        assert first.messages == teacher.turns[2].messages
-    assert len([e for e in records.executions() if "@" not in e]) == 2  # and the game's group
+        assert calls[0].messages == teacher.turns[2].messages
+        assert len(calls) == 1  # branch_turns: the replayed turns are not the policy's
+    games = [e for e in records.executions() if "@" not in e]
+    assert len(games) == 2 and all(len(records.read(e)) == cfg.max_steps for e in games)  # the games play on
 
 
 def test_branches_are_refused_off_the_training_games_and_on_cells(model_dir, tmp_path):

@@ -176,14 +176,18 @@ class InProcessBackend:
             self._t_step = t0
         self.store.freeze()
         self.policy.model.eval()
+        specs = {e: self._spec(e) for e in execs}
         by_cap: dict[int, list[int]] = {}    # one lock-step batch per T_max (`train.rl.step_cap`)
         for e in execs:
-            by_cap.setdefault(step_cap(cfg, e // self.N, e % self.N // self.G), []).append(e)
+            cap = step_cap(cfg, e // self.N, e % self.N // self.G)
+            if specs[e].prefix and cfg.branch_turns:
+                cap = min(cap, len(specs[e].prefix) + cfg.branch_turns)
+            by_cap.setdefault(cap, []).append(e)
         trajs = {}
         with self.amp():
             for cap, group in by_cap.items():
                 trajs.update(zip(group, run_episodes(
-                    [self._spec(e) for e in group],
+                    [specs[e] for e in group],
                     make_env=lambda task: TimedEnv(make_env(task, engine=cfg.engine, wording=cfg.wording), clock),
                     make_harness=lambda: make_harness(cfg.harness, experience=self.store),
                     policy=self.rollout_policy, max_steps=cap)))

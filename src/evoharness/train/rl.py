@@ -89,6 +89,10 @@ class RLConfig(Strict):
     # with branches, every other GRPO group starts from the next branch (in this order, cycling)
     # instead of the next game's first turn (runtime.schedule = "inprocess" only)
     branches: list[Branch] = []
+    # a branch episode ends after this many turns of its own (after its prefix; None: at the run's
+    # T_max): the decision it branches for comes first, so a short episode trains it at a fraction
+    # of a full one's cost
+    branch_turns: int | None = Field(None, gt=0)
     data_path: str | None = None
     engine: Literal["textworld", "fast"] = "fast"
     # the placing-command wording played (envs/alfworld/wording.py): set it as the data it

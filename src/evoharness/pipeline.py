@@ -67,11 +67,18 @@ def _default_rl() -> RLConfig:
     not better, so off. The anchor does hold larger steps: lr 3e-4 alone 47/60 and 108/140 (+3 /
     -22), with it 53/60 and 127/140 (+6 / -6), with KL β 0.1 instead 55/60, 127/140 (+3 / -3); two
     PPO epochs 53/60, 130/140 (+5 / -2); RL on the lost games only 49/60, 118/140. From the AMD box's
-    SFT model (54/60, 129/140; rl_levers8.md) this recipe gave 56/60 (+2 / -0), 133/140 (+4 / -0)."""
+    SFT model (54/60, 129/140; rl_levers8.md) this recipe gave 56/60 (+2 / -0), 133/140 (+4 / -0).
+
+    Each step now plays 2 games and 2 branches (`RunConfig.rl_branches`), a branch episode ending after
+    4 turns of its own (`branch_turns`). From another AMD SFT model (54/60 dev, 132/140 valid_seen;
+    benchmarks/results/student/rl_levers_short_branch.md), RL seeds 0 / 1: 58/60 (+4 / -0) and 56/60
+    (+2 / -0) dev, 132/140 (+3 / -3) and 136/140 (+5 / -1) valid_seen, where 2 games per step without
+    branches gave 56/60 (+3 / -1) and 132/140 (+1 / -1) (student/main_job_amd/)."""
     rl = RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
-                  task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False)
+                  task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False,
+                  branch_turns=4)
     g = rl.grpo
-    g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 2, 8, 2
+    g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 4, 8, 2
     g.lr, g.temperature, g.micro_batch_size = 1e-4, 1.5, 16
     g.reward.t_max, g.reward.div_epochs = 30, 30
     return rl
@@ -112,8 +119,9 @@ class RunConfig(Strict):
     # SFT policy always wins has no success spread, so no GRPO signal (0: RL on every training game)
     rl_screen_games: int = Field(160, ge=0)
     # every other GRPO group starts from a state where a lost screened game began to loop
-    # (`rl_games.json` "branches", `train.rl.Branch`) instead of a game's first turn
-    rl_branches: bool = False
+    # (`rl_games.json` "branches", `train.rl.Branch`) instead of a game's first turn; with no
+    # branch found (no lost screened game repeated an action) every group plays a game
+    rl_branches: bool = True
     select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint (or SFT, step 0) best on the curve's dev games
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))

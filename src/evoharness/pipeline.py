@@ -165,6 +165,9 @@ class RunConfig(Strict):
                              f"({self.sft.max_prompt_tokens}): the student must see the prompts it was trained on")
         if self.rl.harness != HarnessConfig(kind="bpe"):
             raise ValueError("set the harness for every stage with `harness.*`, not `rl.harness.*`")
+        if self.rl_branches and self.rl.runtime.schedule != "inprocess":  # refused here, not after SFT
+            raise ValueError(f"rl_branches runs with rl.runtime.schedule = 'inprocess' only (got "
+                             f"{self.rl.runtime.schedule!r}): set rl_branches=false")
         return self
 
 

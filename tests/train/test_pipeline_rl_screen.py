@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from evoharness.config import load_config
 from evoharness.jsonl import read_jsonl
 from evoharness.pipeline import RunConfig, dev_split, run_pipeline, screened_games
@@ -60,3 +62,10 @@ def test_a_lost_episode_that_loops_gives_a_branch_at_its_first_repeat():
     assert got["branches"] == [{"task_id": "a", "prefix": [f"<action>{a}</action>#{i}" for i, (_, a) in
                                                           enumerate(loop[:4])]},
                                {"task_id": "e", "prefix": ["<action>look</action>#0"]}]
+
+
+def test_branches_with_a_cell_schedule_are_refused_before_any_stage_runs():
+    with pytest.raises(ValueError, match="rl_branches runs with rl.runtime.schedule = 'inprocess' only"):
+        load_config(RunConfig, overrides=["rl.runtime.schedule=\"colocate\""])
+    cfg = load_config(RunConfig, overrides=["rl.runtime.schedule=\"colocate\"", "rl_branches=false"])
+    assert cfg.rl.runtime.schedule == "colocate" and not cfg.rl_branches

@@ -52,10 +52,10 @@ def _default_sft() -> SFTConfig:
 
 
 def _default_rl() -> RLConfig:
-    """configs/rl_cpu.toml's settings (2 updates per batch) on every task type, at 2 games x 8
-    samples per step, sampled at T = 1.5 on the screened games (`RunConfig.rl_screen_games`); 8
-    steps (~60 s each on the slower 2-core box); the main job keeps the checkpoint best on the
-    development set (`select_rl_checkpoint`). The SFT policy is near-deterministic (entropy ~0.01
+    """configs/rl_cpu.toml's settings (2 updates per batch) on every task type, at 4 groups (2 games and
+    2 branches, below) x 8 samples per step, sampled at T = 1.5 on the screened games
+    (`RunConfig.rl_screen_games`); 8 steps (354 s in all on the AMD 2-core box); the main job keeps
+    the checkpoint best on the development set (`select_rl_checkpoint`). The SFT policy is near-deterministic (entropy ~0.01
     nats/token): at T = 0.6 on every game most groups had no success spread, at T = 1.0 its samples
     carried 0.01-0.05 nats/token, at 1.5 0.33-0.72. The experience store stays the teacher's:
     consolidating the student's own notes into it left every GRPO checkpoint below SFT on the
@@ -69,8 +69,9 @@ def _default_rl() -> RLConfig:
     PPO epochs 53/60, 130/140 (+5 / -2); RL on the lost games only 49/60, 118/140. From the AMD box's
     SFT model (54/60, 129/140; rl_levers8.md) this recipe gave 56/60 (+2 / -0), 133/140 (+4 / -0).
 
-    Each step now plays 2 games and 2 branches (`RunConfig.rl_branches`), a branch episode ending after
-    4 turns of its own (`branch_turns`). From another AMD SFT model (54/60 dev, 132/140 valid_seen;
+    The figures above are from 2 games per step without branches. Each step now plays 2 games and 2
+    branches (`RunConfig.rl_branches`), a branch episode ending after 4 turns of its own
+    (`branch_turns`). From another AMD SFT model (54/60 dev, 132/140 valid_seen;
     benchmarks/results/student/rl_levers_short_branch.md), RL seeds 0 / 1: 58/60 (+4 / -0) and 56/60
     (+2 / -0) dev, 132/140 (+3 / -3) and 136/140 (+5 / -1) valid_seen, where 2 games per step without
     branches gave 56/60 (+3 / -1) and 132/140 (+1 / -1) (student/main_job_amd/)."""

@@ -179,10 +179,7 @@ class InProcessBackend:
         specs = {e: self._spec(e) for e in execs}
         by_cap: dict[int, list[int]] = {}    # one lock-step batch per T_max (`train.rl.step_cap`)
         for e in execs:
-            cap = step_cap(cfg, e // self.N, e % self.N // self.G)
-            if specs[e].prefix and cfg.branch_turns:
-                cap = min(cap, len(specs[e].prefix) + cfg.branch_turns)
-            by_cap.setdefault(cap, []).append(e)
+            by_cap.setdefault(step_cap(cfg, e // self.N, e % self.N // self.G, len(specs[e].prefix)), []).append(e)
         trajs = {}
         with self.amp():
             for cap, group in by_cap.items():

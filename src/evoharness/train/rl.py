@@ -224,10 +224,12 @@ def branch_starts(cfg: RLConfig) -> list[tuple]:
     return [(by_id[b.task_id], tuple(b.prefix)) for b in cfg.branches]
 
 
-def step_cap(cfg: RLConfig, step: int, group: int) -> int:
-    """T_max of group `group` (0..P-1) of RL step `step`: ``max_steps``, or the ``step_caps`` mix."""
+def step_cap(cfg: RLConfig, step: int, group: int, replayed: int = 0) -> int:
+    """T_max of group `group` (0..P-1) of RL step `step`: ``max_steps``, or the ``step_caps`` mix; for a
+    branch that replays `replayed` turns, at most ``replayed + branch_turns`` (when set)."""
     caps = cfg.step_caps
-    return caps[(step * cfg.grpo.prompts_per_step + group) % len(caps)] if caps else cfg.max_steps
+    cap = caps[(step * cfg.grpo.prompts_per_step + group) % len(caps)] if caps else cfg.max_steps
+    return min(cap, replayed + cfg.branch_turns) if replayed and cfg.branch_turns else cap
 
 
 def select_tasks(tasks: list, task_types: list[str] | None) -> list:

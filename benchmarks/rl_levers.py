@@ -44,7 +44,12 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   after 4 turns of its own (a sample that does not leave the loop at once fails, and a branch group costs
   a fraction of a game's), ``bt4_g4_8`` it with 4 groups per step (2 games, 2 branches), ``bt4_g4_16``
   that for 16 steps, ``bt4_g4_8_seed1`` with RL seed 1, ``bt4_g4_kl01_8`` with KL β 0.1 (0.01),
-  ``bt4_400_g4_8`` ``bt4_g4_8`` with the 400-game screening's branches.
+  ``bt4_400_g4_8`` ``bt4_g4_8`` with the 400-game screening's branches; ``bt4_g4_anchor_8`` is ``bt4_g4_8``
+  with the SFT anchor (the branches' states all have the lamp in view, and the KL term holds only the
+  sampled states, so "do not re-track the lamp" can spread to states where tracking is right; the anchor
+  keeps the teacher's rows), ``bt4_g4_anchor_16`` it for 16 steps, ``bt4_g4_anchor_8_seed1`` with RL seed 1;
+  ``bt4_g4_pos_8`` is ``bt4_g4_8`` with a branch group's negative advantages dropped
+  (`RLConfig.branch_advantage`), ``bt4_g4_pos_16`` it for 16 steps, ``bt4_g4_pos_anchor_8`` it with the anchor.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -123,6 +128,20 @@ ARMS = {
                   "games_per_step": 4},
     "bt4_400_g4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400, "branch_turns": 4,
                      "games_per_step": 4},
+    # branches teach "do not re-track the lamp" in states where it is in view; the SFT anchor keeps the
+    # teacher's tracking where it is not (the KL term only holds the sampled states)
+    "bt4_g4_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                        "games_per_step": 4, "anchor": 1.0},
+    "bt4_g4_anchor_16": {**_SCREENED, "steps": 16, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                         "games_per_step": 4, "anchor": 1.0},
+    "bt4_g4_pos_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                     "games_per_step": 4, "branch_advantage": "positive"},
+    "bt4_g4_pos_16": {**_SCREENED, "steps": 16, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                      "games_per_step": 4, "branch_advantage": "positive"},
+    "bt4_g4_pos_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                            "games_per_step": 4, "branch_advantage": "positive", "anchor": 1.0},
+    "bt4_g4_anchor_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
+                              "games_per_step": 4, "anchor": 1.0, "seed": 1},
 }
 
 
@@ -183,7 +202,7 @@ def main() -> None:
             rl.games = screen(arm["screen"])["lost" if arm.get("lost_only") else "games"]
         if branches := arm.get("branches"):  # True: the arm's own screening's; N: N screened games'
             rl.branches = [Branch(**b) for b in screen(arm["screen"] if branches is True else branches)["branches"]]
-        rl.branch_turns = arm.get("branch_turns")
+        rl.branch_turns, rl.branch_advantage = arm.get("branch_turns"), arm.get("branch_advantage", "both")
         final = d / "rl" / "final"
         if not final.exists():
             t = time.perf_counter()
@@ -232,11 +251,14 @@ def main() -> None:
 
 
 def _branches(row: dict) -> str:
-    """The branches column: how many start states, and the own-turn cap of a branch episode."""
+    """The branches column: how many start states, the own-turn cap of a branch episode, and whether a
+    branch group's negative advantages are dropped (`RLConfig.branch_advantage`)."""
     n = row["n_branches"]
     if not n:
         return "-"
-    return f"{n} ({row['branch_turns']} turns)" if row.get("branch_turns") else str(n)
+    notes = ([f"{row['branch_turns']} turns"] if row.get("branch_turns") else []) + (
+        ["advantage >= 0"] if row.get("branch_advantage") == "positive" else [])
+    return f"{n} ({', '.join(notes)})" if notes else str(n)
 
 
 if __name__ == "__main__":

@@ -69,3 +69,31 @@ def test_branches_are_refused_off_the_training_games_and_on_cells(model_dir, tmp
     cells.branches = [Branch(task_id=discover_games("train")[1].task_id, prefix=["<action>look</action>"])]
     with pytest.raises(ValueError, match="branches run with runtime.schedule = 'inprocess' only"):
         train_rl(cells, progress=False)
+
+
+@pytest.mark.parametrize("mode", ["both", "positive"])
+def test_positive_branch_advantage_zeroes_only_branch_groups_negatives(model_dir, tmp_path, monkeypatch, mode):
+    import evoharness.runtime.inprocess as inprocess
+
+    cfg = rl_config(model_dir, tmp_path / mode, steps=1)  # 1 game group, then 1 branch group, 2 samples each
+    cfg.branch_turns, cfg.branch_advantage, cfg.grpo.packing = 1, mode, False
+    task, game = discover_games("train")[:2]
+    (teacher,) = run_episodes([EpisodeSpec(task, "t")], lambda t: make_env(t, engine=pick_engine(t)),
+                              lambda: make_harness(cfg.harness), TeacherPolicy(), max_steps=4)
+    cfg.games = [game.task_id]
+    cfg.branches = [Branch(task_id=task.task_id, prefix=[t.completion for t in teacher.turns[:2]])]
+    # the estimator's output fixed to -1 / +1 per group, so the test sees what the branch rule does to it
+    monkeypatch.setattr(inprocess, "turn_advantages", lambda groups, *a, **k: [
+        [[-1.0 if i == 0 else 1.0] * t.steps for i, t in enumerate(grp)] for grp in groups])
+    seen = []
+
+    def capture(trajs, flat_adv, **kw):
+        seen.append((trajs, flat_adv))
+        return []
+    monkeypatch.setattr(inprocess, "turn_samples", capture)
+    train_rl(cfg, progress=False)
+    ((trajs, adv),) = seen
+    assert [t.task_id for t in trajs] == [game.task_id] * 2 + [task.task_id] * 2
+    assert adv[0][0] == -1.0 and adv[1][0] == 1.0  # a game group's advantages are the estimator's
+    assert adv[2] == [-1.0 if mode == "both" else 0.0] * trajs[2].steps  # the branch's failing sample
+    assert adv[3] == [1.0] * trajs[3].steps

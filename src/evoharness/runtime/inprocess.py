@@ -204,6 +204,9 @@ class InProcessBackend:
         rewards = torch.tensor([[b.total for b in row] for row in breakdowns], dtype=torch.float32)
         adv_stats: dict[str, int] = {}  # GiGPO: step groups with a spread, and those the std floor set
         adv = turn_advantages(groups, rewards, g.advantage, stats=adv_stats)
+        if self.cfg.branch_advantage == "positive":  # branch groups reinforce their escapes only
+            adv = [[[max(a, 0.0) for a in turns] for turns in ga] if self._spec(step * self.N + n * self.G).prefix
+                   else ga for n, ga in enumerate(adv)]
         flat_adv = [a for ga in adv for a in ga]
         t1 = time.perf_counter()
         self.policy.model.train()

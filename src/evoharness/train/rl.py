@@ -93,6 +93,10 @@ class RLConfig(Strict):
     # T_max): the decision it branches for comes first, so a short episode trains it at a fraction
     # of a full one's cost
     branch_turns: int | None = Field(None, gt=0)
+    # "positive": a branch group's negative advantages are set to 0, so its samples that stay in the
+    # loop are not pushed down (the loop action, e.g. tracking the lamp, is right in states no branch
+    # starts from). A lever, off by default (benchmarks/results/student/rl_levers_short_branch.md).
+    branch_advantage: Literal["both", "positive"] = "both"
     data_path: str | None = None
     engine: Literal["textworld", "fast"] = "fast"
     # the placing-command wording played (envs/alfworld/wording.py): set it as the data it

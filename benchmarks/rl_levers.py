@@ -49,7 +49,8 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   sampled states, so "do not re-track the lamp" can spread to states where tracking is right; the anchor
   keeps the teacher's rows), ``bt4_g4_anchor_16`` it for 16 steps, ``bt4_g4_anchor_8_seed1`` with RL seed 1;
   ``bt4_g4_pos_8`` is ``bt4_g4_8`` with a branch group's negative advantages dropped
-  (`RLConfig.branch_advantage`), ``bt4_g4_pos_16`` it for 16 steps, ``bt4_g4_pos_anchor_8`` it with the anchor.
+  (`RLConfig.branch_advantage`), ``bt4_g4_pos_16`` it for 16 steps, ``bt4_g4_pos_anchor_8`` it with the anchor
+  (``bt4_g4_pos_anchor_8_seed1``: with RL seed 1).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -142,6 +143,9 @@ ARMS = {
                             "games_per_step": 4, "branch_advantage": "positive", "anchor": 1.0},
     "bt4_g4_anchor_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
                               "games_per_step": 4, "anchor": 1.0, "seed": 1},
+    "bt4_g4_pos_anchor_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True,
+                                  "branch_turns": 4, "games_per_step": 4, "branch_advantage": "positive",
+                                  "anchor": 1.0, "seed": 1},
 }
 
 

@@ -95,5 +95,5 @@ def test_positive_branch_advantage_zeroes_only_branch_groups_negatives(model_dir
     ((trajs, adv),) = seen
     assert [t.task_id for t in trajs] == [game.task_id] * 2 + [task.task_id] * 2
     assert adv[0][0] == -1.0 and adv[1][0] == 1.0  # a game group's advantages are the estimator's
-    assert adv[2] == [-1.0 if mode == "both" else 0.0] * trajs[2].steps  # the branch's failing sample
+    assert adv[2] == [-1.0 if mode == "both" else 0.0] * trajs[2].steps  # the branch sample set below 0
     assert adv[3] == [1.0] * trajs[3].steps

@@ -69,6 +69,8 @@ import time
 from pathlib import Path
 
 _SCREENED = {"screen": 160, "temperature": 1.0, "estimator": "grpo", "steps": 16, "games_per_step": 2}
+# 2 screened games and 2 short branches per step at T = 1.5 (the main job's RL today)
+_BT4_G4 = {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4, "games_per_step": 4}
 ARMS = {
     "default": {**_SCREENED, "screen": 0, "temperature": 0.6},
     "screened": _SCREENED,
@@ -119,33 +121,20 @@ ARMS = {
     "branch8": {**_SCREENED, "steps": 8, "branches": True},
     # branch episodes end after 4 turns of their own (`RLConfig.branch_turns`)
     "bt4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4},
-    "bt4_g4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                 "games_per_step": 4},
-    "bt4_g4_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                       "games_per_step": 4, "seed": 1},
-    "bt4_g4_kl01_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                      "games_per_step": 4, "kl_beta": 0.1},
-    "bt4_g4_16": {**_SCREENED, "steps": 16, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                  "games_per_step": 4},
-    "bt4_400_g4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": 400, "branch_turns": 4,
-                     "games_per_step": 4},
+    "bt4_g4_8": _BT4_G4,
+    "bt4_g4_8_seed1": {**_BT4_G4, "seed": 1},
+    "bt4_g4_kl01_8": {**_BT4_G4, "kl_beta": 0.1},
+    "bt4_g4_16": {**_BT4_G4, "steps": 16},
+    "bt4_400_g4_8": {**_BT4_G4, "branches": 400},
     # branches teach "do not re-track the lamp" in states where it is in view; the SFT anchor keeps the
     # teacher's tracking where it is not (the KL term only holds the sampled states)
-    "bt4_g4_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                        "games_per_step": 4, "anchor": 1.0},
-    "bt4_g4_anchor_16": {**_SCREENED, "steps": 16, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                         "games_per_step": 4, "anchor": 1.0},
-    "bt4_g4_pos_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                     "games_per_step": 4, "branch_advantage": "positive"},
-    "bt4_g4_pos_16": {**_SCREENED, "steps": 16, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                      "games_per_step": 4, "branch_advantage": "positive"},
-    "bt4_g4_pos_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                            "games_per_step": 4, "branch_advantage": "positive", "anchor": 1.0},
-    "bt4_g4_anchor_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4,
-                              "games_per_step": 4, "anchor": 1.0, "seed": 1},
-    "bt4_g4_pos_anchor_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True,
-                                  "branch_turns": 4, "games_per_step": 4, "branch_advantage": "positive",
-                                  "anchor": 1.0, "seed": 1},
+    "bt4_g4_anchor_8": {**_BT4_G4, "anchor": 1.0},
+    "bt4_g4_anchor_16": {**_BT4_G4, "anchor": 1.0, "steps": 16},
+    "bt4_g4_anchor_8_seed1": {**_BT4_G4, "anchor": 1.0, "seed": 1},
+    "bt4_g4_pos_8": {**_BT4_G4, "branch_advantage": "positive"},
+    "bt4_g4_pos_16": {**_BT4_G4, "branch_advantage": "positive", "steps": 16},
+    "bt4_g4_pos_anchor_8": {**_BT4_G4, "branch_advantage": "positive", "anchor": 1.0},
+    "bt4_g4_pos_anchor_8_seed1": {**_BT4_G4, "branch_advantage": "positive", "anchor": 1.0, "seed": 1},
 }
 
 

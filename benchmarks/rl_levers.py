@@ -50,7 +50,13 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   keeps the teacher's rows), ``bt4_g4_anchor_16`` it for 16 steps, ``bt4_g4_anchor_8_seed1`` with RL seed 1;
   ``bt4_g4_pos_8`` is ``bt4_g4_8`` with a branch group's negative advantages dropped
   (`RLConfig.branch_advantage`), ``bt4_g4_pos_16`` it for 16 steps, ``bt4_g4_pos_anchor_8`` it with the anchor
-  (``bt4_g4_pos_anchor_8_seed1``: with RL seed 1).
+  (``bt4_g4_pos_anchor_8_seed1``: with RL seed 1); ``bt4_400_g4_anchor_8`` (and with RL seed 1) is
+  ``bt4_g4_anchor_8`` with the 400-game screening's branches;
+- seed soups (`train.soup`, ``soup``: N): the arm run under RL seeds 0 .. N-1 from the same SFT model,
+  the policy their uniform weight average: ``bt4_g4_soup2_8``, ``bt4_g4_anchor_soup2_8``,
+  ``bt4_g4_pos_anchor_soup2_8``, ``bt4_400_g4_anchor_soup2_8``. A soup's seed runs are ordinary runs of
+  its single-seed arms (the same settings and seed), so they may be copied from those arms' ``rl``
+  directories into ``<arm>/rl/seed<s>`` and are then not redone (the soup resumes from them).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -135,6 +141,13 @@ ARMS = {
     "bt4_g4_pos_16": {**_BT4_G4, "branch_advantage": "positive", "steps": 16},
     "bt4_g4_pos_anchor_8": {**_BT4_G4, "branch_advantage": "positive", "anchor": 1.0},
     "bt4_g4_pos_anchor_8_seed1": {**_BT4_G4, "branch_advantage": "positive", "anchor": 1.0, "seed": 1},
+    "bt4_400_g4_anchor_8": {**_BT4_G4, "branches": 400, "anchor": 1.0},
+    "bt4_400_g4_anchor_8_seed1": {**_BT4_G4, "branches": 400, "anchor": 1.0, "seed": 1},
+    # seed soups (`train.soup`): the arm under RL seeds 0 and 1, the policy their weight average
+    "bt4_g4_soup2_8": {**_BT4_G4, "soup": 2},
+    "bt4_g4_anchor_soup2_8": {**_BT4_G4, "anchor": 1.0, "soup": 2},
+    "bt4_g4_pos_anchor_soup2_8": {**_BT4_G4, "branch_advantage": "positive", "anchor": 1.0, "soup": 2},
+    "bt4_400_g4_anchor_soup2_8": {**_BT4_G4, "branches": 400, "anchor": 1.0, "soup": 2},
 }
 
 
@@ -196,11 +209,16 @@ def main() -> None:
         if branches := arm.get("branches"):  # True: the arm's own screening's; N: N screened games'
             rl.branches = [Branch(**b) for b in screen(arm["screen"] if branches is True else branches)["branches"]]
         rl.branch_turns, rl.branch_advantage = arm.get("branch_turns"), arm.get("branch_advantage", "both")
+        rl.soup_seeds = arm.get("soup", 1)
         final = d / "rl" / "final"
         if not final.exists():
             t = time.perf_counter()
             train_rl(rl)
-            (d / "rl_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}")
+            if rl.soup_seeds == 1:
+                (d / "rl_seconds.txt").write_text(f"{time.perf_counter() - t:.0f}")
+        if rl.soup_seeds > 1:  # its seeds' logged step times (seed runs copied in were timed elsewhere)
+            secs = sum(r.get("timing_s/step", 0) for r in read_jsonl(d / "rl" / "metrics.jsonl"))
+            (d / "rl_seconds.txt").write_text(f"{secs:.0f}")
         row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, "samples": rl.grpo.group_size,
                "train_turns": rl.grpo.max_train_turns,
                "kl_beta": rl.grpo.kl_beta, "epochs": rl.grpo.epochs, "anchor": arm.get("anchor", 0), **arm,
@@ -230,7 +248,7 @@ def main() -> None:
     ] + [f"| {r['arm']} | {r['rl_games']} | {_branches(r)} | {r['steps']} | {r['games_per_step']} | {r['samples']} | "
          f"{r['train_turns'] or 'all'} | {r['temperature']} | {r['lr']:g} | "
          f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {r.get('anchor', 0):g} | "
-         f"{r['estimator']} | {r['seed']} | {r['rl_seconds']} | "
+         f"{r['estimator']} | {_seeds(r)} | {r['rl_seconds']} | "
          + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
          + " |" for r in rows] + [
         "", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
@@ -241,6 +259,12 @@ def main() -> None:
     res.with_suffix(".md").write_text("\n".join(lines) + "\n")
     res.with_suffix(".json").write_text(json.dumps({"run": args.run, "rows": rows}, indent=1))
     print("\n".join(lines))
+
+
+def _seeds(row: dict) -> str:
+    """The RL seed column: the seed, or a soup's seeds (`train.soup`)."""
+    n = row.get("soup", 1)
+    return str(row["seed"]) if n == 1 else f"{', '.join(str(row['seed'] + k) for k in range(n))} (average)"
 
 
 def _branches(row: dict) -> str:

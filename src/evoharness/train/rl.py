@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
 from evoharness.config import Strict
@@ -144,10 +144,21 @@ class RLConfig(Strict):
     # the RL workload: ALFWorld games, or repository tasks (`repo`; runtime schedules only)
     env: Literal["alfworld", "repo"] = "alfworld"
     repo: RepoRLConfig = Field(default_factory=RepoRLConfig)
+    # N > 1: the run once per seed (seed, seed + 1, ...) and the policy their weight average
+    # (`train.soup`); each seed's run in out_dir/seed<s>
+    soup_seeds: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _soup_needs_fixed_store(self) -> "RLConfig":
+        if self.soup_seeds > 1 and self.consolidate_experience:  # refused before any seed trains
+            raise ValueError("soup_seeds > 1 needs consolidate_experience = false: each seed would consolidate "
+                             "its own experience store, and stores have no average")
+        return self
 
 
 def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
-    """Run (or resume) GRPO from ``cfg.model_path``; returns the final model directory.
+    """Run (or resume) GRPO from ``cfg.model_path``; returns the final model directory (with
+    ``soup_seeds`` > 1: the seeds' weight average, `train.soup.train_soup`).
 
     Raises:
         ValueError: no model path, a setting the runtime cannot honour, another run's
@@ -158,6 +169,10 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
 
     if not cfg.model_path:
         raise ValueError("rl needs model_path (the SFT model directory)")
+    if cfg.soup_seeds > 1:
+        from evoharness.train.soup import train_soup
+
+        return train_soup(cfg, progress)
     out, t_start = Path(cfg.out_dir), time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"

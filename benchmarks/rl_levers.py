@@ -56,7 +56,11 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   the policy their uniform weight average: ``bt4_g4_soup2_8``, ``bt4_g4_anchor_soup2_8``,
   ``bt4_g4_pos_anchor_soup2_8``, ``bt4_400_g4_anchor_soup2_8``. A soup's seed runs are ordinary runs of
   its single-seed arms (the same settings and seed), so they may be copied from those arms' ``rl``
-  directories into ``<arm>/rl/seed<s>`` and are then not redone (the soup resumes from them).
+  directories into ``<arm>/rl/seed<s>`` and are then not redone (the soup resumes from them);
+- cycles (``cycles``): branches also where a lost screened episode cycles through states
+  (`pipeline.screened_games` ``cycles``, `RunConfig.rl_branch_cycles`), e.g. a pick game walking
+  shelf 7, shelf 8, shelf 7: ``bt4_cyc_g4_anchor_soup2_8`` (and its runs ``bt4_cyc_g4_anchor_8``,
+  ``..._seed1``), ``bt4_400cyc_g4_anchor_soup2_8`` with the 400-game screening's.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -148,6 +152,11 @@ ARMS = {
     "bt4_g4_anchor_soup2_8": {**_BT4_G4, "anchor": 1.0, "soup": 2},
     "bt4_g4_pos_anchor_soup2_8": {**_BT4_G4, "branch_advantage": "positive", "anchor": 1.0, "soup": 2},
     "bt4_400_g4_anchor_soup2_8": {**_BT4_G4, "branches": 400, "anchor": 1.0, "soup": 2},
+    # branches also where a lost screened game cycles through states (`pipeline.screened_games` cycles)
+    "bt4_cyc_g4_anchor_8": {**_BT4_G4, "anchor": 1.0, "cycles": True},
+    "bt4_cyc_g4_anchor_8_seed1": {**_BT4_G4, "anchor": 1.0, "cycles": True, "seed": 1},
+    "bt4_cyc_g4_anchor_soup2_8": {**_BT4_G4, "anchor": 1.0, "cycles": True, "soup": 2},
+    "bt4_400cyc_g4_anchor_soup2_8": {**_BT4_G4, "branches": 400, "anchor": 1.0, "cycles": True, "soup": 2},
 }
 
 
@@ -167,7 +176,8 @@ def main() -> None:
     from evoharness.eval.evaluate import evaluate_many
     from evoharness.eval.run_report import sign_test
     from evoharness.jsonl import read_jsonl
-    from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy, rl_config, screen_rl_games
+    from evoharness.pipeline import (RunConfig, dev_split, eval_config, model_policy, rl_config, screen_rl_games,
+                                     screened_games)
     from evoharness.train.rl import Branch, train_rl, train_tasks
     from evoharness.train.sft_anchor import SFTAnchorConfig
 
@@ -207,7 +217,12 @@ def main() -> None:
         if arm["screen"]:
             rl.games = screen(arm["screen"])["lost" if arm.get("lost_only") else "games"]
         if branches := arm.get("branches"):  # True: the arm's own screening's; N: N screened games'
-            rl.branches = [Branch(**b) for b in screen(arm["screen"] if branches is True else branches)["branches"]]
+            n = arm["screen"] if branches is True else branches
+            found = screen(n)["branches"]
+            if arm.get("cycles"):  # the same screening's episodes, cycles too (`screened_games`)
+                found = screened_games(read_jsonl(out / f"screen{n}" / "eval" / "rl_screen" / "episodes.jsonl"),
+                                       cycles=True)["branches"]
+            rl.branches = [Branch(**b) for b in found]
         rl.branch_turns, rl.branch_advantage = arm.get("branch_turns"), arm.get("branch_advantage", "both")
         rl.soup_seeds = arm.get("soup", 1)
         final = d / "rl" / "final"
@@ -268,13 +283,15 @@ def _seeds(row: dict) -> str:
 
 
 def _branches(row: dict) -> str:
-    """The branches column: how many start states, the own-turn cap of a branch episode, and whether a
-    branch group's negative advantages are dropped (`RLConfig.branch_advantage`)."""
+    """The branches column: how many start states, the own-turn cap of a branch episode, whether a
+    branch group's negative advantages are dropped (`RLConfig.branch_advantage`), and whether lost
+    episodes that cycle gave branches too (`pipeline.screened_games`)."""
     n = row["n_branches"]
     if not n:
         return "-"
     notes = ([f"{row['branch_turns']} turns"] if row.get("branch_turns") else []) + (
-        ["advantage >= 0"] if row.get("branch_advantage") == "positive" else [])
+        ["advantage >= 0"] if row.get("branch_advantage") == "positive" else []) + (
+        ["cycles too"] if row.get("cycles") else [])
     return f"{n} ({', '.join(notes)})" if notes else str(n)
 
 

@@ -31,6 +31,7 @@ from evoharness.eval.evaluate import EnvConfig, EvalConfig, evaluate, evaluate_m
 from evoharness.harness.factory import HarnessConfig
 from evoharness.jsonl import read_jsonl
 from evoharness.policies.factory import PolicyConfig
+from evoharness.rollout.episode import first_repeated_pair
 from evoharness.rollout.records import Trajectory
 from evoharness.train.rewards import spam_turns
 from evoharness.train.rl import Branch, RLConfig, spread, train_rl
@@ -132,6 +133,8 @@ class RunConfig(Strict):
     # (`rl_games.json` "branches", `train.rl.Branch`) instead of a game's first turn; with no
     # branch found (no lost screened game repeated an action) every group plays a game
     rl_branches: bool = True
+    # branches also from lost screened episodes that cycle through states (`screened_games` cycles)
+    rl_branch_cycles: bool = False
     select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint (or SFT, step 0) best on the curve's dev games
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))
@@ -271,16 +274,18 @@ def screen_rl_games(cfg: RunConfig, run: Path, n: int, out: Path | None = None) 
     picked = random.Random(f"rl_screen:{cfg.seed}").sample(train, min(n, len(train)))
     evaluate(eval_config(cfg, out, "rl_screen", model_policy(cfg, sft_dirs(cfg, run)[-1] / "final"),
                          run / "experience.json", [t.task_id for t in picked]))
-    return screened_games(read_jsonl(out / "eval" / "rl_screen" / "episodes.jsonl"))
+    return screened_games(read_jsonl(out / "eval" / "rl_screen" / "episodes.jsonl"), cfg.rl_branch_cycles)
 
 
-def screened_games(episodes: list[dict]) -> dict:
+def screened_games(episodes: list[dict], cycles: bool = False) -> dict:
     """RL's games from the SFT model's screening episodes (one per game, panel order): every
     game it lost, then as many it won, evenly spaced over the panel so every task type keeps
     some (`train.rl.spread`), so RL also rehearses what SFT already does right. When it lost
     none: every screened game. Each lost episode that repeated an action with nothing changed
     (`train.rewards.spam_turns`) also gives a branch (`train.rl.Branch`): its completions up to
-    that first repeat, the state where it started to loop.
+    that first repeat, the state where it started to loop. `cycles`: also a lost episode that
+    cycles (`rollout.episode.first_repeated_pair`: a state met again and answered the same, e.g.
+    ``go to shelf 7``, ``go to shelf 8``, ``go to shelf 7``), from whichever repeat comes first.
 
     Returns ``{"games": [task ids], "lost": [task ids], "screened": number of episodes,
     "branches": [{"task_id", "prefix"}]}``.
@@ -292,8 +297,9 @@ def screened_games(episodes: list[dict]) -> dict:
         if e["won"] or e.get("stop_reason") == "error" or not e.get("turns"):
             continue
         traj = Trajectory.from_dict(e)
-        if (repeats := spam_turns(traj)) and repeats[0] > 0:
-            branches.append({"task_id": traj.task_id, "prefix": [t.completion for t in traj.turns[:repeats[0]]]})
+        starts = spam_turns(traj)[:1] + ([first_repeated_pair(traj)] if cycles else [])
+        if (start := min((i for i in starts if i), default=0)) > 0:
+            branches.append({"task_id": traj.task_id, "prefix": [t.completion for t in traj.turns[:start]]})
     return {"games": lost + spread(won, len(lost)) if lost else won, "lost": lost, "screened": len(episodes),
             "branches": branches}
 
@@ -542,6 +548,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         f"Budget in optimizer steps: SFT {cfg.sft.max_steps}, DAgger {cfg.dagger_rounds} round(s) x {cfg.dagger_games} games "
         f"+ {cfg.dagger_sft_steps} SFT steps{f' at lr {cfg.dagger_lr:g}' if cfg.dagger_rounds else ''}, "
         f"GRPO {0 if cfg.skip_rl else cfg.rl.steps}"
+        + (f" x {cfg.rl.soup_seeds} RL seeds (the policy their weight average)" if cfg.rl.soup_seeds > 1 else "")
         + (f"; wall cap {cfg.budget_minutes:.0f} min" if cfg.budget_minutes else "; no wall cap")
         + f". The stages took {sum(stage.times().values()) / 60:.1f} min in all (table below); this invocation "
         f"{(time.perf_counter() - t0) / 60:.1f} min (a rerun resumes: finished stages are not redone).",

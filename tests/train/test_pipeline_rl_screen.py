@@ -7,6 +7,8 @@ import pytest
 from evoharness.config import load_config
 from evoharness.jsonl import read_jsonl
 from evoharness.pipeline import RunConfig, dev_split, run_pipeline, screened_games
+from evoharness.rollout.episode import first_repeated_pair
+from evoharness.rollout.records import Trajectory
 
 RUN = ["train_games=6", "dev_games=2", "max_steps=8", "eval_limit=1", "dev_eval_limit=1", "curve_games=0",
        "sft.max_steps=2", "sft.ckpt_every=0", "sft.progress=false", "vocab_size=300", "model_overrides.head_dim=16",
@@ -62,6 +64,26 @@ def test_a_lost_episode_that_loops_gives_a_branch_at_its_first_repeat():
     assert got["branches"] == [{"task_id": "a", "prefix": [f"<action>{a}</action>#{i}" for i, (_, a) in
                                                           enumerate(loop[:4])]},
                                {"task_id": "e", "prefix": ["<action>look</action>#0"]}]
+
+
+def test_with_cycles_a_lost_episode_that_revisits_a_state_gives_a_branch_there():
+    def turn(i, action, prompt):
+        return {"turn": i, "messages": [{"role": "user", "content": prompt}], "completion": f"<action>{action}</action>",
+                "kind": "env", "action": action, "feedback": ""}
+
+    # a 2-cycle: no action repeats at once (no spam turn), but turn 3 meets turn 1's state and answers the same
+    walk = [("go to shelf 7", "at start"), ("go to shelf 8", "at shelf 7"), ("go to shelf 7", "at shelf 8"),
+            ("go to shelf 8", "at shelf 7")]
+    spin = [("look", "a"), ("look", "a")]  # a spam turn first: the earlier of the two repeats starts the branch
+    eps = [{"episode_id": f"{g}#0", "task_id": g, "task_type": "pick_and_place_simple", "split": "train",
+            "harness": "bpe", "policy": "hf", "turns": [turn(i, *t) for i, t in enumerate(ts)], "won": False,
+            "stop_reason": "hopeless"} for g, ts in (("cyc", walk), ("spin", spin))]
+    assert first_repeated_pair(Trajectory.from_dict(eps[0])) == 3
+    assert [b["task_id"] for b in screened_games(eps)["branches"]] == ["spin"]  # off: the cycle gives none
+    got = screened_games(eps, cycles=True)["branches"]
+    assert got == [{"task_id": "cyc", "prefix": ["<action>go to shelf 7</action>", "<action>go to shelf 8</action>",
+                                                 "<action>go to shelf 7</action>"]},
+                   {"task_id": "spin", "prefix": ["<action>look</action>"]}]
 
 
 def test_branches_with_a_cell_schedule_are_refused_before_any_stage_runs():

@@ -42,6 +42,7 @@ def test_soup_is_the_average_of_its_seeds_runs(model_dir, tmp_path):
     assert rs["step"] == 1 and rs["soup/runs"] == 2
     assert rs["success"] == pytest.approx((ra["success"] + rb["success"]) / 2)
     assert rs["timing_s/step"] == pytest.approx(ra["timing_s/step"] + rb["timing_s/step"])  # the soup's cost
+    assert rs["adv/signal_groups"] == ra["adv/signal_groups"] + rb["adv/signal_groups"]
     assert (out / "report.md").is_file()
 
     from transformers import AutoModelForCausalLM

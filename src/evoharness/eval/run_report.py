@@ -282,7 +282,8 @@ def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: st
           f"trend {_trend(rew):+.4f}/step).", ""]
     if runs := rl[0].get("soup/runs"):  # train.soup's merged records
         md += [f"A seed soup: {runs} runs with consecutive RL seeds from the same SFT model, the policy their "
-               "uniform weight average (`train.soup`). Each row is the runs' mean (step times: their sum).", ""]
+               "uniform weight average (`train.soup`). Each row is the runs' mean (step times and group counts: "
+               "their sum).", ""]
     if ev:
         md += ["Greedy evaluation during training: " + ", ".join(f"step {r['step']}: {r['eval/success']:.2f} "
                                                              f"(n={r.get('eval/n', '?')})" for r in ev) + ".", ""]

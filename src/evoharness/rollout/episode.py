@@ -230,12 +230,30 @@ def _hopeless(lv: LiveEpisode, req: PolicyRequest, comp: Completion, seen: dict[
     if k <= 0:
         return False
     counts = seen.setdefault(lv.spec.episode_id, {})
-    key = hash((tuple((m["role"], m["content"]) for m in req.messages), comp.text))
+    key = _pair_key(req.messages, comp.text)
     counts[key] = counts.get(key, 0) + 1
     if counts[key] < k:
         return False
     lv.traj.stop_reason = "hopeless"
     return True
+
+
+def _pair_key(messages: list[dict[str, str]], completion: str) -> int:
+    return hash((tuple((m["role"], m["content"]) for m in messages), completion))
+
+
+def first_repeated_pair(traj: Trajectory) -> int | None:
+    """The first turn whose (prompt, completion) pair an earlier turn of `traj` already had: the
+    policy met the same state and answered the same, so from there it cycles (the pairs
+    ``stop_repeats`` counts; a cycle of any length, where `train.rewards.spam_turns` sees only an
+    action repeated at once). None when no pair repeats."""
+    seen: set[int] = set()
+    for i, t in enumerate(traj.turns):
+        key = _pair_key(t.messages, t.completion)
+        if key in seen:
+            return i
+        seen.add(key)
+    return None
 
 
 def _turn(lv: LiveEpisode, req: PolicyRequest, comp: Completion, parsed: ParsedAction, feedback: str,

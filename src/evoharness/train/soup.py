@@ -12,7 +12,8 @@ the seeds' RL time and nothing at inference.
 Layout under ``out_dir``: ``seed<s>/`` each seed's own run (checkpoints, metrics, report);
 ``checkpoints/step_N`` the average of the seeds' step-N checkpoints (weights, tokenizer, experience
 store: no optimizer state, so not a resume point); ``metrics.jsonl`` the seeds' records per step
-(mean; ``timing_s/*`` summed, the soup's cost); ``final`` the average of the seeds' final models.
+(`merge_metrics`: means, and the sums of counts such as step seconds); ``final`` the average of the
+seeds' final models.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -28,8 +30,13 @@ from safetensors.torch import save_file
 from evoharness.jsonl import read_jsonl
 from evoharness.train.checkpoint import atomic_dir, atomic_write_text, check_resume_config
 
+if TYPE_CHECKING:
+    from evoharness.train.rl import RLConfig
+
 # checkpoint files that belong to one run's optimisation, not to the averaged model
 _RUN_STATE = {"trainer_state.pt", "state.json", "metrics.jsonl"}
+# metrics that count what a step did (seconds, groups, errors): the soup's step did all its runs' steps
+_SUMMED = ("timing_s/", "adv/", "rollout/env_errors")
 
 
 def average_weights(dirs: list[Path], out: Path) -> Path:
@@ -87,8 +94,9 @@ def average_weights(dirs: list[Path], out: Path) -> Path:
 
 def merge_metrics(runs: list[list[dict]]) -> list[dict]:
     """The soup's metrics records: per step logged by every run, each numeric field's mean over the
-    runs, ``timing_s/*`` their sum (the runs' cost); other fields from the first run; plus
-    ``soup/runs``. Steps some run did not log are left out."""
+    runs, the counts of what a step did (``timing_s/*``: the runs' cost, ``adv/*`` groups, environment
+    errors) their sum; other fields from the first run; plus ``soup/runs``. Steps some run did not
+    log are left out."""
     by_step = [{r["step"]: r for r in recs if "step" in r} for recs in runs]
     merged = []
     for step in sorted(set.intersection(*(set(b) for b in by_step))):
@@ -97,20 +105,20 @@ def merge_metrics(runs: list[list[dict]]) -> list[dict]:
         for k, v in recs[0].items():
             vals = [r.get(k) for r in recs]
             if k != "step" and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals):
-                rec[k] = sum(vals) if k.startswith("timing_s/") else sum(vals) / len(vals)
+                rec[k] = sum(vals) if k.startswith(_SUMMED) else sum(vals) / len(vals)
             else:
                 rec[k] = v
         merged.append({**rec, "soup/runs": len(recs)})
     return merged
 
 
-def train_soup(cfg, progress: bool = True) -> Path:
+def train_soup(cfg: RLConfig, progress: bool = True) -> Path:
     """Run (or resume) ``cfg.soup_seeds`` GRPO runs with seeds ``cfg.seed, cfg.seed + 1, ...`` into
     ``out_dir/seed<s>``, then write their averages (module docstring); returns ``out_dir/final``.
 
     Each seed's run resumes as any run does (a finished one trains nothing again, one given more
-    ``steps`` continues); ``rl_config.json`` holds the soup's config. A wall-clock cap (``max_minutes``) is split evenly
-    over the seeds.
+    ``steps`` continues); ``rl_config.json`` holds the soup's config. A wall-clock cap
+    (``max_minutes``) is split evenly over the seeds.
 
     Raises:
         ValueError: as `train_rl`; a resume with other settings (`check_resume_config`);

@@ -79,12 +79,13 @@ def _default_rl() -> RLConfig:
     branches gave 56/60 (+3 / -1) and 132/140 (+1 / -1) (student/main_job_amd/).
 
     Since then the run is a seed soup (`soup_seeds` 2, `train.soup`): RL seeds 0 and 1, each with the
-    SFT anchor, and the policy their weight average, at twice the RL time (793 s of steps on the AMD
-    box). From that SFT model (student/rl_levers_soup.md) it wins 58/60 (+4 / -0) dev and 137/140
-    (+5 / -0) valid_seen; its two runs alone 57/60 and 56/60, 134/140 (+4 / -2) and 137/140. On the
-    development games it ties the best of the 12 arms there (58/60: the positive-only soup and three
-    single runs, among them the previous default, whose RL seed 1 gave 56/60); across four recipes the
-    soups lost 1 valid_seen game SFT won where their eight single runs lost 8."""
+    SFT anchor, and the policy their weight average, at twice the RL time (685 s in the main job on
+    the AMD box, benchmarks/results/main_job/). From that SFT model (student/rl_levers_soup.md) it
+    wins 58/60 (+4 / -0) dev and 137/140 (+5 / -0) valid_seen; its two runs alone 57/60 and 56/60,
+    134/140 (+4 / -2) and 137/140. On the development games it ties the best arm of that table
+    (58/60: the positive-only soup and three single runs, among them the previous default, whose RL
+    seed 1 gave 56/60); across four recipes the soups lost 1 valid_seen game SFT won where their
+    eight single runs lost 8."""
     rl = RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
                   task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False,
                   branch_turns=4, sft_anchor=SFTAnchorConfig(coef=1.0), soup_seeds=2)
@@ -133,7 +134,8 @@ class RunConfig(Strict):
     # (`rl_games.json` "branches", `train.rl.Branch`) instead of a game's first turn; with no
     # branch found (no lost screened game repeated an action) every group plays a game
     rl_branches: bool = True
-    # branches also from lost screened episodes that cycle through states (`screened_games` cycles)
+    # branches also from lost screened episodes that cycle through states (`screened_games` cycles).
+    # Off: as a seed soup it won 57/60 dev against 58/60 without (student/rl_levers_soup.md)
     rl_branch_cycles: bool = False
     select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint (or SFT, step 0) best on the curve's dev games
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))

@@ -68,8 +68,8 @@ def test_a_lost_episode_that_loops_gives_a_branch_at_its_first_repeat():
 
 def test_with_cycles_a_lost_episode_that_revisits_a_state_gives_a_branch_there():
     def turn(i, action, prompt):
-        return {"turn": i, "messages": [{"role": "user", "content": prompt}], "completion": f"<action>{action}</action>",
-                "kind": "env", "action": action, "feedback": ""}
+        return {"turn": i, "messages": [{"role": "user", "content": prompt}],
+                "completion": f"<action>{action}</action>", "kind": "env", "action": action, "feedback": ""}
 
     # a 2-cycle: no action repeats at once (no spam turn), but turn 3 meets turn 1's state and answers the same
     walk = [("go to shelf 7", "at start"), ("go to shelf 8", "at shelf 7"), ("go to shelf 7", "at shelf 8"),

@@ -9,8 +9,10 @@ Draws ``--per-type`` games of each task type (seeded) from the ALFWorld release 
 bundled pack (`src/evoharness/data/alfworld/`, the games the main job trains and
 develops on) does not hold, and plays them with the run's evaluation settings (BPE
 harness, the run's experience store, greedy, constrained, step cap, early stop): the
-scripted teacher, then each model (default: the run's ``sft/final``). Writes
-``unseen.md`` and ``unseen.json`` to ``--results``.
+scripted teacher, then each model (default: the run's ``sft/final``); with several models,
+each later one is also paired per game against the first (exact sign test). Writes
+``unseen.md`` and ``unseen.json`` (per system its results and ``won``, per game in ``games``
+order) to ``--results``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def main() -> None:
     args = ap.parse_args()
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.eval.evaluate import evaluate
+    from evoharness.eval.run_report import sign_test
+    from evoharness.jsonl import read_jsonl
     from evoharness.pipeline import RunConfig, eval_config, model_policy
 
     run = Path(args.run)
@@ -59,7 +63,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, policy) in enumerate(systems):
             s = evaluate(eval_config(cfg, Path(tmp), f"s{i}", policy, run / "experience.json", games), progress=False)
-            rows.append({"system": name, "overall": s["overall"],
+            won = {e["task_id"]: e["won"] for e in read_jsonl(Path(tmp) / "eval" / f"s{i}" / "episodes.jsonl")}
+            rows.append({"system": name, "overall": s["overall"], "won": [won[g] for g in games],
                          "by_type": {tt: {"won": v["won"], "n": v["n"]} for tt, v in s["by_type"].items()}})
             print(name, f"{s['overall']['won']}/{s['overall']['n']}", flush=True)
     res = Path(args.results)
@@ -78,6 +83,14 @@ def main() -> None:
         o = r["overall"]
         lines.append(f"| `{r['system']}` | " + " | ".join(f"{r['by_type'][t]['won']}/{r['by_type'][t]['n']}" for t in types)
                      + f" | **{o['success']}%** ({o['won']}/{o['n']}) | {o['mean_steps']} | {o['stopped_early']} |")
+    if len(rows) > 2:  # each later model paired per game against the first (e.g. SFT + GRPO against SFT)
+        base = rows[1]
+        lines += ["", f"Paired per game against `{base['system']}`: wins = games only the model won, losses = games "
+                  "only the first won; p = exact two-sided sign test.", "", "| model | wins | losses | p |", "|---|---|---|---|"]
+        for r in rows[2:]:
+            w = sum(a and not b for a, b in zip(r["won"], base["won"]))
+            lost = sum(b and not a for a, b in zip(r["won"], base["won"]))
+            lines.append(f"| `{r['system']}` | {w} | {lost} | {sign_test(w, lost):.3g} |")
     lines += ["", f"Command: `python benchmarks/student_unseen.py {' '.join(sys.argv[1:])}`"]
     (res / "unseen.md").write_text("\n".join(lines) + "\n")
 

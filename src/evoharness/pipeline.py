@@ -103,10 +103,9 @@ RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_bat
 
 class RunConfig(Strict):
     """The whole pipeline. Defaults: the embedded CPU default (bundled games, a
-    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 17.1 min on the
-    2-core Intel box of benchmarks/results/main_job/; on the AMD box of the previous report 29.4 min in
-    a fast hour, 44.9 min scaled to its slowest measured hour (an earlier box ran SFT steps 2.4x
-    faster, benchmarks/results/student/full_scale.md)."""
+    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 32.4 min on the
+    quiet 2-core AMD box of benchmarks/results/main_job/ (about 58 min at that box's slowest measured
+    SFT speed); older defaults took 17.1 min on a 2-core Intel box (git show af70d34:benchmarks/results/main_job/)."""
 
     out_dir: str = "runs/main"
     seed: int = 0

@@ -60,7 +60,13 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
 - cycles (``cycles``): branches also where a lost screened episode cycles through states
   (`pipeline.screened_games` ``cycles``, `RunConfig.rl_branch_cycles`), e.g. a pick game walking
   shelf 7, shelf 8, shelf 7: ``bt4_cyc_g4_anchor_soup2_8`` (and its runs ``bt4_cyc_g4_anchor_8``,
-  ``..._seed1``), ``bt4_400cyc_g4_anchor_soup2_8`` with the 400-game screening's.
+  ``..._seed1``), ``bt4_400cyc_g4_anchor_soup2_8`` with the 400-game screening's;
+- ``bt4_g4_anchor_soup3_8``: the anchor soup over RL seeds 0, 1 and 2;
+- on-policy teacher labels (``relabel``: weight, ``relabel_filter``; `SFTAnchorConfig.on_policy_coef`): the
+  scripted teacher labels the step's own rollout states where the policy acted otherwise, and the anchor
+  also fits those labels (`train.sft_anchor.relabel_states`): every such state at weight 1
+  (``bt4_g4_anchor_relall_soup2_8``), lost episodes' states where the teacher would act in the world at
+  weight 1 (``bt4_g4_anchor_rel_soup2_8``) or 0.25 (``bt4_g4_anchor_rel025_soup2_8``).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -150,12 +156,19 @@ ARMS = {
     # seed soups (`train.soup`): the arm under RL seeds 0 and 1, the policy their weight average
     "bt4_g4_soup2_8": {**_BT4_G4, "soup": 2},
     "bt4_g4_anchor_soup2_8": {**_BT4_G4, "anchor": 1.0, "soup": 2},
+    "bt4_g4_anchor_soup3_8": {**_BT4_G4, "anchor": 1.0, "soup": 3},
     "bt4_g4_pos_anchor_soup2_8": {**_BT4_G4, "branch_advantage": "positive", "anchor": 1.0, "soup": 2},
     "bt4_400_g4_anchor_soup2_8": {**_BT4_G4, "branches": 400, "anchor": 1.0, "soup": 2},
     # branches also where a lost screened game cycles through states (`pipeline.screened_games` cycles)
     "bt4_cyc_g4_anchor_8": {**_BT4_G4, "anchor": 1.0, "cycles": True},
     "bt4_cyc_g4_anchor_8_seed1": {**_BT4_G4, "anchor": 1.0, "cycles": True, "seed": 1},
     "bt4_cyc_g4_anchor_soup2_8": {**_BT4_G4, "anchor": 1.0, "cycles": True, "soup": 2},
+    # the teacher also labels the step's own rollout states where the policy acted otherwise
+    # (`SFTAnchorConfig.on_policy_coef`: DAgger inside the RL step): every such state, or (lost_env) only
+    # lost episodes' where the teacher would act in the world
+    "bt4_g4_anchor_relall_soup2_8": {**_BT4_G4, "anchor": 1.0, "relabel": 1.0, "relabel_filter": "all", "soup": 2},
+    "bt4_g4_anchor_rel_soup2_8": {**_BT4_G4, "anchor": 1.0, "relabel": 1.0, "soup": 2},
+    "bt4_g4_anchor_rel025_soup2_8": {**_BT4_G4, "anchor": 1.0, "relabel": 0.25, "soup": 2},
     "bt4_400cyc_g4_anchor_soup2_8": {**_BT4_G4, "branches": 400, "anchor": 1.0, "cycles": True, "soup": 2},
 }
 
@@ -205,7 +218,9 @@ def main() -> None:
         arm, d = ARMS[name], out / name
         d.mkdir(parents=True, exist_ok=True)
         arm_cfg = cfg.model_copy(deep=True)
-        arm_cfg.rl.sft_anchor = SFTAnchorConfig(coef=arm["anchor"]) if arm.get("anchor") else None
+        arm_cfg.rl.sft_anchor = SFTAnchorConfig(coef=arm["anchor"], on_policy_coef=arm.get("relabel", 0.0),
+                                                on_policy_filter=arm.get("relabel_filter", "lost_env")) \
+            if arm.get("anchor") else None
         rl = rl_config(arm_cfg, run)
         rl.out_dir, rl.threads = str(d / "rl"), args.threads
         rl.grpo.temperature, rl.grpo.advantage.estimator = arm["temperature"], arm["estimator"]
@@ -262,7 +277,7 @@ def main() -> None:
         "|---" * (15 + 4 * len(names)) + "|",
     ] + [f"| {r['arm']} | {r['rl_games']} | {_branches(r)} | {r['steps']} | {r['games_per_step']} | {r['samples']} | "
          f"{r['train_turns'] or 'all'} | {r['temperature']} | {r['lr']:g} | "
-         f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {r.get('anchor', 0):g} | "
+         f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {_anchor(r)} | "
          f"{r['estimator']} | {_seeds(r)} | {r['rl_seconds']} | "
          + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
          + " |" for r in rows] + [
@@ -293,6 +308,14 @@ def _branches(row: dict) -> str:
         ["advantage >= 0"] if row.get("branch_advantage") == "positive" else []) + (
         ["cycles too"] if row.get("cycles") else [])
     return f"{n} ({', '.join(notes)})" if notes else str(n)
+
+
+def _anchor(r: dict) -> str:
+    """The anchor column: its weight, and the on-policy teacher labels' weight and filter if any."""
+    text = f"{r.get('anchor', 0):g}"
+    if r.get("relabel"):
+        text += f" + teacher labels {r['relabel']:g} ({r.get('relabel_filter', 'lost_env')})"
+    return text
 
 
 if __name__ == "__main__":

@@ -210,7 +210,13 @@ class InProcessBackend:
         flat_adv = [a for ga in adv for a in ga]
         t1 = time.perf_counter()
         self.policy.model.train()
-        anchor = self.anchor.for_step(self.policy.model, step, self.amp) if self.anchor else None
+        relabelled = None
+        if self.anchor and self.anchor.cfg.on_policy_coef > 0:  # the teacher's labels where the policy erred
+            from evoharness.train.sft_anchor import relabel_states
+
+            relabelled = relabel_states(trajs, self.cfg.seed, step, self.anchor.cfg.on_policy_states,
+                                        self.anchor.cfg.on_policy_filter)
+        anchor = self.anchor.for_step(self.policy.model, step, self.amp, relabelled) if self.anchor else None
         if g.packing:  # trajectory trees, dedup-sampled and tree-packed (train/tree_loss.py)
             trees, call_adv = trajectory_trees(trajs, flat_adv)
             upd = tree_grpo_step(self.policy.model, self.optimizer, trees, call_adv, g, group_size=self.G,

@@ -155,6 +155,13 @@ class RLConfig(Strict):
                              "its own experience store, and stores have no average")
         return self
 
+    @model_validator(mode="after")
+    def _teacher_labels_need_bpe(self) -> "RLConfig":
+        if self.sft_anchor is not None and self.sft_anchor.on_policy_coef > 0 and self.harness.kind != "bpe":
+            raise ValueError("sft_anchor.on_policy_coef > 0 needs harness.kind = 'bpe': the scripted teacher "
+                             "labels BPE-harness prompts only")
+        return self
+
 
 def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
     """Run (or resume) GRPO from ``cfg.model_path``; returns the final model directory (with

@@ -12,14 +12,36 @@ to the GRPO gradient before clipping (`train.grpo.grpo_step`'s ``anchor``).
 length-bucketed batch number ``j`` of the SFT examples (``batch_tokens`` padded
 tokens), so a resumed run draws the same batches as an uninterrupted one. The
 log-likelihood is of the raw model (T = 1, no action grammar), as SFT trained it.
+
+On-policy teacher labels (``on_policy_coef`` > 0, off by default): the teacher
+rows are states the teacher reached, not the ones the RL policy reaches when it
+errs. The scripted teacher decides from the rendered message alone
+(`policies.teacher`), so it can label the step's own rollout states, as DAgger
+does (Ross et al. 2011, Alg. 3.1; `train.dagger`), here inside the RL update as
+KDRL does with a model teacher (Xu et al. 2025, arXiv:2506.02208, "KDRL: Post-Training Reasoning
+LLMs via Unified Knowledge Distillation and Reinforcement Learning"). `relabel_states`
+keeps the states of lost episodes where the teacher would act in the world and the
+policy did something else (``on_policy_filter = "lost_env"``; in a won episode
+another action is another route, and a note where the teacher commits is usually
+fine too), or every disagreement (``"all"``). Each update j also descends
+
+    on_policy_coef · (1/M_j) Σ_{k ∈ D_j} −log π_θ(y*_k | s_k)      (the teacher's completion y*)
+
+over its share D_j of those states (M_j completion tokens). Measured from the main
+job's SFT model (`benchmarks/results/student/rl_levers_relabel.md`), it pulls the
+policy away from SFT (KL 0.11-0.16 at step 8 instead of 0.02) and loses games
+SFT won on valid_seen at weight 0.25 as at 1.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import random
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -36,6 +58,54 @@ class SFTAnchorConfig(Strict):
     batch_tokens: int = Field(4096, gt=0, description="padded tokens per anchor batch")
     max_prompt_tokens: int = Field(DEFAULT_MAX_PROMPT_TOKENS, gt=0, description="as `SFTConfig`'s")
     max_completion_tokens: int = Field(256, gt=0, description="as `SFTConfig`'s")
+    on_policy_coef: float = Field(0.0, ge=0.0, description="weight of the NLL of the teacher's labels at the "
+                                  "step's rollout states where the policy acted otherwise (0: off)")
+    on_policy_states: int = Field(64, gt=0, description="most relabelled states per RL step (a seeded sample)")
+    on_policy_filter: Literal["lost_env", "all"] = Field(
+        "lost_env", description="which disagreements: lost episodes' where the teacher acts in the world, or all")
+
+
+def relabel_states(trajectories: list, seed: int, step: int, limit: int,
+                   which: Literal["lost_env", "all"] = "lost_env") -> list[dict[str, Any]]:
+    """The scripted teacher's labels at the lost episodes' states where it would take an environment
+    action and the policy took another action (module docstring).
+
+    Args:
+        trajectories: one RL step's `rollout.records.Trajectory`s (BPE harness); replayed
+            branch-prefix turns count (they are states the policy reached at screening).
+        seed, step: key the sample when more than `limit` states qualify.
+        limit: most states returned.
+        which: ``all`` keeps every state where the two actions differ.
+
+    Returns:
+        SFT examples (``messages``, ``completion``: the teacher's whole completion), one per
+        distinct prompt, in rollout order.
+
+    Raises:
+        ValueError: a prompt without the BPE harness's PLAN view (the teacher reads only those).
+    """
+    from evoharness.harness.base import META_VERBS, split_completion
+    from evoharness.policies.teacher import teacher_completion
+
+    out, seen = [], set()
+    for traj in trajectories:
+        for turn in [] if traj.won and which == "lost_env" else traj.turns:
+            user = next((m["content"] for m in reversed(turn.messages) if m.get("role") == "user"), "")
+            if "\n\nPLAN:" not in user:
+                raise ValueError("on-policy teacher labels need BPE-harness prompts (no PLAN view in the prompt)")
+            key = hashlib.sha256(json.dumps(turn.messages, sort_keys=True).encode()).hexdigest()
+            if key in seen:
+                continue
+            seen.add(key)
+            label = teacher_completion(user)
+            action = split_completion(label)[1].strip()
+            if split_completion(turn.completion)[1].strip() != action and \
+                    (which == "all" or action.split(" ", 1)[0] not in META_VERBS):
+                out.append({"messages": turn.messages, "completion": label})
+    if len(out) > limit:
+        keep = sorted(random.Random(f"relabel:{seed}:{step}").sample(range(len(out)), limit))
+        out = [out[i] for i in keep]
+    return out
 
 
 class SFTAnchor:
@@ -49,7 +119,7 @@ class SFTAnchor:
     def __init__(self, cfg: SFTAnchorConfig, tokenizer: Any, seed: int, updates_per_step: int):
         if not Path(cfg.data_path).is_file():
             raise FileNotFoundError(f"sft_anchor.data_path {cfg.data_path!r} is not a file")
-        self.cfg, self.seed, self.updates_per_step = cfg, seed, updates_per_step
+        self.cfg, self.seed, self.updates_per_step, self.tokenizer = cfg, seed, updates_per_step, tokenizer
         self.rows = tokenize_examples(tokenizer, load_examples(cfg.data_path), cfg.max_prompt_tokens,
                                       cfg.max_completion_tokens)
         if not self.rows:
@@ -66,17 +136,46 @@ class SFTAnchor:
             self._plans[epoch] = plan_epoch(self._lengths, self.cfg.batch_tokens, self.seed, epoch)
         return [self.rows[r] for r in self._plans[epoch][k]]
 
-    def for_step(self, model: Any, step: int, amp: Callable | None = None) -> Callable[[int], dict[str, float]]:
+    def for_step(self, model: Any, step: int, amp: Callable | None = None,
+                 relabelled: list[dict[str, Any]] | None = None) -> Callable[[int], dict[str, float]]:
         """`grpo_step`'s ``anchor`` for RL step `step` (0-based): update j backpropagates
-        ``coef ·`` the mean completion NLL of batch ``step · updates_per_step + j``.
-        Returns ``{"anchor_nll": nats per token, "anchor_tokens": N_j}`` per update."""
+        ``coef ·`` the mean completion NLL of batch ``step · updates_per_step + j``, and
+        ``on_policy_coef ·`` that of its share (every U-th) of `relabelled` (`relabel_states`).
+        Returns ``{"anchor_nll": nats per token, "anchor_tokens": N_j}`` per update, plus
+        ``on_policy_nll`` and ``on_policy_states`` when update j has relabelled states."""
+        extra = tokenize_examples(self.tokenizer, relabelled, self.cfg.max_prompt_tokens,
+                                  self.cfg.max_completion_tokens) if relabelled else []
+
+        def nll_of(rows: list) -> tuple[Any, int]:
+            with (amp or nullcontext)():
+                ids, labels = collate(rows, self.pad_id)
+                return completion_loss(model, ids.to(model.device), labels.to(model.device))
 
         def anchor(j: int) -> dict[str, float]:
-            ids, labels = collate(self.batch(step * self.updates_per_step + j), self.pad_id)
-            with (amp or nullcontext)():
-                loss_sum, n = completion_loss(model, ids.to(model.device), labels.to(model.device))
+            loss_sum, n = nll_of(self.batch(step * self.updates_per_step + j))
             nll = loss_sum / max(1, n)
             (self.cfg.coef * nll).backward()
-            return {"anchor_nll": float(nll.detach()), "anchor_tokens": float(n)}
+            m = {"anchor_nll": float(nll.detach()), "anchor_tokens": float(n)}
+            if mine := extra[j::self.updates_per_step]:
+                # padded-token batches, one backward each, weighted to one mean over all M_j tokens
+                total, m_sum = sum(len(ids) - n_prompt for ids, n_prompt in mine), 0.0
+                for b in token_batches(mine, self.cfg.batch_tokens):
+                    s, _ = nll_of(b)
+                    (self.cfg.on_policy_coef * s / total).backward()
+                    m_sum += float(s.detach())
+                m.update(on_policy_nll=m_sum / total, on_policy_states=float(len(mine)))
+            return m
 
         return anchor
+
+
+def token_batches(rows: list[tuple[list[int], int]], batch_tokens: int) -> list[list[tuple[list[int], int]]]:
+    """`rows` in order, cut into batches whose padded size (rows x longest) stays within
+    `batch_tokens` (a longer row alone)."""
+    out: list[list] = []
+    for r in rows:
+        if out and (len(out[-1]) + 1) * max(len(r[0]), *(len(x[0]) for x in out[-1])) <= batch_tokens:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out

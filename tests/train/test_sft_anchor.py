@@ -21,7 +21,7 @@ from evoharness.policies.teacher import TeacherPolicy, teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.rl import RLConfig, train_rl
 from evoharness.train.sft import collate, completion_loss, load_examples, plan_epoch, tokenize_examples
-from evoharness.train.sft_anchor import SFTAnchor, SFTAnchorConfig, relabel_states, token_batches
+from evoharness.train.sft_anchor import SFTAnchor, SFTAnchorConfig, relabel_states
 
 
 def write_examples(path: Path, n_games: int = 8) -> Path:
@@ -158,7 +158,7 @@ def test_the_on_policy_term_is_one_mean_over_each_updates_relabelled_tokens(mode
     loss, n = completion_loss(model, *collate(anchor.batch(1), tok.pad_token_id or 0))
     (loss / n).backward()
     rows = tokenize_examples(tok, relabelled, 512, 64)[1::2]
-    assert len(token_batches(rows, cfg.batch_tokens)) > 1   # the anchor cut them into several
+    assert len(plan_epoch([len(r[0]) for r in rows], cfg.batch_tokens, 0, 0)) > 1   # the anchor cut them into several
     loss, m = completion_loss(model, *collate(rows, tok.pad_token_id or 0))
     (0.5 * loss / m).backward()
     for g, p in zip(got, model.parameters()):

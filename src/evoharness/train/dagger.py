@@ -36,6 +36,23 @@ from evoharness.policies.teacher import teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
 
+def teacher_label(messages: list[dict[str, str]]) -> str:
+    """The scripted teacher's whole completion for the state a prompt renders (its last user message).
+
+    Raises:
+        ValueError: a prompt without the BPE harness's PLAN view (the teacher reads only those).
+    """
+    user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    if "\n\nPLAN:" not in user:
+        raise ValueError("the scripted teacher labels BPE-harness prompts only (no PLAN view in the prompt)")
+    return teacher_completion(user)
+
+
+def state_key(messages: list[dict[str, str]]) -> str:
+    """A labelled state's identity (one label per distinct prompt): a digest of its messages."""
+    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+
+
 class DAggerPolicy:
     """Wraps the student: records ``(messages -> teacher completion)`` for every
     request it answers and executes the student's completion (the teacher's
@@ -60,12 +77,9 @@ class DAggerPolicy:
         comps = self.student.act(requests)
         out = []
         for req, comp in zip(requests, comps):
-            user = next((m["content"] for m in reversed(req.messages) if m.get("role") == "user"), "")
-            if "\n\nPLAN:" not in user:
-                raise ValueError("DAgger labels BPE prompts only (no PLAN view in the prompt)")
-            label = teacher_completion(user)
+            label = teacher_label(req.messages)
             self.agree += split_completion(comp.text)[1].strip() == split_completion(label)[1].strip()
-            key = hashlib.sha256(json.dumps(req.messages, sort_keys=True).encode()).hexdigest()
+            key = state_key(req.messages)
             if key not in self._seen:
                 self._seen.add(key)
                 self.examples.append({"messages": req.messages, "completion": label, "episode_id": req.episode_id,

@@ -35,8 +35,6 @@ SFT won on valid_seen at weight 0.25 as at 1.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -85,19 +83,15 @@ def relabel_states(trajectories: list, seed: int, step: int, limit: int,
         ValueError: a prompt without the BPE harness's PLAN view (the teacher reads only those).
     """
     from evoharness.harness.base import META_VERBS, split_completion
-    from evoharness.policies.teacher import teacher_completion
+    from evoharness.train.dagger import state_key, teacher_label
 
     out, seen = [], set()
     for traj in trajectories:
         for turn in [] if traj.won and which == "lost_env" else traj.turns:
-            user = next((m["content"] for m in reversed(turn.messages) if m.get("role") == "user"), "")
-            if "\n\nPLAN:" not in user:
-                raise ValueError("on-policy teacher labels need BPE-harness prompts (no PLAN view in the prompt)")
-            key = hashlib.sha256(json.dumps(turn.messages, sort_keys=True).encode()).hexdigest()
-            if key in seen:
+            if (key := state_key(turn.messages)) in seen:
                 continue
             seen.add(key)
-            label = teacher_completion(user)
+            label = teacher_label(turn.messages)
             action = split_completion(label)[1].strip()
             if split_completion(turn.completion)[1].strip() != action and \
                     (which == "all" or action.split(" ", 1)[0] not in META_VERBS):
@@ -159,23 +153,11 @@ class SFTAnchor:
             if mine := extra[j::self.updates_per_step]:
                 # padded-token batches, one backward each, weighted to one mean over all M_j tokens
                 total, m_sum = sum(len(ids) - n_prompt for ids, n_prompt in mine), 0.0
-                for b in token_batches(mine, self.cfg.batch_tokens):
-                    s, _ = nll_of(b)
+                for idx in plan_epoch([len(r[0]) for r in mine], self.cfg.batch_tokens, self.seed, step):
+                    s, _ = nll_of([mine[i] for i in idx])
                     (self.cfg.on_policy_coef * s / total).backward()
                     m_sum += float(s.detach())
                 m.update(on_policy_nll=m_sum / total, on_policy_states=float(len(mine)))
             return m
 
         return anchor
-
-
-def token_batches(rows: list[tuple[list[int], int]], batch_tokens: int) -> list[list[tuple[list[int], int]]]:
-    """`rows` in order, cut into batches whose padded size (rows x longest) stays within
-    `batch_tokens` (a longer row alone)."""
-    out: list[list] = []
-    for r in rows:
-        if out and (len(out[-1]) + 1) * max(len(r[0]), *(len(x[0]) for x in out[-1])) <= batch_tokens:
-            out[-1].append(r)
-        else:
-            out.append([r])
-    return out

@@ -1,0 +1,124 @@
+"""Search faults: where the student's search moves part from the scripted teacher's, per panel.
+
+Usage: python benchmarks/search_faults.py --run runs/main
+       [--results benchmarks/results/student/search_faults] [--note TEXT]
+
+A search move is a turn whose think reads "the next receptacle to search is R." (rule 6 and 9 of
+`policies.teacher`): R is the first entry of TRACK RESULT's unsearched list, and the action goes
+to R, or opens or examines it when R shares the agent's location (no ``go to R`` is admissible;
+the BPE harness lists such an R as ``cabinet 4 (here)``). For each turn of the run's evaluation
+panels (``<run>/eval/<system>/episodes.jsonl``: the main job's SFT and SFT + GRPO models, the
+teacher; a diagnosis of reported games, never used for a choice) where the teacher, handed the
+student's own prompt (`train.dagger.teacher_label`), makes a search move, the student's completion
+is one of:
+
+- ``think``: its think names another receptacle than the teacher's (a copy error from the list);
+- ``co-located``: the same R, which shares the agent's location, but not the teacher's ``open`` /
+  ``examine`` (the action grammar sends the ``go to`` to another receptacle);
+- ``action``: the same R, reachable by ``go to``, but another command (a copy error from the think);
+- ``other``: no search move (a track, a look, ...).
+
+Each lost episode is filed under its first such fault (or ``none``). For the SFT data
+(``<run>/sft_examples.jsonl``) it counts the search examples and those that open or examine R where
+the agent stands. Writes ``<results>.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from evoharness.train.dagger import teacher_label
+
+SYSTEMS = ("scripted_teacher", "sft", "rl_last", "dev_scripted_teacher", "dev_sft", "dev_rl_last")
+KINDS = ("think", "co-located", "action", "other")
+_SEARCH = "the next receptacle to search is "
+
+
+def search_move(completion: str) -> tuple[str, str] | None:
+    """(R as the think names it, the action) of a search move, else None."""
+    if _SEARCH not in completion or "<action>" not in completion:
+        return None
+    target = completion.split(_SEARCH, 1)[1].split(".</think>", 1)[0]
+    return target, completion.split("<action>", 1)[1].split("</action>", 1)[0]
+
+
+def fault(turn: dict) -> str | None:
+    """The kind of the turn's search fault (module docstring); None where the teacher makes no
+    search move or the student makes the teacher's."""
+    teacher = search_move(teacher_label(turn["messages"]))
+    if teacher is None:
+        return None
+    student = search_move(turn["completion"])
+    if student is None:
+        return "other"
+    if student[0] != teacher[0]:
+        return "think"
+    if student[1] == teacher[1]:
+        return None
+    return "action" if teacher[1].startswith("go to ") else "co-located"
+
+
+def panel_row(path: Path) -> dict:
+    """Fault counts of one evaluation panel and the first fault of each lost episode."""
+    eps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    turns, lost = Counter(), {}
+    for e in eps:
+        kinds = [(i, k) for i, t in enumerate(e["turns"]) if (k := fault(t))]
+        turns.update(k for _, k in kinds)
+        if not e["won"]:
+            lost[e["task_id"].split("/")[0]] = f"{kinds[0][1]} (turn {kinds[0][0]})" if kinds else "none"
+    return {"episodes": len(eps), "won": sum(e["won"] for e in eps),
+            "fault_turns": {k: turns[k] for k in KINDS}, "lost_first_fault": dict(sorted(lost.items()))}
+
+
+def sft_row(path: Path) -> dict:
+    """Search examples of the SFT data, and those that open or examine R where the agent stands."""
+    searches = here = 0
+    for line in path.read_text().splitlines():
+        if line.strip() and (move := search_move(json.loads(line)["completion"])):
+            searches += 1
+            here += move[1].split(" ", 1)[0] in ("open", "examine")
+    return {"search_examples": searches, "open_or_examine_there": here}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run", required=True, help="a main-job output directory (eval/<system>/episodes.jsonl)")
+    ap.add_argument("--results", default="benchmarks/results/student/search_faults")
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+    run = Path(args.run)
+    panels = {s: panel_row(run / "eval" / s / "episodes.jsonl") for s in SYSTEMS
+              if (run / "eval" / s / "episodes.jsonl").is_file()}
+    if not panels:
+        sys.exit(f"no evaluation episodes under {run}/eval")
+    sft = sft_row(run / "sft_examples.jsonl") if (run / "sft_examples.jsonl").is_file() else None
+    lines = ["# Search faults: where the student's search moves part from the teacher's", "",
+             f"`python benchmarks/search_faults.py {' '.join(sys.argv[1:])}`. On every turn where the scripted "
+             "teacher, handed the student's own prompt, makes a search move (\"the next receptacle to search is "
+             "R\"), the student's move: think = its think names another receptacle; co-located = the same R, "
+             "at the agent's location, but not the teacher's open / examine; action = the same R, another "
+             "command; other = no search move. Lost games: each one's first such fault (turn index).", "",
+             "| panel | won | think | co-located | action | other | lost games: first fault |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in panels.items():
+        first = ", ".join(f"{g}: {k}" for g, k in r["lost_first_fault"].items()) or "-"
+        lines.append(f"| {name} | {r['won']}/{r['episodes']} | "
+                     + " | ".join(str(r["fault_turns"][k]) for k in KINDS) + f" | {first} |")
+    if sft:
+        lines += ["", f"SFT data: {sft['search_examples']} search examples, {sft['open_or_examine_there']} of them "
+                      "open or examine R where the agent stands."]
+    lines += ["", args.note] if args.note else []
+    out = Path(args.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"panels": panels, "sft": sft}, indent=2) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -166,9 +166,10 @@ def test_the_teacher_searches_in_the_order_the_harness_lists(played):
             if "the next receptacle to search is" not in turn.completion:
                 continue
             v = parse_prompt(turn.messages[-1]["content"])
-            listed = v.track[1].split("Unsearched (", 1)[1].split("): ", 1)[1].rstrip(".").split(", ")
+            listed = v.track[1].split("Unsearched (", 1)[1].split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
             skip = v.goal.target if v.goal.target and not v.goal.transform else None
             first = next(r for r in listed if type_of(r) != skip)
+            assert v.track[1].endswith(f"\nNext to search: {listed[0]}.")  # the list's first entry, restated
             # the think copies the entry as listed, "(here)" mark included; the command names it
             assert f"the next receptacle to search is {first}.</think>" in turn.completion, (t.task_id, listed)
             assert turn.action.endswith(f" {first.removesuffix(HERE_MARK)}"), (t.task_id, turn.action, listed)
@@ -187,7 +188,7 @@ def test_a_receptacle_at_the_agents_location_is_listed_here_and_opened_there(val
     i = next(i for i, turn in enumerate(t.turns) if turn.action == "open cabinet 4")
     turn = t.turns[i]
     assert "go to cabinet 4" not in turn.admissible_commands
-    listed = parse_prompt(turn.messages[-1]["content"]).track[1].split("): ", 1)[1].rstrip(".").split(", ")
+    listed = parse_prompt(turn.messages[-1]["content"]).track[1].split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
     assert listed[0] == "cabinet 4 (here)" and t.turns[i - 1].action == "open cabinet 3"
     assert not any(e.endswith(HERE_MARK) for e in listed[1:] if e.startswith("cabinet"))
     assert "the next receptacle to search is cabinet 4 (here)." in turn.completion

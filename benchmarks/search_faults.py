@@ -1,6 +1,6 @@
 """Search faults: where the student's search moves part from the scripted teacher's, per panel.
 
-Usage: python benchmarks/search_faults.py --run runs/main
+Usage: python benchmarks/search_faults.py --run [LABEL=]runs/main [[LABEL=]DIR ...]
        [--results benchmarks/results/student/search_faults] [--note TEXT]
 
 A search move is a turn whose think reads "the next receptacle to search is R." (rule 6 and 9 of
@@ -20,7 +20,9 @@ is one of:
 
 Each lost episode is filed under its first such fault (or ``none``). For the SFT data
 (``<run>/sft_examples.jsonl``) it counts the search examples and those that open or examine R where
-the agent stands. Writes ``<results>.md`` and ``.json``.
+the agent stands. Several runs (main jobs that differ in one lever) add a table side by side: each
+one's success, GRPO against SFT paired per game, and its fault turns. Writes ``<results>.md`` and
+``.json``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from evoharness.eval.run_report import paired
+from evoharness.jsonl import read_jsonl
 from evoharness.train.dagger import teacher_label
 
 SYSTEMS = ("scripted_teacher", "sft", "rl_last", "dev_scripted_teacher", "dev_sft", "dev_rl_last")
@@ -85,38 +89,73 @@ def sft_row(path: Path) -> dict:
     return {"search_examples": searches, "open_or_examine_there": here}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--run", required=True, help="a main-job output directory (eval/<system>/episodes.jsonl)")
-    ap.add_argument("--results", default="benchmarks/results/student/search_faults")
-    ap.add_argument("--note", default="")
-    args = ap.parse_args()
-    run = Path(args.run)
+def run_rows(run: Path) -> tuple[dict, dict | None]:
+    """The fault rows of one main-job run's panels, and its SFT-data row."""
     panels = {s: panel_row(run / "eval" / s / "episodes.jsonl") for s in SYSTEMS
               if (run / "eval" / s / "episodes.jsonl").is_file()}
     if not panels:
         sys.exit(f"no evaluation episodes under {run}/eval")
     sft = sft_row(run / "sft_examples.jsonl") if (run / "sft_examples.jsonl").is_file() else None
+    return panels, sft
+
+
+def summary_row(label: str, run: Path, panels: dict) -> str:
+    """One run's line of the comparison table: success, GRPO against SFT paired, fault turns."""
+    def won(s: str) -> str:
+        return f"{panels[s]['won']}/{panels[s]['episodes']}" if s in panels else "-"
+
+    def vs(a: str, b: str) -> str:
+        pa, pb = run / "eval" / a / "episodes.jsonl", run / "eval" / b / "episodes.jsonl"
+        if not (pa.is_file() and pb.is_file()):
+            return "-"
+        c = paired(read_jsonl(pa), read_jsonl(pb))
+        return f"+{c['b_only']} / -{c['a_only']} (p {c['p']:.3g})"
+
+    def faults(s: str) -> str:
+        return str(panels[s]["fault_turns"]["think"] + panels[s]["fault_turns"]["co-located"]) if s in panels else "-"
+
+    return (f"| {label} | {won('sft')} | {won('dev_sft')} | {won('rl_last')} | {won('dev_rl_last')} | "
+            f"{vs('sft', 'rl_last')} | {vs('dev_sft', 'dev_rl_last')} | {faults('sft')} / {faults('rl_last')} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run", required=True, nargs="+", metavar="[LABEL=]DIR",
+                    help="main-job output directories (eval/<system>/episodes.jsonl), optionally labelled")
+    ap.add_argument("--results", default="benchmarks/results/student/search_faults")
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+    runs = {(a.split("=", 1)[0] if "=" in a else a): Path(a.split("=", 1)[-1]) for a in args.run}
+    rows = {label: run_rows(run) for label, run in runs.items()}
     lines = ["# Search faults: where the student's search moves part from the teacher's", "",
              f"`python benchmarks/search_faults.py {' '.join(sys.argv[1:])}`. On every turn where the scripted "
              "teacher, handed the student's own prompt, makes a search move (\"the next receptacle to search is "
              "R\"), the student's move: think = its think names another receptacle; co-located = the same R, "
              "at the agent's location, but not the teacher's open / examine; action = the same R, another "
-             "command; other = no search move. Lost games: each one's first such fault (turn index).", "",
-             "| panel | won | think | co-located | action | other | lost games: first fault |",
-             "|---|---|---|---|---|---|---|"]
-    for name, r in panels.items():
-        first = ", ".join(f"{g}: {k}" for g, k in r["lost_first_fault"].items()) or "-"
-        lines.append(f"| {name} | {r['won']}/{r['episodes']} | "
-                     + " | ".join(str(r["fault_turns"][k]) for k in KINDS) + f" | {first} |")
-    if sft:
-        lines += ["", f"SFT data: {sft['search_examples']} search examples, {sft['open_or_examine_there']} of them "
-                      "open or examine R where the agent stands."]
-    lines += ["", args.note] if args.note else []
+             "command; other = no search move. Lost games: each one's first such fault (turn index).", ""]
+    if len(rows) > 1:
+        lines += ["| run | SFT valid_seen | SFT dev | SFT + GRPO valid_seen | SFT + GRPO dev | GRPO vs SFT valid_seen "
+                  "| GRPO vs SFT dev | think + co-located fault turns, valid_seen (SFT / SFT + GRPO) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [summary_row(label, runs[label], panels) for label, (panels, _) in rows.items()]
+        lines.append("")
+    for label, (panels, sft) in rows.items():
+        lines += [f"## {label}", "", "| panel | won | think | co-located | action | other | lost games: first fault |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, r in panels.items():
+            first = ", ".join(f"{g}: {k}" for g, k in r["lost_first_fault"].items()) or "-"
+            lines.append(f"| {name} | {r['won']}/{r['episodes']} | "
+                         + " | ".join(str(r["fault_turns"][k]) for k in KINDS) + f" | {first} |")
+        if sft:
+            lines += ["", f"SFT data: {sft['search_examples']} search examples, {sft['open_or_examine_there']} of "
+                          "them open or examine R where the agent stands."]
+        lines.append("")
+    lines += [args.note] if args.note else []
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"panels": panels, "sft": sft}, indent=2) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({label: {"run": str(runs[label]), "panels": p, "sft": sft}
+                                                     for label, (p, sft) in rows.items()}, indent=2) + "\n")
     print("\n".join(lines))
 
 

@@ -48,9 +48,7 @@ Decision rules (the current subgoal decides which apply; rule 0, then event rule
    (`harness.bpe.search`: the types RECALLED HINTS lists, then a fixed
    prior). Pick and pick-two skip Y-type receptacles (the objective is not
    met yet, so no X lies there; the harness lists them last). A receptacle
-   sharing the agent's place has no ``go to`` (TRACK RESULT lists it as
-   ``cabinet 4 (here)``, and the think copies that entry): it is opened or
-   examined.
+   sharing the agent's place has no ``go to``: it is opened or examined.
    For "find second X" a receptacle (not Y-type) TRACK RESULT shows an X in
    comes first. Nothing left -> ``look``.
 7. **Transform.** ``heat X n with microwave 1`` (cool/fridge, clean/sinkbasin)
@@ -72,7 +70,7 @@ import re
 from dataclasses import dataclass, field
 
 from evoharness.envs.alfworld.wording import parse_place
-from evoharness.harness.bpe.belief import HERE_MARK, natural_key, type_of
+from evoharness.harness.bpe.belief import natural_key, type_of
 from evoharness.harness.bpe.goal import Goal, parse_goal
 from evoharness.harness.bpe.search import GENERIC_ORDER, receptacle_type, search_order
 from evoharness.policies.base import Completion, PolicyRequest, estimate_tokens, format_action
@@ -269,8 +267,6 @@ def _recalled_types(v: PromptView, obj: str) -> list[str]:
 
 
 def _unsearched(track_text: str) -> list[str]:
-    """TRACK RESULT's unsearched entries as listed: ``cabinet 4 (here)`` keeps its mark (the
-    think copies the entry; the command takes the name)."""
     for ln in track_text.split("\n"):
         if m := _UNSEARCHED_RE.search(ln.strip()):
             return [r.strip() for r in m.group(1).split(",") if r.strip() and r.strip() != "none"]
@@ -328,9 +324,8 @@ def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
         if known and known[0] != here and (step := _go(v, known[0], f"I saw another {o} in {known[0]}; I go get it.")):
             return step
     skip = y if y and (second or not g.transform) else None
-    for entry in _unsearched(track):
-        r = entry.removesuffix(HERE_MARK)
-        if _rtype(r) != skip and (step := _go(v, r, f"No {o} here; the next receptacle to search is {entry}.")):
+    for r in _unsearched(track):
+        if _rtype(r) != skip and (step := _go(v, r, f"No {o} here; the next receptacle to search is {r}.")):
             return step
     return _exhausted(v, o)
 
@@ -402,8 +397,8 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
         return f"recall where: {lamp}", f"I have not seen a {lamp} yet; I recall where one is usually found."
     if cmd := _closed_here(v, here):
         return cmd, f"The {here} is closed; I open it to see inside."
-    for entry in _unsearched(track):
-        if step := _go(v, entry.removesuffix(HERE_MARK), f"No {lamp} here; the next receptacle to search is {entry}."):
+    for r in _unsearched(track):
+        if step := _go(v, r, f"No {lamp} here; the next receptacle to search is {r}."):
             return step
     return "look", f"I have searched everywhere I know for the {lamp}."
 

@@ -38,13 +38,11 @@ desk 1." leaves the desklamp on desk 1 in view).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
 BELIEF_CAPACITY = 48
 AGENT = "agent"
-NEXT_HEADER = "Next to search:"  # the unsearched list's first entry, on its own line
-HERE_MARK = " (here)"  # an unsearched receptacle at the agent's location: opened or examined, no ``go to``
 
 _NAME = r"[a-z]+ \d+"
 _ITEMS_RE = re.compile(r"\b(?:an?|some) ([a-z]+ \d+)")
@@ -317,28 +315,20 @@ class Belief:
             parts.append(f"{status}" + (f", contains {', '.join(inside)}" if inside else ""))
         return f"{obj}: " + ("; ".join(parts) if parts else "unknown")
 
-    def track(self, query: str = "world", order: Callable[[list[str]], list[str]] | None = None,
-              here: Collection[str] = ()) -> str:
+    def track(self, query: str = "world", order: Callable[[list[str]], list[str]] | None = None) -> str:
         """The ``track`` meta-action's text for `query`: ``world`` -> `world_summary`; an
         instance (``apple 1``) -> its `describe` line; an object type -> each known
         instance's line, then ``Unsearched (n): ...`` (or ``<type>: not seen yet.
         Unsearched (n): ...`` when none is known); a receptacle type -> each instance's line.
         `order` sorts the unsearched receptacles (the harness: likeliest first,
-        `search.search_order`); default natural order. Unsearched receptacles in `here`
-        (those at the agent's location) are listed as ``cabinet 4 (here)``. A last line
-        ``Next to search: <first entry>.`` states the entry a search copies: a small
-        student copies a fixed phrase more reliably than a list's first item
-        (benchmarks/results/student/search_faults.md)."""
+        `search.search_order`); default natural order."""
         q = track_subject(query)
         if q in ("", "world", "all", "everything"):
             return self.world_summary()
         if re.search(r"\d$", q):
             return self.describe(q)
         todo = order(self.unsearched()) if order else self.unsearched()
-        todo = [f"{r}{HERE_MARK}" if r in here else r for r in todo]
         unsearched = f"Unsearched ({len(todo)}): {', '.join(todo) or 'none'}."
-        if todo:  # the entry a search copies, stated once at the view's end
-            unsearched += f"\n{NEXT_HEADER} {todo[0]}."
         if names := self.instances(q) or self.instances(q.rstrip("s")):
             # where else one may be: what a search for another instance (pick-two) reads
             return "\n".join([*(self.describe(n) for n in names), unsearched])

@@ -242,21 +242,10 @@ class BPEHarness(Harness):
         return tuple(e.recep for e in self.experience.where_to_find(q, k=self.hints_k, count_use=False)), ()
 
     def _track_text(self, lookup: Lookup) -> str:
-        """A track's result from the belief as it is now, unsearched receptacles likeliest
-        first, those at the agent's location marked (`colocated`)."""
+        """A track's result from the belief as it is now, unsearched receptacles likeliest first."""
         scene = self.belief.receptacles
         return self.belief.track(lookup.query, order=lambda todo: search_order(
-            todo, lookup.prior_types, lookup.demote_types, counts_from=scene), here=self.colocated())
-
-    def colocated(self) -> set[str]:
-        """Scene receptacles at the agent's location: no ``go to R`` is admissible, but
-        ``open R`` or ``examine R`` is. ALFWorld puts some receptacles in one place
-        (cabinet 3 and cabinet 4); standing at one, the other is searched where the agent
-        stands, and a ``go to`` would need a marker a small student can copy instead of the
-        absence of one command among ~40 (benchmarks/results/student/search_faults.md)."""
-        adm = set(self._admissible)
-        return {r for r in self.belief.receptacles
-                if f"go to {r}" not in adm and (f"open {r}" in adm or f"examine {r}" in adm)}
+            todo, lookup.prior_types, lookup.demote_types, counts_from=scene))
 
     # ----- rendering ---------------------------------------------------------
     def _ago(self, turn: int) -> str:

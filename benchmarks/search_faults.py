@@ -5,8 +5,8 @@ Usage: python benchmarks/search_faults.py --run [LABEL=]runs/main [[LABEL=]DIR .
 
 A search move is a turn whose think reads "the next receptacle to search is R." (rule 6 and 9 of
 `policies.teacher`): R is the first entry of TRACK RESULT's unsearched list, and the action goes
-to R, or opens or examines it when R shares the agent's location (no ``go to R`` is admissible;
-the BPE harness lists such an R as ``cabinet 4 (here)``). For each turn of the run's evaluation
+to R, or opens or examines it when R shares the agent's location (no ``go to R`` is admissible).
+For each turn of the run's evaluation
 panels (``<run>/eval/<system>/episodes.jsonl``: the main job's SFT and SFT + GRPO models, the
 teacher; a diagnosis of reported games, never used for a choice) where the teacher, handed the
 student's own prompt (`train.dagger.teacher_label`), makes a search move, the student's completion
@@ -68,7 +68,7 @@ def fault(turn: dict) -> str | None:
 
 def panel_row(path: Path) -> dict:
     """Fault counts of one evaluation panel and the first fault of each lost episode."""
-    eps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    eps = read_jsonl(path)
     turns, lost = Counter(), {}
     for e in eps:
         kinds = [(i, k) for i, t in enumerate(e["turns"]) if (k := fault(t))]
@@ -82,8 +82,8 @@ def panel_row(path: Path) -> dict:
 def sft_row(path: Path) -> dict:
     """Search examples of the SFT data, and those that open or examine R where the agent stands."""
     searches = here = 0
-    for line in path.read_text().splitlines():
-        if line.strip() and (move := search_move(json.loads(line)["completion"])):
+    for example in read_jsonl(path):
+        if move := search_move(example["completion"]):
             searches += 1
             here += move[1].split(" ", 1)[0] in ("open", "examine")
     return {"search_examples": searches, "open_or_examine_there": here}

@@ -189,6 +189,7 @@ def test_a_receptacle_at_the_agents_location_is_opened_where_the_agent_stands(va
     assert listed[0] == "cabinet 4"
     assert "the next receptacle to search is cabinet 4.</think>" in turn.completion
 
+
 def test_the_teacher_tracks_the_lamp_also_when_it_stands_next_to_it(valid_seen):
     """Bowl and desklamp both on desk 1: after taking the bowl and committing, the teacher still
     does ``track desklamp``, and uses the lamp on the turn whose TRACK RESULT says it is in view,

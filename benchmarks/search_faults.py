@@ -66,9 +66,8 @@ def fault(turn: dict) -> str | None:
     return "action" if teacher[1].startswith("go to ") else "co-located"
 
 
-def panel_row(path: Path) -> dict:
-    """Fault counts of one evaluation panel and the first fault of each lost episode."""
-    eps = read_jsonl(path)
+def panel_row(eps: list[dict]) -> dict:
+    """Fault counts of one evaluation panel's episodes and the first fault of each lost episode."""
     turns, lost = Counter(), {}
     for e in eps:
         kinds = [(i, k) for i, t in enumerate(e["turns"]) if (k := fault(t))]
@@ -89,26 +88,25 @@ def sft_row(path: Path) -> dict:
     return {"search_examples": searches, "open_or_examine_there": here}
 
 
-def run_rows(run: Path) -> tuple[dict, dict | None]:
-    """The fault rows of one main-job run's panels, and its SFT-data row."""
-    panels = {s: panel_row(run / "eval" / s / "episodes.jsonl") for s in SYSTEMS
-              if (run / "eval" / s / "episodes.jsonl").is_file()}
-    if not panels:
+def run_rows(run: Path) -> tuple[dict, dict, dict | None]:
+    """One main-job run's episodes per panel, their fault rows, and its SFT-data row."""
+    episodes = {s: read_jsonl(run / "eval" / s / "episodes.jsonl") for s in SYSTEMS
+                if (run / "eval" / s / "episodes.jsonl").is_file()}
+    if not episodes:
         sys.exit(f"no evaluation episodes under {run}/eval")
     sft = sft_row(run / "sft_examples.jsonl") if (run / "sft_examples.jsonl").is_file() else None
-    return panels, sft
+    return episodes, {s: panel_row(eps) for s, eps in episodes.items()}, sft
 
 
-def summary_row(label: str, run: Path, panels: dict) -> str:
+def summary_row(label: str, episodes: dict, panels: dict) -> str:
     """One run's line of the comparison table: success, GRPO against SFT paired, fault turns."""
     def won(s: str) -> str:
         return f"{panels[s]['won']}/{panels[s]['episodes']}" if s in panels else "-"
 
     def vs(a: str, b: str) -> str:
-        pa, pb = run / "eval" / a / "episodes.jsonl", run / "eval" / b / "episodes.jsonl"
-        if not (pa.is_file() and pb.is_file()):
+        if a not in episodes or b not in episodes:
             return "-"
-        c = paired(read_jsonl(pa), read_jsonl(pb))
+        c = paired(episodes[a], episodes[b])
         return f"+{c['b_only']} / -{c['a_only']} (p {c['p']:.3g})"
 
     def faults(s: str) -> str:
@@ -137,9 +135,9 @@ def main() -> None:
         lines += ["| run | SFT valid_seen | SFT dev | SFT + GRPO valid_seen | SFT + GRPO dev | GRPO vs SFT valid_seen "
                   "| GRPO vs SFT dev | think + co-located fault turns, valid_seen (SFT / SFT + GRPO) |",
                   "|---|---|---|---|---|---|---|---|"]
-        lines += [summary_row(label, runs[label], panels) for label, (panels, _) in rows.items()]
+        lines += [summary_row(label, episodes, panels) for label, (episodes, panels, _) in rows.items()]
         lines.append("")
-    for label, (panels, sft) in rows.items():
+    for label, (_, panels, sft) in rows.items():
         lines += [f"## {label}", "", "| panel | won | think | co-located | action | other | lost games: first fault |",
                   "|---|---|---|---|---|---|---|"]
         for name, r in panels.items():
@@ -155,7 +153,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps({label: {"run": str(runs[label]), "panels": p, "sft": sft}
-                                                     for label, (p, sft) in rows.items()}, indent=2) + "\n")
+                                                     for label, (_, p, sft) in rows.items()}, indent=2) + "\n")
     print("\n".join(lines))
 
 

@@ -44,7 +44,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evoharness.config import Strict
+from evoharness.harness.base import META_VERBS, split_completion
 from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
+from evoharness.train.dagger import state_key, teacher_label
 from evoharness.train.sft import collate, completion_loss, load_examples, plan_epoch, tokenize_examples
 
 
@@ -82,9 +84,6 @@ def relabel_states(trajectories: list, seed: int, step: int, limit: int,
     Raises:
         ValueError: a prompt without the BPE harness's PLAN view (the teacher reads only those).
     """
-    from evoharness.harness.base import META_VERBS, split_completion
-    from evoharness.train.dagger import state_key, teacher_label
-
     out, seen = [], set()
     for traj in trajectories:
         for turn in [] if traj.won and which == "lost_env" else traj.turns:

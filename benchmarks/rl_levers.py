@@ -1,7 +1,7 @@
-"""GRPO levers from one finished main job's SFT model, each arm's final model paired against SFT on
+"""GRPO levers from a finished main job's SFT model, each arm's final model paired against SFT on
 the development set.
 
-Usage: python benchmarks/rl_levers.py --run runs/main [--out runs/rl_levers]
+Usage: python benchmarks/rl_levers.py --run runs/main [runs/main_seed1 ...] [--out runs/rl_levers]
        [--results benchmarks/results/student/rl_levers] [--arms default screened gigpo] [--threads 2]
        [--valid-seen] [--note TEXT]
 
@@ -72,7 +72,9 @@ Each arm's final model plays the 60 development games (greedy, cap 50, early sto
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
 sign test. ``--valid-seen`` also plays the run's eval split (paired against ``eval/sft``): reported,
 never chosen on. Selection happens on these games, never on valid_seen. An arm whose ``rl/final`` (or
-evaluation) exists under ``--out`` is not redone. Writes ``<results>.md`` and ``<results>.json``.
+evaluation) exists under ``--out`` is not redone. Several ``--run`` (main jobs of different seeds, each
+its own SFT model) run every arm from each (in ``<out>/seed<S>``) and add a table of each arm's wins and
+losses summed over them. Writes ``<results>.md`` and ``<results>.json``.
 """
 
 from __future__ import annotations
@@ -175,8 +177,9 @@ ARMS = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", default="runs/main", help="a finished main job (its SFT model and dev evaluation)")
-    ap.add_argument("--out", default="runs/rl_levers")
+    ap.add_argument("--run", nargs="+", default=["runs/main"],
+                    help="finished main jobs (their SFT models and dev evaluations); several: one per seed")
+    ap.add_argument("--out", default="runs/rl_levers", help="arm directories (several runs: <out>/seed<S>)")
     ap.add_argument("--results", default="benchmarks/results/student/rl_levers")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--threads", type=int, default=2)
@@ -186,6 +189,60 @@ def main() -> None:
 
     import torch
 
+    from evoharness.eval.run_report import sign_test
+
+    torch.set_num_threads(args.threads)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    runs = [run_arms(Path(r), Path(args.out), args, len(args.run) > 1) for r in args.run]
+    names = ["dev"] + ([runs[0]["eval_split"]] if args.valid_seen else [])
+    several = len(runs) > 1
+    head = (f"# GRPO levers ({len(runs)} main jobs' SFT models, seeds {', '.join(str(r['seed']) for r in runs)})"
+            if several else f"# GRPO levers (one main job's SFT model, seed {runs[0]['seed']})")
+    sft_dev = ", ".join(f"{r['sft_dev']}/{r['n_dev']}" for r in runs)
+    lines = [
+        head, "",
+        f"`python benchmarks/rl_levers.py {' '.join(sys.argv[1:])}`; SFT on the development games: "
+        f"{sft_dev}. Each arm: its GRPO steps, each on its games per step x its samples "
+        "per game (trained turns: per episode, drawn), T_max 30, then its final model on the development games "
+        "(greedy, cap 50). wins / losses: games only the arm / only SFT won; p: exact two-sided sign test.", "",
+        "| " + ("SFT seed | " if several else "") + "arm | RL games | branches | steps | games/step | samples | "
+        "trained turns | T | lr | KL β | epochs | anchor | advantage | RL seed | RL s | "
+        + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
+        "|---" * (15 + several + 4 * len(names)) + "|",
+    ] + [("| " + (f"{run['seed']} | " if several else "") + f"{r['arm']} | {r['rl_games']} | {_branches(r)} | "
+          f"{r['steps']} | {r['games_per_step']} | {r['samples']} | "
+          f"{r['train_turns'] or 'all'} | {r['temperature']} | {r['lr']:g} | "
+          f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {_anchor(r)} | "
+          f"{r['estimator']} | {_seeds(r)} | {r['rl_seconds']} | "
+          + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
+          + " |") for run in runs for r in run["rows"]]
+    if several:  # each arm's wins and losses summed over the independent SFT models (a fair coin each under H0)
+        lines += ["", "Pooled over the SFT models (sums; p: the exact sign test on the summed wins and losses):", "",
+                  "| arm | " + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
+                  "|---" * (1 + 4 * len(names)) + "|"]
+        for arm in args.arms:
+            cells = []
+            for p in names:
+                got = [r[p] for run in runs for r in run["rows"] if r["arm"] == arm]
+                w, lo = sum(g["wins"] for g in got), sum(g["losses"] for g in got)
+                cells.append(f"{sum(g['won'] for g in got)}/{sum(g['n'] for g in got)} | {w} | {lo} | "
+                             f"{float(f'{sign_test(w, lo):.3g}')}")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
+              "at the given threads (arms may have run side by side: compare them only within one run)."]
+    lines += [args.note] if args.note else []
+    res = Path(args.results)
+    res.parent.mkdir(parents=True, exist_ok=True)
+    res.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    res.with_suffix(".json").write_text(json.dumps(
+        {"run": args.run[0], "rows": runs[0]["rows"]} if not several else
+        {"runs": [{"run": r["run"], "seed": r["seed"], "rows": r["rows"]} for r in runs]}, indent=1))
+    print("\n".join(lines))
+
+
+def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> dict:
+    """Train and evaluate ``args.arms`` from the SFT model of main job `run` (arm directories in
+    `out`, or ``out/seed<S>`` when `per_seed`); returns the run's seed, SFT dev wins and rows."""
     from evoharness.eval.evaluate import evaluate_many
     from evoharness.eval.run_report import sign_test
     from evoharness.jsonl import read_jsonl
@@ -194,9 +251,8 @@ def main() -> None:
     from evoharness.train.rl import Branch, train_rl, train_tasks
     from evoharness.train.sft_anchor import SFTAnchorConfig
 
-    torch.set_num_threads(args.threads)
-    run, out = Path(args.run), Path(args.out)
     cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())
+    out = out / f"seed{cfg.seed}" if per_seed else out
     dev_ids = [t.task_id for t in dev_split(cfg)[1]]
 
     def sft_won(name: str) -> dict[str, bool]:
@@ -204,7 +260,6 @@ def main() -> None:
 
     sft_dev = sft_won("dev_sft")
     panels = [("dev", dev_ids, sft_dev)] + ([(cfg.eval_split, None, sft_won("sft"))] if args.valid_seen else [])
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
     def screen(n: int) -> dict:
         """`n` screened training games (each count evaluated into its own directory)."""
@@ -264,31 +319,8 @@ def main() -> None:
             row[panel] = {"won": sum(won.values()), "n": len(won), "wins": wins, "losses": losses,
                           "p": float(f"{sign_test(wins, losses):.3g}")}
         rows.append(row)
-    names = [p for p, _, _ in panels]
-    lines = [
-        "# GRPO levers (one main job's SFT model, seed 0)", "",
-        f"`python benchmarks/rl_levers.py {' '.join(sys.argv[1:])}`; SFT on the {len(dev_ids)} development games: "
-        f"{sum(sft_dev.values())}/{len(dev_ids)}. Each arm: its GRPO steps, each on its games per step x its samples "
-        "per game (trained turns: per episode, drawn), T_max 30, then its final model on the development games "
-        "(greedy, cap 50). wins / losses: games only the arm / only SFT won; p: exact two-sided sign test.", "",
-        "| arm | RL games | branches | steps | games/step | samples | trained turns | T | lr | KL β | epochs | anchor | "
-        "advantage | RL seed | RL s | "
-        + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
-        "|---" * (15 + 4 * len(names)) + "|",
-    ] + [f"| {r['arm']} | {r['rl_games']} | {_branches(r)} | {r['steps']} | {r['games_per_step']} | {r['samples']} | "
-         f"{r['train_turns'] or 'all'} | {r['temperature']} | {r['lr']:g} | "
-         f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {_anchor(r)} | "
-         f"{r['estimator']} | {_seeds(r)} | {r['rl_seconds']} | "
-         + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
-         + " |" for r in rows] + [
-        "", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
-        "at the given threads (arms may have run side by side: compare them only within one run).",
-    ] + ([args.note] if args.note else [])
-    res = Path(args.results)
-    res.parent.mkdir(parents=True, exist_ok=True)
-    res.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    res.with_suffix(".json").write_text(json.dumps({"run": args.run, "rows": rows}, indent=1))
-    print("\n".join(lines))
+    return {"run": str(run), "seed": cfg.seed, "eval_split": cfg.eval_split, "sft_dev": sum(sft_dev.values()),
+            "n_dev": len(dev_ids), "rows": rows}
 
 
 def _seeds(row: dict) -> str:

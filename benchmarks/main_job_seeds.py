@@ -1,0 +1,190 @@
+"""The main job across seeds: its run-to-run spread, and GRPO against SFT pooled over seeds.
+
+Usage: python benchmarks/main_job_seeds.py --seeds 0 1 2 [--root runs/seeds] [--run SEED=DIR [SEED=DIR ...]]
+       [--set KEY=VALUE ...] [--results benchmarks/results/student/main_job_seeds] [--note TEXT]
+
+Each seed is one full main job (``benchmarks/main_job.py --set seed=S``, in its own process) in
+``<root>/seed<S>``; a finished job is read, an unfinished one resumes. ``--run S=DIR`` reads a main
+job already run with seed S instead (same settings). `RunConfig.seed` draws everything the job
+draws: the 60 development games, the model's initial weights, the SFT batch order, the screened
+RL games and the RL samples; valid_seen is the same 140 games for every seed.
+
+One job's paired comparison (SFT + GRPO against SFT, per game) can only reach significance when
+SFT loses enough games for GRPO to win: at 132/140 it needs 6 wins and no loss. Pooled over
+independent jobs the discordant games add up: under the null that GRPO changes nothing, each
+discordant game of each job is a fair coin, so the pooled sign test (`eval.run_report.sign_test`
+on the summed wins and losses) is exact. The pooled row is that test; the spread row is the
+sample standard deviation of each system's success over the seeds.
+
+Writes ``<results>.md``, ``.json`` and ``.png`` (success per seed, both systems).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from evoharness.eval.run_report import paired, sign_test
+from evoharness.jsonl import read_jsonl
+
+PANELS = ("valid_seen", "dev")
+
+
+def run_seed(seed: int, root: Path, sets: list[str]) -> Path:
+    """Run (or resume) the main job of `seed` in ``root/seed<seed>``; returns its directory."""
+    out = root / f"seed{seed}"
+    if not (out / "report.md").exists():
+        cmd = [sys.executable, str(Path(__file__).with_name("main_job.py")), "--out", str(out),
+               "--results", str(out / "report"), "--set", f"seed={seed}", *sets]
+        subprocess.run(cmd, check=True)
+    return out
+
+
+def read_job(out: Path) -> dict:
+    """A finished main job's SFT and SFT + GRPO episodes on both panels, and its stage minutes."""
+    systems_file = out / "systems.json"
+    if not systems_file.exists():
+        raise SystemExit(f"{out}: no systems.json (not a finished main job)")
+    systems = json.loads(systems_file.read_text())
+    if "sft_grpo" not in systems:
+        raise SystemExit(f"{out}: the job reported no SFT + GRPO model (skip_rl?)")
+    episodes = {}
+    for name in ("sft", "sft_grpo"):
+        d = systems[name]
+        episodes[name] = {"valid_seen": read_jsonl(out / "eval" / d / "episodes.jsonl"),
+                          "dev": read_jsonl(out / "eval" / f"dev_{d}" / "episodes.jsonl")}
+    seconds = sum(float(m.read_text() or 0) for m in out.glob(".*.done"))
+    seed = json.loads((out / "run_config.json").read_text())["seed"]
+    return {"dir": str(out), "seed": seed, "episodes": episodes, "minutes": seconds / 60}
+
+
+def summarise(jobs: dict[int, dict]) -> dict:
+    """Per seed and pooled: each system's wins on each panel, GRPO against SFT per game, and the
+    games SFT lost in any seed (valid_seen) with each seed's outcome."""
+    rows, pooled = [], {p: {"b_only": 0, "a_only": 0} for p in PANELS}
+    for seed, job in jobs.items():
+        row = {"seed": seed, "dir": job["dir"], "minutes": round(job["minutes"], 1)}
+        for p in PANELS:
+            sft, rl = job["episodes"]["sft"][p], job["episodes"]["sft_grpo"][p]
+            cmp = paired(sft, rl)
+            row[p] = {"games": cmp["n"], "sft": sum(e["won"] for e in sft), "sft_grpo": sum(e["won"] for e in rl),
+                      "wins": cmp["b_only"], "losses": cmp["a_only"], "p": cmp["p"]}
+            pooled[p]["b_only"] += cmp["b_only"]
+            pooled[p]["a_only"] += cmp["a_only"]
+        rows.append(row)
+    spread = {p: {s: (statistics.mean(r[p][s] for r in rows),
+                      statistics.stdev(r[p][s] for r in rows) if len(rows) > 1 else 0.0)
+                  for s in ("sft", "sft_grpo")} for p in PANELS}
+    lost = {}
+    for seed, job in jobs.items():
+        sft = {e["task_id"]: e for e in job["episodes"]["sft"]["valid_seen"]}
+        rl = {e["task_id"]: e["won"] for e in job["episodes"]["sft_grpo"]["valid_seen"]}
+        for g, e in sft.items():
+            if not e["won"] or not rl.get(g, False):
+                lost.setdefault(g, {})[seed] = (bool(e["won"]), bool(rl.get(g, False)))
+    return {"seeds": rows, "spread": spread,
+            "pooled": {p: {"wins": v["b_only"], "losses": v["a_only"], "p": sign_test(v["b_only"], v["a_only"])}
+                       for p, v in pooled.items()},
+            "lost_games": {g: {str(s): list(o) for s, o in v.items()} for g, v in sorted(lost.items())}}
+
+
+def _cell(won_sft: bool, won_rl: bool) -> str:
+    return {(True, True): "both", (False, True): "GRPO only", (True, False): "SFT only", (False, False): "neither"}[
+        (won_sft, won_rl)]
+
+
+def write(summary: dict, results: Path, argv: list[str], note: str) -> None:
+    """``<results>.md``, ``.json`` and ``.png``."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    rows = summary["seeds"]
+    n = {p: rows[0][p]["games"] for p in PANELS}
+    lines = ["# The main job across seeds", "",
+             f"`python benchmarks/main_job_seeds.py {' '.join(argv)}`", "",
+             "Each row is one full main job (`benchmarks/main_job.py --set seed=S`); valid_seen is the same "
+             f"{n['valid_seen']} games for every seed, dev the seed's own {n['dev']} held-out train games (they chose "
+             "the RL checkpoint, so their paired test is not one). wins / losses: games only SFT + GRPO / only "
+             "SFT won; p: exact two-sided sign test. The pooled row sums the wins and losses of the independent "
+             "jobs (a fair coin per discordant game under the null).", "",
+             "| seed | SFT valid_seen | SFT + GRPO valid_seen | wins | losses | p | SFT dev | SFT + GRPO dev | wins | "
+             "losses | minutes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        v, d = r["valid_seen"], r["dev"]
+        lines.append(f"| {r['seed']} | {v['sft']}/{v['games']} | {v['sft_grpo']}/{v['games']} | {v['wins']} | "
+                     f"{v['losses']} | {v['p']:.3g} | {d['sft']}/{d['games']} | {d['sft_grpo']}/{d['games']} | "
+                     f"{d['wins']} | {d['losses']} | {r['minutes']} |")
+    sp, po = summary["spread"], summary["pooled"]
+    lines.append(f"| mean ± sd | {sp['valid_seen']['sft'][0]:.1f} ± {sp['valid_seen']['sft'][1]:.1f} | "
+                 f"{sp['valid_seen']['sft_grpo'][0]:.1f} ± {sp['valid_seen']['sft_grpo'][1]:.1f} | | | | "
+                 f"{sp['dev']['sft'][0]:.1f} ± {sp['dev']['sft'][1]:.1f} | "
+                 f"{sp['dev']['sft_grpo'][0]:.1f} ± {sp['dev']['sft_grpo'][1]:.1f} | | | |")
+    lines.append(f"| **pooled** | | | **{po['valid_seen']['wins']}** | **{po['valid_seen']['losses']}** | "
+                 f"**{po['valid_seen']['p']:.3g}** | | | {po['dev']['wins']} | {po['dev']['losses']} | |")
+    seeds = [r["seed"] for r in rows]
+    lines += ["", "valid_seen games lost by either system in some seed (the others: both won in every seed):", "",
+              "| game | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for g, outcomes in summary["lost_games"].items():
+        cells = [_cell(*outcomes[str(s)]) if str(s) in outcomes else "both" for s in seeds]
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    lines += ["", f"{os.cpu_count()} CPUs; load average (1/5/15 min) when the table was written: "
+              + " ".join(f"{x:.2f}" for x in os.getloadavg()) + ". Minutes: the job's stage wall times."]
+    if note:
+        lines += ["", note]
+    lines += ["", f"![success per seed]({results.with_suffix('.png').name})", ""]
+    results.with_suffix(".md").write_text("\n".join(lines))
+    _plot(rows, results.with_suffix(".png"))
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    for ax, p in zip(axes, PANELS):
+        xs = range(len(rows))
+        for k, (s, label) in enumerate((("sft", "SFT"), ("sft_grpo", "SFT + GRPO"))):
+            ax.bar([x + (k - 0.5) * 0.38 for x in xs], [100 * r[p][s] / r[p]["games"] for r in rows], 0.38,
+                   label=label)
+        ax.set_xticks(list(xs), [f"seed {r['seed']}" for r in rows])
+        ax.set_ylim(80 if p == "valid_seen" else 70, 100.5)
+        ax.set_title(f"{p} success %")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", required=True)
+    ap.add_argument("--root", default="runs/seeds")
+    ap.add_argument("--run", action="extend", nargs="+", default=[], metavar="SEED=DIR",
+                    help="a main job already run with this seed (same settings)")
+    ap.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="RunConfig overrides for every seed's job (a lever; the default job has none)")
+    ap.add_argument("--results", default="benchmarks/results/student/main_job_seeds")
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+    given = {}
+    for item in args.run:
+        seed, sep, d = item.partition("=")
+        if not sep or not seed.strip().lstrip("-").isdigit():
+            raise SystemExit(f"--run wants SEED=DIR, got {item!r}")
+        given[int(seed)] = Path(d)
+    jobs = {s: read_job(given[s] if s in given else run_seed(s, Path(args.root), args.set)) for s in args.seeds}
+    if wrong := [f"{j['dir']} ran seed {j['seed']}" for s, j in jobs.items() if j["seed"] != s]:
+        raise SystemExit("--run: " + "; ".join(wrong))
+    write(summarise(jobs), Path(args.results), sys.argv[1:], args.note)
+    print(Path(args.results).with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -56,6 +56,24 @@ def one_per_type(valid_seen):
     return [next(t for t in valid_seen if t.task_type == tt) for tt in TASK_TYPES]
 
 
+@pytest.fixture(scope="session")
+def teacher_examples(valid_seen, tmp_path_factory):
+    """SFT rows (`rollout.collect.traces_to_sft`) of the scripted teacher on the BPE harness, on the
+    first three valid_seen games of each task type."""
+    from engines import pick_engine
+
+    from evoharness.envs.alfworld import make_env
+    from evoharness.policies.teacher import TeacherPolicy
+    from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft
+
+    tasks = [t for tt in TASK_TYPES for t in [t for t in valid_seen if t.task_type == tt][:3]]
+    engine = pick_engine(tasks[0])
+    out = tmp_path_factory.mktemp("teacher_examples") / "traces.jsonl"
+    collect_traces(tasks, TeacherPolicy(), bpe_harness_factory(), lambda t: make_env(t, engine=engine), out,
+                   batch_size=6, progress=False)
+    return traces_to_sft(out)
+
+
 @pytest.fixture()
 def chat_server():
     """Start a real OpenAI-compatible chat-completions server on loopback.

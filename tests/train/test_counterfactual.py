@@ -6,29 +6,18 @@ import random
 import re
 
 import pytest
-from engines import pick_engine
 from pydantic import ValidationError
 
-from evoharness.envs.alfworld import make_env
-from evoharness.envs.alfworld.games import TASK_TYPES
 from evoharness.pipeline import RunConfig
 from evoharness.policies.teacher import current_subgoal, location, parse_prompt
-from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft
 from evoharness.train.counterfactual import add_counterfactuals, counterfactual, join_items, split_items
 
 LIST_RE = re.compile(r"you see (.*)\.$")
 
 
 @pytest.fixture(scope="module")
-def examples(valid_seen, tmp_path_factory):
-    from evoharness.policies.teacher import TeacherPolicy
-
-    tasks = [t for tt in TASK_TYPES for t in [t for t in valid_seen if t.task_type == tt][:3]]
-    engine = pick_engine(tasks[0])
-    out = tmp_path_factory.mktemp("cf") / "traces.jsonl"
-    collect_traces(tasks, TeacherPolicy(), bpe_harness_factory(), lambda t: make_env(t, engine=engine), out,
-                   batch_size=6, progress=False)
-    return traces_to_sft(out)
+def examples(teacher_examples):
+    return teacher_examples
 
 
 def user(ex: dict) -> str:

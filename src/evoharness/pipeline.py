@@ -148,7 +148,7 @@ class RunConfig(Strict):
     counterfactual_rate: float = Field(0.0, ge=0.0, le=1.0)
     # fraction of the teacher's examples replaced by a rewrite whose receptacle instances carry numbers
     # shifted by up to `renumber_max_shift` per type, kept where the teacher labels it so (train/renumber.py).
-    # Off: at 0.5 SFT won 97/140 valid_seen against 127/140 (student/main_job_renumber/)
+    # Off: at 0.5 SFT won 97/140 valid_seen against 127/140, at 0.1 128/140 (student/main_job_renumber*/)
     renumber_rate: float = Field(0.0, ge=0.0, le=1.0)
     renumber_max_shift: int = Field(10, ge=1)
     max_steps: int = 50

@@ -23,12 +23,14 @@ rewrite is kept only where the teacher, handed the rewritten prompt, writes the
 rewritten completion: the pair is then a state the teacher would label so.
 
 Opt-in (``RunConfig.renumber_rate``: the fraction of teacher examples replaced
-by their rewrite; default 0). Measured once, seed 0, rate 0.5, the default's
-2000 SFT steps (benchmarks/results/student/main_job_renumber/): SFT 97/140
+by their rewrite; default 0). Measured at seed 0 with the default's 2000 SFT
+steps, rate 0.5 (benchmarks/results/student/main_job_renumber/): SFT 97/140
 valid_seen and 43/60 dev against the default's 127/140 and 53/60 on the same
-box, 5% dev at SFT step 1000 against 45%; CreditCard-227 still lost. At this
-budget the harder copy task costs more than it teaches; a lower rate or more
-steps is untested.
+box, 5% dev at SFT step 1000 against 45%; CreditCard-227 still lost: at this
+budget the harder copy task costs more than it teaches. At rate 0.1
+(student/main_job_renumber01/) SFT 128/140 and 55/60, SFT + GRPO 128/140 and
+57/60, CreditCard-227 still lost: within one draw's spread (sd 2 games,
+student/main_job_seeds.md).
 """
 
 from __future__ import annotations

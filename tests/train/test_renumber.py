@@ -15,17 +15,12 @@ from evoharness.train.renumber import renumber_example, renumber_examples, renum
 SEARCH_RE = re.compile(r"search is (\w+) (\d+)\.")
 
 
-@pytest.fixture(scope="module")
-def examples(teacher_examples):
-    return teacher_examples
-
-
-def test_a_rewrite_shifts_every_receptacle_and_nothing_else_and_undoes_exactly(examples):
+def test_a_rewrite_shifts_every_receptacle_and_nothing_else_and_undoes_exactly(teacher_examples):
     rng = random.Random(0)
-    rewrites = [(ex, r) for ex in examples if (r := renumber_example(ex, rng, 10)) is not None]
+    rewrites = [(ex, r) for ex in teacher_examples if (r := renumber_example(ex, rng, 10)) is not None]
     # every teacher state is labelled the same way after a consistent shift: none is rejected
     # except those whose offsets all came out 0
-    assert len(rewrites) > 0.9 * len(examples)
+    assert len(rewrites) > 0.9 * len(teacher_examples)
     targets = [int(m.group(2)) for _, r in rewrites if (m := SEARCH_RE.search(r["completion"]))]
     assert max(targets) >= 10 and sum(t >= 5 for t in targets) > len(targets) / 3
     for ex, r in rewrites:
@@ -49,23 +44,23 @@ def test_names_that_are_not_receptacle_instances_keep_their_numbers():
     assert out == "You arrive at loc 10. On the desk 5, you see a desklamp 1 and a cd 2. Unsearched (3): shelf 12, drawer 3."
 
 
-def test_a_rewrite_the_teacher_would_label_otherwise_is_dropped(examples):
-    ex = next(e for e in examples if SEARCH_RE.search(e["completion"]))
+def test_a_rewrite_the_teacher_would_label_otherwise_is_dropped(teacher_examples):
+    ex = next(e for e in teacher_examples if SEARCH_RE.search(e["completion"]))
     rtype, k = SEARCH_RE.search(ex["completion"]).groups()
-    # a completion that does not follow the teacher's rule: search the list's next-but-one instance
+    # a completion that does not follow the teacher's rule: a search 7 instances past the list's first
     wrong = {**ex, "completion": ex["completion"].replace(f"{rtype} {k}", f"{rtype} {int(k) + 7}")}
     assert renumber_example(wrong, random.Random(1), 10) is None
     assert renumber_example(ex, random.Random(1), 10) is not None
 
 
-def test_the_rate_replaces_that_share_and_keeps_size_and_order(examples):
-    same, n0 = renumber_examples(examples, 0.0, seed=0)
-    assert same == examples and n0 == 0
-    out, n = renumber_examples(examples, 0.5, seed=0)
-    assert len(out) == len(examples) and 0.3 * len(examples) < n < 0.7 * len(examples)
-    assert [(o["episode_id"], o["turn"]) for o in out] == [(e["episode_id"], e["turn"]) for e in examples]
-    assert renumber_examples(examples, 0.5, seed=0) == (out, n)  # seeded
+def test_the_rate_replaces_that_share_and_keeps_size_and_order(teacher_examples):
+    same, n0 = renumber_examples(teacher_examples, 0.0, seed=0)
+    assert same == teacher_examples and n0 == 0
+    out, n = renumber_examples(teacher_examples, 0.5, seed=0)
+    assert len(out) == len(teacher_examples) and 0.3 * len(teacher_examples) < n < 0.7 * len(teacher_examples)
+    assert [(o["episode_id"], o["turn"]) for o in out] == [(e["episode_id"], e["turn"]) for e in teacher_examples]
+    assert renumber_examples(teacher_examples, 0.5, seed=0) == (out, n)  # seeded
     with pytest.raises(ValueError):
-        renumber_examples(examples, 1.5)
+        renumber_examples(teacher_examples, 1.5)
     with pytest.raises(ValidationError):
         RunConfig(renumber_rate=2.0)

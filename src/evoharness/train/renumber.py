@@ -41,10 +41,9 @@ import re
 from evoharness.harness.bpe.search import GENERIC_ORDER
 from evoharness.train.dagger import teacher_label
 
-RECEPTACLE_TYPES = GENERIC_ORDER
 # longest first so an alternation never stops at a shorter type's prefix; `\b` keeps
 # "desk 1" from matching inside "desklamp 1"
-_INSTANCE = re.compile(r"\b(" + "|".join(sorted(RECEPTACLE_TYPES, key=len, reverse=True)) + r") (\d+)\b")
+_INSTANCE = re.compile(r"\b(" + "|".join(sorted(GENERIC_ORDER, key=len, reverse=True)) + r") (\d+)\b")
 _ADMISSIBLE = "ADMISSIBLE COMMANDS: "
 
 

@@ -66,7 +66,10 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   scripted teacher labels the step's own rollout states where the policy acted otherwise, and the anchor
   also fits those labels (`train.sft_anchor.relabel_states`): every such state at weight 1
   (``bt4_g4_anchor_relall_soup2_8``), lost episodes' states where the teacher would act in the world at
-  weight 1 (``bt4_g4_anchor_rel_soup2_8``) or 0.25 (``bt4_g4_anchor_rel025_soup2_8``).
+  weight 1 (``bt4_g4_anchor_rel_soup2_8``) or 0.25 (``bt4_g4_anchor_rel025_soup2_8``);
+- GRPO lr decay (`GRPOConfig.lr_schedule` cosine, to 0.1 x lr at the run's last step): the anchor soup
+  with it over its 8 steps (``bt4_g4_anchor_cos_soup2_8``) or over 16 (``bt4_g4_anchor_cos_soup2_16``:
+  about the 8 constant-lr steps' summed lr, twice the rollouts, the last steps moving the policy least).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -172,6 +175,9 @@ ARMS = {
     "bt4_g4_anchor_rel_soup2_8": {**_BT4_G4, "anchor": 1.0, "relabel": 1.0, "soup": 2},
     "bt4_g4_anchor_rel025_soup2_8": {**_BT4_G4, "anchor": 1.0, "relabel": 0.25, "soup": 2},
     "bt4_400cyc_g4_anchor_soup2_8": {**_BT4_G4, "branches": 400, "anchor": 1.0, "cycles": True, "soup": 2},
+    # GRPO lr decay (`GRPOConfig.lr_schedule`): cosine from lr to 0.1 x lr over the run's steps
+    "bt4_g4_anchor_cos_soup2_8": {**_BT4_G4, "anchor": 1.0, "soup": 2, "lr_schedule": "cosine"},
+    "bt4_g4_anchor_cos_soup2_16": {**_BT4_G4, "anchor": 1.0, "soup": 2, "lr_schedule": "cosine", "steps": 16},
 }
 
 
@@ -211,7 +217,7 @@ def main() -> None:
         "|---" * (15 + several + 4 * len(names)) + "|",
     ] + [("| " + (f"{run['seed']} | " if several else "") + f"{r['arm']} | {r['rl_games']} | {_branches(r)} | "
           f"{r['steps']} | {r['games_per_step']} | {r['samples']} | "
-          f"{r['train_turns'] or 'all'} | {r['temperature']} | {r['lr']:g} | "
+          f"{r['train_turns'] or 'all'} | {r['temperature']} | {_lr(r)} | "
           f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {_anchor(r)} | "
           f"{r['estimator']} | {_seeds(r)} | {r['rl_seconds']} | "
           + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
@@ -284,6 +290,7 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
         rl.seed, rl.grpo.lr = arm.get("seed", cfg.seed), arm.get("lr", rl.grpo.lr)
         rl.grpo.kl_beta, rl.grpo.epochs = arm.get("kl_beta", rl.grpo.kl_beta), arm.get("epochs", rl.grpo.epochs)
         rl.grpo.max_train_turns = arm.get("train_turns", rl.grpo.max_train_turns)
+        rl.grpo.lr_schedule = arm.get("lr_schedule", rl.grpo.lr_schedule)
         if arm["screen"]:
             rl.games = screen(arm["screen"])["lost" if arm.get("lost_only") else "games"]
         if branches := arm.get("branches"):  # True: the arm's own screening's; N: N screened games'
@@ -321,6 +328,11 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
         rows.append(row)
     return {"run": str(run), "seed": cfg.seed, "eval_split": cfg.eval_split, "sft_dev": sum(sft_dev.values()),
             "n_dev": len(dev_ids), "rows": rows}
+
+
+def _lr(row: dict) -> str:
+    """The lr column: the peak lr, and its decay when the arm sets one (`GRPOConfig.lr_schedule`)."""
+    return f"{row['lr']:g}" + (" cosine to 0.1x" if row.get("lr_schedule") == "cosine" else "")
 
 
 def _seeds(row: dict) -> str:

@@ -53,9 +53,11 @@ from evoharness.runtime.inprocess import TimedEnv, experience_consolidator
 
 def cell_grpo(cfg: Any) -> GRPOConfig:
     """The cells' loss settings: ``cfg.grpo`` with ``off_policy = "auto"`` resolved to
-    decoupled PPO on the schedules that train stale samples (async, elastic-async, η > 0)."""
+    decoupled PPO on the schedules that train stale samples (async, elastic-async, η > 0), and the
+    lr schedule's horizon fixed to the run's steps (a cell knows versions, not the run's length)."""
     rt = cfg.runtime
-    return resolved_off_policy(cfg.grpo, stale=rt.schedule in ("async", "elastic-async") and rt.staleness > 0)
+    g = resolved_off_policy(cfg.grpo, stale=rt.schedule in ("async", "elastic-async") and rt.staleness > 0)
+    return g if g.lr_decay_steps else g.model_copy(update={"lr_decay_steps": cfg.steps})
 
 
 class AlfworldBackend(LocalModelBackend):
@@ -387,4 +389,5 @@ def step_record(trajs: list[Trajectory], breakdowns: list, train: list[dict], st
         "train/clip_fraction": tot.get("n_clipped", 0.0) / ntok, "train/ratio_mean": tot.get("ratio_sum", 0.0) / ntok,
         "train/ratio_max": tot.get("ratio_max", 0.0), "train/n_tokens": int(tot.get("n_tokens", 0)),
         "train/forced_fraction": tot.get("n_forced", 0.0) / ntok, "train/grad_norm": step.get("grad_norm", 0.0),
+        "train/lr": step.get("lr", 0.0),
     }

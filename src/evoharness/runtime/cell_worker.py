@@ -27,7 +27,7 @@ back are decoded as one batch):
 - ``step`` (the core only; it holds the only optimizer state): sum the named
   gradient files (times an optional ``scale``: the token weights' 1/M when
   the step batch's trainable trajectory count M is known only at the end),
-  clip, AdamW step, write weights ``v{version + 1}`` and the optimizer state
+  clip, AdamW step at the version's lr (`train.grpo.lr_at`), write weights ``v{version + 1}`` and the optimizer state
   ``optim/v{version + 1}.pt`` (a resumed job's core continues from it).
 - ``dp_step`` (colocate/async, with a ``dp`` option): the cell is a replica of a
   fixed data-parallel group (`runtime.replicas`): its ``train`` jobs accumulate
@@ -89,7 +89,7 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
     from evoharness.engines.grammar import GenRequest
     from evoharness.engines.hf import Engine
     from evoharness.models.init import load_model, load_tokenizer
-    from evoharness.train.grpo import GRPOConfig, TokenMasks, TurnSample, microbatch_loss
+    from evoharness.train.grpo import GRPOConfig, TokenMasks, TurnSample, lr_at, microbatch_loss, set_lr
 
     torch.set_num_threads(1)
     torch.manual_seed(cell)
@@ -229,18 +229,22 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
             v, scale = payload
             ensure(v)
             optimizer = optimizer or make_optimizer(v)
+            lr = lr_at(cfg, v, cfg.lr_decay_steps or 1)
+            set_lr(optimizer, lr)
             n_mb = replica.micro_batches
             norm = replica.step(model, optimizer, scale, cfg.grad_clip)
             if replica.rank == 0:    # the core publishes the weights (rollout cells, job checkpoints)
                 publish(v)
             version = v + 1
-            result = {"grad_norm": norm, "micro_batches": n_mb, "rank": replica.rank,
+            result = {"grad_norm": norm, "micro_batches": n_mb, "rank": replica.rank, "lr": lr,
                       "seconds": time.perf_counter() - t0}
         elif kind == "step":
             v, tokens, *rest = payload
             scale = rest[0] if rest else 1.0
             ensure(v)
             optimizer = optimizer or make_optimizer(v)
+            lr = lr_at(cfg, v, cfg.lr_decay_steps or 1)
+            set_lr(optimizer, lr)
             params = dict(model.named_parameters())
             total: dict[str, torch.Tensor] = {}
             for t in tokens:   # exactly the micro-batches of this version, each once
@@ -253,7 +257,7 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
             model.zero_grad(set_to_none=True)
             publish(v)
             version = v + 1
-            result = {"grad_norm": norm, "micro_batches": len(tokens), "seconds": time.perf_counter() - t0}
+            result = {"grad_norm": norm, "micro_batches": len(tokens), "lr": lr, "seconds": time.perf_counter() - t0}
         elif kind == "load":
             ensure(payload)
             result = version

@@ -51,7 +51,7 @@ from evoharness.train.advantages import std_floor_active, turn_advantages, valid
 from evoharness.train.checkpoint import (atomic_dir, atomic_write_text, check_resume_config, failpoint,
                                          get_rng_state, load_checkpoint, load_model_weights, load_trainer_state,
                                          restore_metrics, set_rng_state, snapshot_metrics)
-from evoharness.train.grpo import TokenMasks, grpo_step, make_optimizer, turn_samples
+from evoharness.train.grpo import TokenMasks, grpo_step, lr_at, make_optimizer, set_lr, turn_samples
 from evoharness.train.precision import autocast, compute_dtype, export_dtype, save_exported
 from evoharness.train.rewards import trajectory_reward
 from evoharness.train.tree_loss import trajectory_trees, tree_grpo_step
@@ -217,6 +217,8 @@ class InProcessBackend:
             relabelled = relabel_states(trajs, self.cfg.seed, step, self.anchor.cfg.on_policy_states,
                                         self.anchor.cfg.on_policy_filter)
         anchor = self.anchor.for_step(self.policy.model, step, self.amp, relabelled) if self.anchor else None
+        lr = lr_at(g, step, self.cfg.steps)
+        set_lr(self.optimizer, lr)
         if g.packing:  # trajectory trees, dedup-sampled and tree-packed (train/tree_loss.py)
             trees, call_adv = trajectory_trees(trajs, flat_adv)
             upd = tree_grpo_step(self.policy.model, self.optimizer, trees, call_adv, g, group_size=self.G,
@@ -235,7 +237,7 @@ class InProcessBackend:
         self.records.append({
             **step_metrics(trajs, [b for row in breakdowns for b in row]),
             "reward": float(rewards.mean()),
-            **{f"train/{k}": v for k, v in upd.items()},
+            **{f"train/{k}": v for k, v in upd.items()}, "train/lr": lr,
             # how often the std floor (not the paper's std) set a group's advantage scale
             "adv/signal_groups": int(sum(len(set(row[v].tolist())) > 1 for row, v in zip(rewards, valid))),
             "adv/std_floor_groups": int(std_floor_active(rewards, g.advantage, valid).sum()),

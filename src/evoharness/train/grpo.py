@@ -70,6 +70,7 @@ from evoharness.config import Strict
 from evoharness.rollout.records import Trajectory
 from evoharness.train.advantages import AdvantageConfig
 from evoharness.train.rewards import RewardConfig
+from evoharness.train.schedule import lr_lambda
 
 
 class GRPOConfig(Strict):
@@ -83,6 +84,13 @@ class GRPOConfig(Strict):
     group_size: int = 8
     prompts_per_step: int = 16
     lr: float = 1e-6
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="per RL step (policy version): constant, or linear warm-up over lr_warmup_steps "
+                                "then cosine to min_lr_ratio x lr at lr_decay_steps (`lr_at`)")
+    lr_warmup_steps: int = Field(0, ge=0, description="cosine: RL steps of linear warm-up")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: the last RL step's lr / lr")
+    lr_decay_steps: int | None = Field(None, gt=0, description="cosine: RL steps the decay spans; None: the run's "
+                                                               "RLConfig.steps")
     weight_decay: float = 0.0
     kl_beta: float = 0.01
     clip_low: float = 0.2
@@ -498,6 +506,24 @@ def mini_batch_slices(samples: Sequence[TurnSample], mini_batches: int, group_si
     n = max(1, min(mini_batches, len(groups)))
     slot = {g: j % n for j, g in enumerate(groups)}
     return [[s for s in samples if slot[gid(s)] == j] for j in range(n)]
+
+
+def lr_at(cfg: GRPOConfig, step: int, steps: int) -> float:
+    """The learning rate of 0-based RL step `step` (the update that makes policy version step + 1):
+    ``cfg.lr``, or with ``lr_schedule = "cosine"`` the SFT stage's warm-up-then-cosine
+    (`train.schedule.lr_lambda`) over RL steps, decaying to ``min_lr_ratio`` x lr at
+    ``lr_decay_steps`` (`steps`, the run's length, when None) — the issue's "GRPO that keeps its
+    gain" lever: late steps move the policy less. A function of the step alone, so a resumed run
+    and every cell of the runtime path agree on it."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    return cfg.lr * lr_lambda(step, cfg.lr_warmup_steps, cfg.lr_decay_steps or steps, cfg.min_lr_ratio)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every parameter group's learning rate (AdamW reads it at each ``step``)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def make_optimizer(model: Any, cfg: GRPOConfig) -> torch.optim.Optimizer:

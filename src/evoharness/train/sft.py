@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import shutil
 import time
@@ -64,6 +63,7 @@ from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_
 from evoharness.train.packing import packed_sft_micro
 from evoharness.train.precision import autocast as precision_autocast
 from evoharness.train.precision import check_master_weights, export_dtype, save_exported
+from evoharness.train.schedule import lr_lambda
 
 IGNORE = -100
 # settings a resumed run may change: how long, where and in what memory it runs, not what it trains
@@ -271,14 +271,6 @@ def sft_losses(model, input_ids: torch.Tensor, labels: torch.Tensor,
     loss_c, _ = _ce_sum(model, hidden, labels)
     loss_p, n_p = _ce_sum(model, hidden, p_labels)
     return loss_c, loss_p, n_p
-
-
-def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """LR multiplier: linear warm-up over `warmup` steps, cosine to `min_ratio` at `total`."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 # ---------------------------------------------------------------- checkpoints

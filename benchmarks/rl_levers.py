@@ -67,9 +67,10 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   also fits those labels (`train.sft_anchor.relabel_states`): every such state at weight 1
   (``bt4_g4_anchor_relall_soup2_8``), lost episodes' states where the teacher would act in the world at
   weight 1 (``bt4_g4_anchor_rel_soup2_8``) or 0.25 (``bt4_g4_anchor_rel025_soup2_8``);
-- GRPO lr decay (`GRPOConfig.lr_schedule` cosine, to 0.1 x lr at the run's last step): the anchor soup
-  with it over its 8 steps (``bt4_g4_anchor_cos_soup2_8``) or over 16 (``bt4_g4_anchor_cos_soup2_16``:
-  about the 8 constant-lr steps' summed lr, twice the rollouts, the last steps moving the policy least).
+- GRPO lr decay (`GRPOConfig.lr_schedule` cosine from lr towards 0.1 x lr over the run's steps):
+  the anchor soup with it over its 8 steps (``bt4_g4_anchor_cos_soup2_8``) or over 16
+  (``bt4_g4_anchor_cos_soup2_16``: about the 8 constant-lr steps' summed lr, twice the rollouts,
+  the last steps moving the policy least).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact

@@ -27,8 +27,9 @@ back are decoded as one batch):
 - ``step`` (the core only; it holds the only optimizer state): sum the named
   gradient files (times an optional ``scale``: the token weights' 1/M when
   the step batch's trainable trajectory count M is known only at the end),
-  clip, AdamW step at the version's lr (`train.grpo.lr_at`), write weights ``v{version + 1}`` and the optimizer state
-  ``optim/v{version + 1}.pt`` (a resumed job's core continues from it).
+  clip, AdamW step at the version's lr (`train.grpo.lr_at`), write weights
+  ``v{version + 1}`` and the optimizer state ``optim/v{version + 1}.pt`` (a
+  resumed job's core continues from it).
 - ``dp_step`` (colocate/async, with a ``dp`` option): the cell is a replica of a
   fixed data-parallel group (`runtime.replicas`): its ``train`` jobs accumulate
   gradients in memory instead of writing files, and at the sync every member

@@ -88,7 +88,7 @@ class GRPOConfig(Strict):
         "constant", description="per RL step (policy version): constant, or linear warm-up over lr_warmup_steps "
                                 "then cosine to min_lr_ratio x lr at lr_decay_steps (`lr_at`)")
     lr_warmup_steps: int = Field(0, ge=0, description="cosine: RL steps of linear warm-up")
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: the last RL step's lr / lr")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: the floor lr / lr, reached at lr_decay_steps")
     lr_decay_steps: int | None = Field(None, gt=0, description="cosine: RL steps the decay spans; None: the run's "
                                                                "RLConfig.steps")
     weight_decay: float = 0.0

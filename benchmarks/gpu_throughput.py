@@ -9,13 +9,15 @@ no weights or hub needed. Per size:
   positions); `--train-rows` rows of `--train-len` tokens, the last 64 of each
   row are the completion; tok/s counts all tokens; MFU against 989 TFLOP/s
   (H100/H200 dense bf16) with 6 * params * tokens;
-- decode: the project's `Engine` and `transformers` `generate`, side by side:
+- decode: the project's two engines (`StaticEngine`, the static-KV one the
+  rollouts use, and `Engine`, the module-forward one) and `transformers`
+  `generate`, side by side:
   `--n` prompts of `--prompt-len` random tokens, `--new` new tokens each,
   greedy, bf16 weights, stop tokens off; new tok/s includes the prefill.
 
 Run from the repository root with only torch + transformers installed:
 
-    python benchmarks/gpu_throughput.py               # ~3-5 minutes on an H200
+    python benchmarks/gpu_throughput.py               # ~2.5 minutes on an H200 (benchmarks/results/gpu_throughput.txt)
     python benchmarks/gpu_throughput.py --sizes 0.6b 1.7b 4b 8b
 
 On a machine without CUDA it prints "no CUDA" and exits 0 (``--cpu-smoke``
@@ -36,6 +38,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from evoharness.engines.grammar import GenRequest  # noqa: E402  (torch + transformers only)
 from evoharness.engines.hf import Engine
+from evoharness.engines.static import StaticEngine
 from evoharness.models.tokenizer import train_tokenizer  # noqa: E402
 
 # Public Qwen3 layouts (hidden, layers, heads, kv heads, intermediate, tied embeddings).
@@ -107,11 +110,15 @@ def decode_tok_s(size, vocab, device, tok, n, prompt_len, new) -> dict[str, floa
     g = torch.Generator(device="cpu").manual_seed(1)
     prompts = [torch.randint(7, len(tok), (prompt_len - 32 + (i * 64) // n,), generator=g).tolist() for i in range(n)]
     eng = Engine(model, tok, stop_ids=[])
+    static = StaticEngine(model, tok, stop_ids=[])
     pad = tok.pad({"input_ids": prompts}, return_tensors="pt", padding_side="left").to(device)
     sup = list(range(len(tok), vocab))
 
     def engine():
         eng.generate([GenRequest(p) for p in prompts], max_new_tokens=new)
+
+    def static_engine():
+        static.generate([GenRequest(p) for p in prompts], max_new_tokens=new)
 
     def generate():
         model.generate(**pad, max_new_tokens=new, min_new_tokens=new, do_sample=False, suppress_tokens=sup,
@@ -119,7 +126,7 @@ def decode_tok_s(size, vocab, device, tok, n, prompt_len, new) -> dict[str, floa
 
     out = {}
     with torch.inference_mode():
-        for name, fn in (("engine", engine), ("hf_generate", generate)):
+        for name, fn in (("static", static_engine), ("engine", engine), ("hf_generate", generate)):
             fn()
             sync(device)
             t = time.perf_counter()
@@ -156,7 +163,7 @@ def main() -> None:
     vocab = 151936 if not a.cpu_smoke else 1024
     print(f"train: {a.train_rows} x {a.train_len} tokens/step, fp32 master + bf16 autocast, AdamW | "
           f"decode: {a.n} prompts x ~{a.prompt_len} tokens + {a.new} new, greedy, bf16")
-    print(f"{'size':<6} {'params':>7} {'train tok/s':>12} {'MFU':>6} {'engine new tok/s':>17} {'generate new tok/s':>19}")
+    print(f"{'size':<6} {'params':>7} {'train tok/s':>12} {'MFU':>6} {'static new tok/s':>17} {'engine new tok/s':>17} {'generate new tok/s':>19}")
     for size in sizes:
         if time.perf_counter() - t0 > DEADLINE_S:
             print(f"{size:<6} skipped (time budget)")
@@ -171,9 +178,9 @@ def main() -> None:
         torch.cuda.empty_cache() if device.type == "cuda" else None
         try:
             d = decode_tok_s(size, vocab, device, tok, a.n, a.prompt_len, a.new)
-            row += [f"{d['engine']:>17.0f}", f"{d['hf_generate']:>19.0f}"]
+            row += [f"{d['static']:>17.0f}", f"{d['engine']:>17.0f}", f"{d['hf_generate']:>19.0f}"]
         except torch.OutOfMemoryError:
-            row += [f"{'OOM':>17}", f"{'OOM':>19}"]
+            row += [f"{'OOM':>17}", f"{'OOM':>17}", f"{'OOM':>19}"]
         gc.collect()
         torch.cuda.empty_cache() if device.type == "cuda" else None
         print(" ".join(row), flush=True)

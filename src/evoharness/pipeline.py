@@ -138,7 +138,7 @@ class RunConfig(Strict):
     # branches also from lost screened episodes that cycle through states (`screened_games` cycles).
     # Off: as a seed soup it won 57/60 dev against 58/60 without (student/rl_levers_soup.md)
     rl_branch_cycles: bool = False
-    select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint (or SFT, step 0) best on the curve's dev games
+    select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint best on the dev games (SFT if strictly better)
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))
     teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(kind="teacher"))
@@ -549,7 +549,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         key = selection_key(curve["points"])
         rl_note = (f"SFT + GRPO is the checkpoint best on {len(curve['chosen_on'])} development games "
                    f"({'all' if key == 'dev_success' else 'the curve'} games): "
-                   + ("the SFT model itself (no RL checkpoint beat it; its rows repeat the SFT evaluation)"
+                   + ("the SFT model itself (every RL checkpoint did worse; its rows repeat the SFT evaluation)"
                       if sel["stage"] != "rl" else f"RL step {sel['step']}")
                    + f" ({sel[key]:.1f}%).")
     notes = [
@@ -584,8 +584,12 @@ def selection_key(points: list[dict]) -> str:
 
 def chosen_rl(points: list[dict], last_rl: Path | None) -> tuple[dict, str]:
     """The model reported as SFT + GRPO: the RL checkpoint best on the development games
-    (`selection_key`), or the SFT model when none beats it (ties: the earlier in training minutes),
-    and the evaluation directory that holds it: ``sft`` (its rows repeat the SFT evaluation),
+    (`selection_key`; ties among RL checkpoints: the earlier in training minutes), or the SFT model
+    when it beats every RL checkpoint there. A tie with SFT goes to RL: stage 2 is the product, the
+    60 development games tie often, and on the development games alone the last RL checkpoint beat
+    or tied SFT from each of four SFT models, pooled +8 / -1 (`benchmarks/results/student/
+    rl_levers_seeds.md`, `main_job/`). Returns it and the evaluation directory that holds it:
+    ``sft`` (its rows repeat the SFT evaluation),
     ``rl_last`` (the last RL checkpoint, evaluated before the choice) or ``rl_step<N>`` (an earlier
     one, named by its step so a rerun that chooses another one plays that one).
 
@@ -594,7 +598,8 @@ def chosen_rl(points: list[dict], last_rl: Path | None) -> tuple[dict, str]:
         last_rl: the last RL checkpoint directory, or None.
     """
     key = selection_key(points)
-    best = max((p for p in points if p["stage"] in ("rl", "sft_final")), key=lambda p: (p[key], -p["minutes"]))
+    best = max((p for p in points if p["stage"] in ("rl", "sft_final")),
+               key=lambda p: (p[key], p["stage"] == "rl", -p["minutes"]))
     if best["stage"] == "sft_final":
         return best, "sft"
     if last_rl is not None and Path(best["path"]) == last_rl:

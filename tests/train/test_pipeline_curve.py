@@ -42,26 +42,30 @@ def test_curve_points_of_the_final_checkpoints_come_from_their_dev_evaluations(t
     # a rerun plays nothing again and reports the same systems
     lines: list[str] = []
     run_pipeline(cfg, log=lines.append)
+    chosen = [systems["sft_grpo"]] if systems["sft_grpo"].startswith("rl_step") else []  # played after the choice
     assert [m for m in lines if m.startswith("[eval_")] == [f"[eval_{n}] done earlier, skipped" for n in
-                                                           ("random", "scripted_teacher", "sft", "rl_last")]
+                                                           ("random", "scripted_teacher", "sft", "rl_last", *chosen)]
     assert json.loads((out / "systems.json").read_text()) == systems
 
 
-def test_the_reported_rl_model_is_the_best_on_the_dev_games_earliest_on_ties():
+def test_the_reported_rl_model_is_the_best_on_the_dev_games_rl_then_earliest_on_ties():
     last = Path("rl/checkpoints/step_8")
     pt = lambda stage, step, minutes, success, path: dict(stage=stage, step=step, minutes=minutes,  # noqa: E731
                                                           success=success, path=path)
     sft = pt("sft_final", 2000, 25.0, 90.0, "sft/checkpoints/step_2000")
     rl4, rl8 = pt("rl", 4, 29.0, 95.0, "rl/checkpoints/step_4"), pt("rl", 8, 33.0, 95.0, str(last))
-    assert chosen_rl([pt("sft", 1000, 13.0, 99.0, "x"), sft, rl4, rl8], last) == (rl4, "rl_step4")  # a tie: the earlier
+    assert chosen_rl([pt("sft", 1000, 13.0, 99.0, "x"), sft, rl4, rl8], last) == (rl4, "rl_step4")  # an RL tie: the earlier
     assert chosen_rl([sft, rl4, {**rl8, "success": 100.0}], last) == ({**rl8, "success": 100.0}, "rl_last")
-    assert chosen_rl([{**sft, "success": 95.0}, rl4, rl8], last) == ({**sft, "success": 95.0}, "sft")
+    assert chosen_rl([{**sft, "success": 95.0}, rl4, rl8], last) == (rl4, "rl_step4")  # a tie with SFT: RL
+    assert chosen_rl([{**sft, "success": 96.0}, rl4, rl8], last) == ({**sft, "success": 96.0}, "sft")
     # every candidate played the whole development set (the SFT model and the last RL checkpoint by
     # default): that set decides, not the curve's few games
     sft_d, rl8_d = {**sft, "success": 95.0, "dev_success": 88.3}, {**rl8, "success": 90.0, "dev_success": 90.0}
     assert selection_key([sft_d, rl8_d]) == "dev_success"
     assert chosen_rl([sft_d, rl8_d], last) == (rl8_d, "rl_last")
-    assert chosen_rl([sft_d, {**rl8_d, "dev_success": 88.3}], last)[1] == "sft"  # a tie: the earlier
-    # a candidate without it (an intermediate checkpoint): the curve games decide, ties to the earlier
+    assert chosen_rl([sft_d, {**rl8_d, "dev_success": 88.3}], last)[1] == "rl_last"  # a tie with SFT: RL
+    assert chosen_rl([sft_d, {**rl8_d, "dev_success": 86.7}], last)[1] == "sft"  # SFT only when strictly better
+    # a candidate without it (an intermediate checkpoint): the curve games decide, ties to RL, then the earlier
     assert selection_key([sft_d, rl4, rl8_d]) == "success"
-    assert chosen_rl([sft_d, rl4, rl8_d], last) == (sft_d, "sft")
+    assert chosen_rl([sft_d, rl4, rl8_d], last) == (rl4, "rl_step4")
+    assert chosen_rl([{**sft_d, "success": 96.0}, rl4, rl8_d], last) == ({**sft_d, "success": 96.0}, "sft")

@@ -330,15 +330,8 @@ class Belief:
         todo = order(self.unsearched()) if order else self.unsearched()
         unsearched = f"Unsearched ({len(todo)}): {', '.join(todo) or 'none'}."
         if names := self.instances(q) or self.instances(q.rstrip("s")):
-            # what a search for another instance (pick-two) reads: the instances still to get first, the
-            # ones the agent placed last, so the first line is the one to act on as in the first search
-            placed = [n for n in names if (n, "placed") in self._edges]
-            head = [self.describe(n) for n in names if n not in placed]
-            if head:
-                head.append(unsearched)
-            else:
-                head = [f"{type_of(names[0])}: no other seen yet. {unsearched}"]
-            return "\n".join(head + [self.describe(n) for n in placed])
+            # where else one may be: what a search for another instance (pick-two) reads
+            return "\n".join([*(self.describe(n) for n in names), unsearched])
         if q.rstrip("s") in {type_of(r) for r in self.receptacles}:
             return "\n".join(self.describe(r) for r in self.receptacles if type_of(r) == q.rstrip("s"))
         return f"{q}: not seen yet. {unsearched}"

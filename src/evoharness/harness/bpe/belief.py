@@ -315,8 +315,7 @@ class Belief:
             parts.append(f"{status}" + (f", contains {', '.join(inside)}" if inside else ""))
         return f"{obj}: " + ("; ".join(parts) if parts else "unknown")
 
-    def track(self, query: str = "world", order: Callable[[list[str]], list[str]] | None = None,
-              placed_last: bool = False) -> str:
+    def track(self, query: str = "world", order: Callable[[list[str]], list[str]] | None = None) -> str:
         """The ``track`` meta-action's text for `query`: ``world`` -> `world_summary`; an
         instance (``apple 1``) -> its `describe` line; an object type -> each known
         instance's line, then ``Unsearched (n): ...`` (or ``<type>: not seen yet.
@@ -332,12 +331,7 @@ class Belief:
         unsearched = f"Unsearched ({len(todo)}): {', '.join(todo) or 'none'}."
         if names := self.instances(q) or self.instances(q.rstrip("s")):
             # where else one may be: what a search for another instance (pick-two) reads
-            placed = [n for n in names if placed_last and (n, "placed") in self._edges]
-            head = [self.describe(n) for n in names if n not in placed]
-            if placed:  # the instances still to get first: the first line is the one to act on
-                head = head + [unsearched] if head else [f"{type_of(names[0])}: no other seen yet. {unsearched}"]
-                return "\n".join(head + [self.describe(n) for n in placed])
-            return "\n".join([*head, unsearched])
+            return "\n".join([*(self.describe(n) for n in names), unsearched])
         if q.rstrip("s") in {type_of(r) for r in self.receptacles}:
             return "\n".join(self.describe(r) for r in self.receptacles if type_of(r) == q.rstrip("s"))
         return f"{q}: not seen yet. {unsearched}"

@@ -244,11 +244,8 @@ class BPEHarness(Harness):
     def _track_text(self, lookup: Lookup) -> str:
         """A track's result from the belief as it is now, unsearched receptacles likeliest first."""
         scene = self.belief.receptacles
-        # an object put down by the latest action stays first (the cue to commit that subgoal); once
-        # another action follows, the placed ones go last and the first line is what is left to get
-        just_put = bool(self.history) and self.history[-1][0].startswith("put ")
         return self.belief.track(lookup.query, order=lambda todo: search_order(
-            todo, lookup.prior_types, lookup.demote_types, counts_from=scene), placed_last=not just_put)
+            todo, lookup.prior_types, lookup.demote_types, counts_from=scene))
 
     # ----- rendering ---------------------------------------------------------
     def _ago(self, turn: int) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from evoharness.harness.base import META_VERBS
 from evoharness.jsonl import read_jsonl
 from evoharness.policies.teacher import teacher_completion
+from results_file import write_results
 
 PICK_TWO = "pick_two_obj_and_place"
 
@@ -106,11 +107,7 @@ def main() -> None:
             for g in r["lost"]:
                 lines.append(f"- {name}, {r['system']}: {g['game']} ({g['kind']}): `{g['student']}` / `{g['teacher']}`")
     lines += ["", f"{os.cpu_count()} CPUs (the counts do not depend on the load)."] + ([args.note] if args.note else [])
-    res = Path(args.results)
-    res.parent.mkdir(parents=True, exist_ok=True)
-    res.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    res.with_suffix(".json").write_text(json.dumps(runs, indent=1))
-    print("\n".join(lines))
+    write_results(args.results, lines, runs)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from results_file import write_results
+
 
 def extrapolate(sft: Path, rl: Path, alpha: float, out: Path) -> Path:
     """Write theta_SFT + alpha * (theta_RL - theta_SFT) for every tensor of `rl`'s ``*.safetensors``
@@ -113,11 +115,7 @@ def main() -> None:
             lines.append(f"| {a:g} | " + " | ".join(
                 cells([r[p] for run in runs for r in run["rows"] if r["alpha"] == a]) for p in panels) + " |")
     lines += ["", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}."] + ([args.note] if args.note else [])
-    res = Path(args.results)
-    res.parent.mkdir(parents=True, exist_ok=True)
-    res.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    res.with_suffix(".json").write_text(json.dumps(runs, indent=1))
-    print("\n".join(lines))
+    write_results(args.results, lines, runs)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ Usage: python benchmarks/rl_extrapolate.py --run runs/main [runs/seeds/seed1 ...
 The seed soup (`train.soup`) averages RL runs that moved little from a near-deterministic SFT
 policy (8 steps at lr 1e-4); averaging keeps the direction the seeds share. Extrapolating that
 direction past the RL endpoint (ExPO, Zheng et al. 2024, "Weak-to-Strong Extrapolation Expedites
-Alignment", Eq. 2 with alpha = 1 + their alpha) asks whether the shared direction is under-taken: a
-larger step along it without the noise of a larger learning rate. Each finished main job's
+Alignment": theta_RL + a (theta_RL - theta_SFT), so alpha here is 1 + their a) asks whether the shared
+direction is under-taken: a larger step along it without the noise of a larger learning rate. Each finished main job's
 ``sft/final`` and ``rl/final`` give the models (written under ``--out/seed<S>/a<alpha>/model``);
 each plays the job's development games and its eval split (greedy, cap 50), paired per game
 against the job's own SFT evaluations, beside the job's reported RL model (alpha = 1).

@@ -47,6 +47,7 @@ def extrapolate(sft: Path, rl: Path, alpha: float, out: Path) -> Path:
 def run_alphas(run: Path, alphas: list[float], out: Path) -> dict:
     """Evaluate each alpha's model from main job `run`; returns its seed and one row per alpha."""
     from evoharness.eval.evaluate import evaluate_many
+    from evoharness.eval.run_report import paired
     from evoharness.jsonl import read_jsonl
     from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy
 
@@ -57,25 +58,24 @@ def run_alphas(run: Path, alphas: list[float], out: Path) -> dict:
     panels = {"dev": (dev_ids, "dev_sft", f"dev_{systems['sft_grpo']}"),
               cfg.eval_split: (None, "sft", systems["sft_grpo"])}
 
-    def won(ev: Path) -> dict[str, bool]:
-        return {e["task_id"]: e["won"] for e in read_jsonl(ev / "episodes.jsonl")}
+    def episodes(ev: Path) -> list[dict]:
+        return read_jsonl(ev / "episodes.jsonl")
 
-    rows = [{"alpha": 1.0, **{p: won(run / "eval" / rl_dir) for p, (_, _, rl_dir) in panels.items()}}]
+    rows = [{"alpha": 1.0, **{p: episodes(run / "eval" / rl_dir) for p, (_, _, rl_dir) in panels.items()}}]
     for a in alphas:
         d = out / f"a{a:g}"
         model = extrapolate(run / "sft" / "final", run / "rl" / "final", a, d / "model")
         evaluate_many([eval_config(cfg, d, f"{p}_final", model_policy(cfg, model), model / "experience.json", games)
                        for p, (games, _, _) in panels.items()
                        if not (d / "eval" / f"{p}_final" / "summary.json").exists()])
-        rows.append({"alpha": a, **{p: won(d / "eval" / f"{p}_final") for p in panels}})
-    base = {p: won(run / "eval" / sft_dir) for p, (_, sft_dir, _) in panels.items()}
+        rows.append({"alpha": a, **{p: episodes(d / "eval" / f"{p}_final") for p in panels}})
+    base = {p: episodes(run / "eval" / sft_dir) for p, (_, sft_dir, _) in panels.items()}
     for r in rows:
         for p, b in base.items():
-            w = r[p]
-            r[p] = {"won": sum(w.values()), "n": len(w), "wins": sum(w[g] and not b[g] for g in b),
-                    "losses": sum(b[g] and not w[g] for g in b)}
+            cmp = paired(b, r[p])
+            r[p] = {"won": sum(e["won"] for e in r[p]), "n": cmp["n"], "wins": cmp["b_only"], "losses": cmp["a_only"]}
     return {"run": str(run), "seed": cfg.seed, "eval_split": cfg.eval_split,
-            "sft": {p: sum(b.values()) for p, b in base.items()}, "rows": rows}
+            "sft": {p: sum(e["won"] for e in b) for p, b in base.items()}, "rows": rows}
 
 
 def main() -> None:

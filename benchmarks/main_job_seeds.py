@@ -154,7 +154,8 @@ def _plot(rows: list[dict], path: Path) -> None:
             ax.bar([x + (k - 0.5) * 0.38 for x in xs], [100 * r[p][s] / r[p]["games"] for r in rows], 0.38,
                    label=label)
         ax.set_xticks(list(xs), [f"seed {r['seed']}" for r in rows])
-        ax.set_ylim(80 if p == "valid_seen" else 70, 100.5)
+        low = min(100 * r[p][s] / r[p]["games"] for r in rows for s in ("sft", "sft_grpo"))
+        ax.set_ylim(max(0, 10 * (low // 10) - 10), 100.5)
         ax.set_title(f"{p} success %")
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

@@ -52,7 +52,7 @@ def search_move(completion: str) -> tuple[str, str] | None:
 
 def fault(turn: dict) -> str | None:
     """The kind of the turn's search fault (module docstring); None where the teacher makes no
-    search move or the student makes the teacher's."""
+    search move, "" where the student makes the teacher's."""
     teacher = search_move(teacher_label(turn["messages"]))
     if teacher is None:
         return None
@@ -62,19 +62,21 @@ def fault(turn: dict) -> str | None:
     if student[0] != teacher[0]:
         return "think"
     if student[1] == teacher[1]:
-        return None
+        return ""
     return "action" if teacher[1].startswith("go to ") else "co-located"
 
 
 def panel_row(eps: list[dict]) -> dict:
     """Fault counts of one evaluation panel's episodes and the first fault of each lost episode."""
-    turns, lost = Counter(), {}
+    turns, lost, searches = Counter(), {}, 0
     for e in eps:
-        kinds = [(i, k) for i, t in enumerate(e["turns"]) if (k := fault(t))]
+        moves = [(i, k) for i, t in enumerate(e["turns"]) if (k := fault(t)) is not None]
+        searches += len(moves)
+        kinds = [(i, k) for i, k in moves if k]
         turns.update(k for _, k in kinds)
         if not e["won"]:
             lost[e["task_id"].split("/")[0]] = f"{kinds[0][1]} (turn {kinds[0][0]})" if kinds else "none"
-    return {"episodes": len(eps), "won": sum(e["won"] for e in eps),
+    return {"episodes": len(eps), "won": sum(e["won"] for e in eps), "search_turns": searches,
             "fault_turns": {k: turns[k] for k in KINDS}, "lost_first_fault": dict(sorted(lost.items()))}
 
 
@@ -110,7 +112,11 @@ def summary_row(label: str, episodes: dict, panels: dict) -> str:
         return f"+{c['b_only']} / -{c['a_only']} (p {c['p']:.3g})"
 
     def faults(s: str) -> str:
-        return str(panels[s]["fault_turns"]["think"] + panels[s]["fault_turns"]["co-located"]) if s in panels else "-"
+        if s not in panels:
+            return "-"
+        r = panels[s]
+        n = r["fault_turns"]["think"] + r["fault_turns"]["co-located"]
+        return f"{n} of {r['search_turns']}"
 
     return (f"| {label} | {won('sft')} | {won('dev_sft')} | {won('rl_last')} | {won('dev_rl_last')} | "
             f"{vs('sft', 'rl_last')} | {vs('dev_sft', 'dev_rl_last')} | {faults('sft')} / {faults('rl_last')} |")
@@ -128,21 +134,22 @@ def main() -> None:
     lines = ["# Search faults: where the student's search moves part from the teacher's", "",
              f"`python benchmarks/search_faults.py {' '.join(sys.argv[1:])}`. On every turn where the scripted "
              "teacher, handed the student's own prompt, makes a search move (\"the next receptacle to search is "
-             "R\"), the student's move: think = its think names another receptacle; co-located = the same R, "
+             "R\"; search turns), the student's move: think = its think names another receptacle; co-located = the same R, "
              "at the agent's location, but not the teacher's open / examine; action = the same R, another "
              "command; other = no search move. Lost games: each one's first such fault (turn index).", ""]
     if len(rows) > 1:
         lines += ["| run | SFT valid_seen | SFT dev | SFT + GRPO valid_seen | SFT + GRPO dev | GRPO vs SFT valid_seen "
-                  "| GRPO vs SFT dev | think + co-located fault turns, valid_seen (SFT / SFT + GRPO) |",
+                  "| GRPO vs SFT dev | think + co-located fault turns of the teacher's search turns, valid_seen "
+                  "(SFT / SFT + GRPO) |",
                   "|---|---|---|---|---|---|---|---|"]
         lines += [summary_row(label, episodes, panels) for label, (episodes, panels, _) in rows.items()]
         lines.append("")
     for label, (_, panels, sft) in rows.items():
-        lines += [f"## {label}", "", "| panel | won | think | co-located | action | other | lost games: first fault |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [f"## {label}", "", "| panel | won | search turns | think | co-located | action | other | "
+                  "lost games: first fault |", "|---|---|---|---|---|---|---|---|"]
         for name, r in panels.items():
             first = ", ".join(f"{g}: {k}" for g, k in r["lost_first_fault"].items()) or "-"
-            lines.append(f"| {name} | {r['won']}/{r['episodes']} | "
+            lines.append(f"| {name} | {r['won']}/{r['episodes']} | {r['search_turns']} | "
                          + " | ".join(str(r["fault_turns"][k]) for k in KINDS) + f" | {first} |")
         if sft:
             lines += ["", f"SFT data: {sft['search_examples']} search examples, {sft['open_or_examine_there']} of "

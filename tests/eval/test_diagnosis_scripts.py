@@ -1,9 +1,11 @@
-"""The student diagnoses under benchmarks/ on real inputs: the pick-two move classifier on real
-teacher episodes (benchmarks/pick_two_faults.py) and the GRPO weight extrapolation on a real model
-directory that transformers loads (benchmarks/rl_extrapolate.py)."""
+"""The student diagnoses under benchmarks/ on real inputs: the pick-two move classifier and the
+search-fault counts on real teacher episodes (benchmarks/pick_two_faults.py,
+benchmarks/search_faults.py) and the GRPO weight extrapolation on a real model directory that
+transformers loads (benchmarks/rl_extrapolate.py)."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ from engines import pick_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from pick_two_faults import second_search  # noqa: E402
 from rl_extrapolate import extrapolate  # noqa: E402
+from search_faults import panel_row  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +59,24 @@ def test_a_student_move_other_than_the_teachers_is_found_and_a_game_without_a_pu
     assert moved["student"] == other and moved["teacher"] == s["teacher"] and moved["kind"] == "seen"
     no_put = dict(e, turns=[t for t in e["turns"] if not t["action"].startswith("put ")])
     assert second_search(no_put) is None
+
+
+def test_search_faults_count_the_teachers_search_turns_and_a_think_that_names_another_receptacle(
+        pick_two_episodes):
+    row = panel_row(pick_two_episodes)
+    assert row["won"] == row["episodes"] == len(pick_two_episodes)
+    assert row["search_turns"] >= len(pick_two_episodes)  # every pick-two game searches at least once
+    assert sum(row["fault_turns"].values()) == 0  # the teacher makes its own moves
+    e = copy.deepcopy(next(e for e in pick_two_episodes if any(
+        "the next receptacle to search is" in t["completion"] for t in e["turns"])))
+    turn = next(t for t in e["turns"] if "the next receptacle to search is" in t["completion"])
+    named = turn["completion"].split("the next receptacle to search is ", 1)[1].split(".</think>", 1)[0]
+    other = next(c[6:] for c in turn["admissible_commands"] if c.startswith("go to ") and c[6:] != named)
+    turn["completion"] = turn["completion"].replace(named, other)  # a copy error from the list
+    e["won"] = False
+    bad = panel_row([e])
+    assert bad["fault_turns"]["think"] == 1 and sum(bad["fault_turns"].values()) == 1
+    assert bad["lost_first_fault"] == {e["task_id"].split("/")[0]: f"think (turn {turn['turn']})"}
 
 
 def test_extrapolation_is_sft_at_0_rl_at_1_and_loads_in_transformers(model_dir, tmp_path):

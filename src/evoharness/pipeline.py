@@ -105,9 +105,10 @@ RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_bat
 
 class RunConfig(Strict):
     """The whole pipeline. Defaults: the embedded CPU default (bundled games, a
-    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 32.4 min on the
-    quiet 2-core AMD box of benchmarks/results/main_job/ (about 58 min at that box's slowest measured
-    SFT speed); older defaults took 17.1 min on a 2-core Intel box (git show af70d34:benchmarks/results/main_job/)."""
+    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 25.9 min on the
+    quiet 2-core Intel box of benchmarks/results/main_job/; 32.4 min on the slower 2-core AMD box
+    (git show de21ecc:benchmarks/results/main_job/), about 58 min at that box's slowest measured
+    SFT speed."""
 
     out_dir: str = "runs/main"
     seed: int = 0

@@ -24,6 +24,7 @@ from engines import pick_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from pick_two_faults import second_search  # noqa: E402
 from rl_extrapolate import extrapolate  # noqa: E402
+from pair_runs import main as pair_runs_main  # noqa: E402
 from search_faults import panel_row  # noqa: E402
 
 
@@ -77,6 +78,27 @@ def test_search_faults_count_the_teachers_search_turns_and_a_think_that_names_an
     bad = panel_row([e])
     assert bad["fault_turns"]["think"] == 1 and sum(bad["fault_turns"].values()) == 1
     assert bad["lost_first_fault"] == {e["task_id"].split("/")[0]: f"think (turn {turn['turn']})"}
+
+
+def test_pair_runs_pools_per_game_wins_and_losses_over_seeds(pick_two_episodes, tmp_path, monkeypatch):
+    import json
+
+    def job(name: str, lost: set[int]) -> Path:
+        for sub in ("sft", "dev_sft"):
+            d = tmp_path / name / "eval" / sub
+            d.mkdir(parents=True)
+            d.joinpath("episodes.jsonl").write_text("".join(
+                json.dumps(dict(e, won=i not in lost)) + "\n" for i, e in enumerate(pick_two_episodes)))
+        return tmp_path / name
+    pairs = [f"0={job('base0', {0, 1})},{job('new0', {2})}", f"1={job('base1', {3})},{job('new1', set())}"]
+    monkeypatch.setattr(sys, "argv", ["pair_runs.py", "--pair", *pairs, "--results", str(tmp_path / "out")])
+    pair_runs_main()
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [(r["valid_seen"]["wins"], r["valid_seen"]["losses"]) for r in out["seeds"]] == [(2, 1), (1, 0)]
+    assert out["pooled"]["dev"] == {"wins": 3, "losses": 1, "p": 0.625}
+    monkeypatch.setattr(sys, "argv", ["pair_runs.py", "--pair", pairs[0], "--system", "sft_grpo"])
+    with pytest.raises(SystemExit, match="no reported SFT"):
+        pair_runs_main()  # these jobs reported no SFT + GRPO model
 
 
 def test_extrapolation_is_sft_at_0_rl_at_1_and_loads_in_transformers(model_dir, tmp_path):

@@ -43,7 +43,7 @@ def test_goal_object_track_lists_recalled_types_first_and_the_target_last(valid_
     for game in [g for g in valid_seen if g.task_type in ("pick_and_place_simple", "pick_two_obj_and_place")][:12]:
         h, (query, text) = _track(game, game.task_id.split("-")[1].lower())
         assert query == h.goal.obj
-        listed = text.split("Unsearched (", 1)[1].split("): ", 1)[1].rstrip(".").split(", ")
+        listed = text.split("Unsearched (", 1)[1].split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
         assert sorted(listed) == sorted(h.belief.receptacles)  # nothing searched yet: every receptacle, once
         types = [receptacle_type(r) for r in listed]
         hinted = [receptacle_type(e.recep) for e in h.hints if receptacle_type(e.recep) in types
@@ -59,7 +59,7 @@ def test_goal_object_track_lists_recalled_types_first_and_the_target_last(valid_
 def test_a_lamp_track_is_ordered_by_the_stores_priors_for_the_lamp(valid_seen):
     game = next(g for g in valid_seen if g.task_type == "look_at_obj_in_light")
     h, (_, natural) = _track(game, "desklamp")  # the seed store knows no lamp prior: the fixed prior alone
-    listed = natural.split("): ", 1)[1].rstrip(".").split(", ")
+    listed = natural.split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
     assert listed == search_order(h.belief.receptacles)
     # a prior learnt for the lamp (a consolidated note) moves its type to the front; big
     # cabinet/drawer families keep their place (each visit costs go + open)
@@ -67,5 +67,5 @@ def test_a_lamp_track_is_ordered_by_the_stores_priors_for_the_lamp(valid_seen):
     store = ExperienceStore()
     store.record_pickup("desklamp", late)
     h, (_, text) = _track(game, "desklamp", store)
-    first = text.split("): ", 1)[1].rstrip(".").split(", ")[0]
+    first = text.split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")[0]
     assert receptacle_type(first) == late and listed.index(first) > 0

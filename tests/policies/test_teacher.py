@@ -159,17 +159,21 @@ def _first(task):
 
 def test_the_teacher_searches_in_the_order_the_harness_lists(played):
     """Every search move goes to the first unsearched receptacle TRACK RESULT lists that is
-    not the objective's target type (pick tasks), so a student copies a list's first entry."""
+    not the objective's target type (pick tasks), which the view's last line restates, so a
+    student copies one fixed phrase."""
     moves = 0
     for t in played:
         for turn in t.turns:
             if "the next receptacle to search is" not in turn.completion:
                 continue
             v = parse_prompt(turn.messages[-1]["content"])
-            listed = v.track[1].split("Unsearched (", 1)[1].split("): ", 1)[1].rstrip(".").split(", ")
+            listed = v.track[1].split("Unsearched (", 1)[1].split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
             skip = v.goal.target if v.goal.target and not v.goal.transform else None
             first = next(r for r in listed if type_of(r) != skip)
             assert turn.action.endswith(f" {first}"), (t.task_id, turn.action, listed)
+            # the view restates the list's head, which is the move unless it is the target's type
+            assert v.track[1].endswith(f"\nNext to search: {listed[0]}."), v.track[1]
+            assert first == listed[0] or type_of(listed[0]) == skip
             moves += 1
     assert moves > 20
 
@@ -185,7 +189,7 @@ def test_a_receptacle_at_the_agents_location_is_opened_where_the_agent_stands(va
     i = next(i for i, turn in enumerate(t.turns) if turn.action == "open cabinet 4")
     turn = t.turns[i]
     assert "go to cabinet 4" not in turn.admissible_commands and t.turns[i - 1].action == "open cabinet 3"
-    listed = parse_prompt(turn.messages[-1]["content"]).track[1].split("): ", 1)[1].rstrip(".").split(", ")
+    listed = parse_prompt(turn.messages[-1]["content"]).track[1].split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
     assert listed[0] == "cabinet 4"
     assert "the next receptacle to search is cabinet 4.</think>" in turn.completion
 

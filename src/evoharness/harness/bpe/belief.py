@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 BELIEF_CAPACITY = 48
 AGENT = "agent"
+NEXT_HEADER = "Next to search:"  # the unsearched list's first entry, restated on its own line
 
 _NAME = r"[a-z]+ \d+"
 _ITEMS_RE = re.compile(r"\b(?:an?|some) ([a-z]+ \d+)")
@@ -321,7 +322,10 @@ class Belief:
         instance's line, then ``Unsearched (n): ...`` (or ``<type>: not seen yet.
         Unsearched (n): ...`` when none is known); a receptacle type -> each instance's line.
         `order` sorts the unsearched receptacles (the harness: likeliest first,
-        `search.search_order`); default natural order."""
+        `search.search_order`); default natural order. While any is left, a last line
+        ``Next to search: <first entry>.`` restates the entry a search goes to: a 1.1M student
+        copies it from a fixed phrase far more reliably than from a list's head, and so no
+        longer depends on its seed for it (benchmarks/results/student/search_faults_seeds.md)."""
         q = track_subject(query)
         if q in ("", "world", "all", "everything"):
             return self.world_summary()
@@ -329,6 +333,8 @@ class Belief:
             return self.describe(q)
         todo = order(self.unsearched()) if order else self.unsearched()
         unsearched = f"Unsearched ({len(todo)}): {', '.join(todo) or 'none'}."
+        if todo:
+            unsearched += f"\n{NEXT_HEADER} {todo[0]}."
         if names := self.instances(q) or self.instances(q.rstrip("s")):
             # where else one may be: what a search for another instance (pick-two) reads
             return "\n".join([*(self.describe(n) for n in names), unsearched])

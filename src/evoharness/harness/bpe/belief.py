@@ -324,8 +324,8 @@ class Belief:
         `order` sorts the unsearched receptacles (the harness: likeliest first,
         `search.search_order`); default natural order. While any is left, a last line
         ``Next to search: <first entry>.`` restates the entry a search goes to: a 1.1M student
-        copies it from a fixed phrase far more reliably than from a list's head, and so no
-        longer depends on its seed for it (benchmarks/results/student/search_faults_seeds.md)."""
+        copies it from a fixed phrase far more reliably than from a list's head, whatever its
+        seed (benchmarks/results/student/search_faults_seeds.md)."""
         q = track_subject(query)
         if q in ("", "world", "all", "everything"):
             return self.world_summary()

@@ -12,8 +12,8 @@ RL games and the RL samples; valid_seen is the same 140 games for every seed.
 One job's paired comparison (SFT + GRPO against SFT, per game) can only reach significance when
 SFT loses enough games for GRPO to win: at 132/140 it needs 6 wins and no loss. Pooled over
 independent jobs the discordant games add up: under the null that GRPO changes nothing, each
-discordant game of each job is a fair coin, so the pooled sign test (`eval.run_report.sign_test`
-on the summed wins and losses) is exact. The pooled row is that test; the spread row is the
+discordant game of each job is a fair coin, so the pooled sign test (`seed_pairs.pool`: the
+summed wins and losses) is exact. The pooled row is that test; the spread row is the
 sample standard deviation of each system's success over the seeds.
 
 Writes ``<results>.md``, ``.json`` and ``.png`` (success per seed, both systems).
@@ -29,10 +29,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from evoharness.eval.run_report import paired, sign_test
 from evoharness.jsonl import read_jsonl
+from seed_pairs import PANELS, pair_seed, pool, table_row
 
-PANELS = ("valid_seen", "dev")
+SYSTEMS = ("sft", "sft_grpo")
+LAST = ("sft", "rl_last")
 
 
 def run_seed(seed: int, root: Path, sets: list[str]) -> Path:
@@ -46,7 +47,8 @@ def run_seed(seed: int, root: Path, sets: list[str]) -> Path:
 
 
 def read_job(out: Path) -> dict:
-    """A finished main job's SFT and SFT + GRPO episodes on both panels, and its stage minutes."""
+    """A finished main job's SFT, SFT + GRPO and (when it was played) last RL checkpoint episodes on both
+    panels, and its stage minutes."""
     systems_file = out / "systems.json"
     if not systems_file.exists():
         raise SystemExit(f"{out}: no systems.json (not a finished main job)")
@@ -58,28 +60,26 @@ def read_job(out: Path) -> dict:
         d = systems[name]
         episodes[name] = {"valid_seen": read_jsonl(out / "eval" / d / "episodes.jsonl"),
                           "dev": read_jsonl(out / "eval" / f"dev_{d}" / "episodes.jsonl")}
+    if (out / "eval" / "rl_last" / "episodes.jsonl").exists():  # played before the development games choose
+        episodes["rl_last"] = {"valid_seen": read_jsonl(out / "eval" / "rl_last" / "episodes.jsonl"),
+                               "dev": read_jsonl(out / "eval" / "dev_rl_last" / "episodes.jsonl")}
     seconds = sum(float(m.read_text() or 0) for m in out.glob(".*.done"))
     seed = json.loads((out / "run_config.json").read_text())["seed"]
     return {"dir": str(out), "seed": seed, "episodes": episodes, "minutes": seconds / 60}
 
 
 def summarise(jobs: dict[int, dict]) -> dict:
-    """Per seed and pooled: each system's wins on each panel, GRPO against SFT per game, and the
-    games SFT lost in any seed (valid_seen) with each seed's outcome."""
-    rows, pooled = [], {p: {"b_only": 0, "a_only": 0} for p in PANELS}
+    """Per seed and pooled: each system's wins on each panel, GRPO against SFT per game (the reported
+    SFT + GRPO, and the GRPO stage's last checkpoint where every job played it), and the games SFT
+    lost in any seed (valid_seen) with each seed's outcome."""
+    rows = []
     for seed, job in jobs.items():
-        row = {"seed": seed, "dir": job["dir"], "minutes": round(job["minutes"], 1)}
-        for p in PANELS:
-            sft, rl = job["episodes"]["sft"][p], job["episodes"]["sft_grpo"][p]
-            cmp = paired(sft, rl)
-            row[p] = {"games": cmp["n"], "sft": sum(e["won"] for e in sft), "sft_grpo": sum(e["won"] for e in rl),
-                      "wins": cmp["b_only"], "losses": cmp["a_only"], "p": cmp["p"]}
-            pooled[p]["b_only"] += cmp["b_only"]
-            pooled[p]["a_only"] += cmp["a_only"]
-        rows.append(row)
+        eps = job["episodes"]
+        rows.append({"seed": seed, "dir": job["dir"], "minutes": round(job["minutes"], 1),
+                     **pair_seed(eps["sft"], eps["sft_grpo"], SYSTEMS)})
     spread = {p: {s: (statistics.mean(r[p][s] for r in rows),
                       statistics.stdev(r[p][s] for r in rows) if len(rows) > 1 else 0.0)
-                  for s in ("sft", "sft_grpo")} for p in PANELS}
+                  for s in SYSTEMS} for p in PANELS}
     lost = {}
     for seed, job in jobs.items():
         sft = {e["task_id"]: e for e in job["episodes"]["sft"]["valid_seen"]}
@@ -87,9 +87,11 @@ def summarise(jobs: dict[int, dict]) -> dict:
         for g, e in sft.items():
             if not e["won"] or not rl.get(g, False):
                 lost.setdefault(g, {})[seed] = (bool(e["won"]), bool(rl.get(g, False)))
+    last = [{"seed": seed, **pair_seed(job["episodes"]["sft"], job["episodes"]["rl_last"], LAST)}
+            for seed, job in jobs.items() if "rl_last" in job["episodes"]]
     return {"seeds": rows, "spread": spread,
-            "pooled": {p: {"wins": v["b_only"], "losses": v["a_only"], "p": sign_test(v["b_only"], v["a_only"])}
-                       for p, v in pooled.items()},
+            "pooled": pool(rows),
+            **({"rl_last": {"seeds": last, "pooled": pool(last)}} if last and len(last) == len(rows) else {}),
             "lost_games": {g: {str(s): list(o) for s, o in v.items()} for g, v in sorted(lost.items())}}
 
 
@@ -114,11 +116,7 @@ def write(summary: dict, results: Path, argv: list[str], note: str) -> None:
              "| seed | SFT valid_seen | SFT + GRPO valid_seen | wins | losses | p | SFT dev | SFT + GRPO dev | wins | "
              "losses | minutes |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        v, d = r["valid_seen"], r["dev"]
-        lines.append(f"| {r['seed']} | {v['sft']}/{v['games']} | {v['sft_grpo']}/{v['games']} | {v['wins']} | "
-                     f"{v['losses']} | {v['p']:.3g} | {d['sft']}/{d['games']} | {d['sft_grpo']}/{d['games']} | "
-                     f"{d['wins']} | {d['losses']} | {r['minutes']} |")
+    lines += [table_row(str(r['seed']), r, SYSTEMS, str(r['minutes'])) for r in rows]
     sp, po = summary["spread"], summary["pooled"]
     lines.append(f"| mean ± sd | {sp['valid_seen']['sft'][0]:.1f} ± {sp['valid_seen']['sft'][1]:.1f} | "
                  f"{sp['valid_seen']['sft_grpo'][0]:.1f} ± {sp['valid_seen']['sft_grpo'][1]:.1f} | | | | "
@@ -126,6 +124,16 @@ def write(summary: dict, results: Path, argv: list[str], note: str) -> None:
                  f"{sp['dev']['sft_grpo'][0]:.1f} ± {sp['dev']['sft_grpo'][1]:.1f} | | | |")
     lines.append(f"| **pooled** | | | **{po['valid_seen']['wins']}** | **{po['valid_seen']['losses']}** | "
                  f"**{po['valid_seen']['p']:.3g}** | | | {po['dev']['wins']} | {po['dev']['losses']} | |")
+    if last := summary.get("rl_last"):
+        lp = last["pooled"]
+        lines += ["", "The GRPO stage's last checkpoint against the same SFT model, before the development games "
+                  "choose between them (here dev is a fair paired test too):", "",
+                  "| seed | SFT valid_seen | last RL valid_seen | wins | losses | p | SFT dev | last RL dev | wins | "
+                  "losses | dev p |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [table_row(str(r["seed"]), r, LAST, f"{r['dev']['p']:.3g}") for r in last["seeds"]]
+        lines.append(f"| **pooled** | | | **{lp['valid_seen']['wins']}** | **{lp['valid_seen']['losses']}** | "
+                     f"**{lp['valid_seen']['p']:.3g}** | | | {lp['dev']['wins']} | {lp['dev']['losses']} | "
+                     f"{lp['dev']['p']:.3g} |")
     seeds = [r["seed"] for r in rows]
     lines += ["", "valid_seen games lost by either system in some seed (the others: both won in every seed):", "",
               "| game | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]

@@ -6,7 +6,7 @@ Usage: python benchmarks/pair_runs.py --pair SEED=BASE_DIR,NEW_DIR [SEED=BASE_DI
 Each pair is two finished main jobs with the same seed that differ in one lever (``BASE_DIR`` the
 previous default, ``NEW_DIR`` the lever). For both panels (valid_seen: ``eval/<system>``; dev:
 ``eval/dev_<system>``, the seed's own held-out train games) it pairs the two runs' episodes per game
-(`eval.run_report.paired`): wins = games only the new run won, losses = games only the base won.
+(`seed_pairs.pair_seed`): wins = games only the new run won, losses = games only the base won.
 Jobs with different seeds are independent, so under the null that the lever changes nothing each
 discordant game of each seed is a fair coin and the pooled row's exact sign test (the summed wins
 and losses) holds. ``--system sft`` compares the SFT models (the stage a harness view changes first;
@@ -21,11 +21,12 @@ import json
 import sys
 from pathlib import Path
 
-from evoharness.eval.run_report import paired, sign_test
 from evoharness.jsonl import read_jsonl
 from results_file import write_results
+from seed_pairs import PANELS, pair_seed, pool, table_row
 
-PANELS = {"valid_seen": "", "dev": "dev_"}
+NAMES = ("base", "new")
+PREFIX = {"valid_seen": "", "dev": "dev_"}  # eval/<prefix><system>
 
 
 def episodes(run: Path, system: str, panel: str) -> list[dict]:
@@ -36,7 +37,7 @@ def episodes(run: Path, system: str, panel: str) -> list[dict]:
         if not systems.is_file() or "sft_grpo" not in json.loads(systems.read_text()):
             sys.exit(f"{run}: no reported SFT + GRPO system (systems.json; an SFT-only job?)")
         name = json.loads(systems.read_text())["sft_grpo"]
-    path = run / "eval" / f"{PANELS[panel]}{name}" / "episodes.jsonl"
+    path = run / "eval" / f"{PREFIX[panel]}{name}" / "episodes.jsonl"
     if not path.is_file():
         sys.exit(f"{path}: missing (not a finished main job?)")
     return read_jsonl(path)
@@ -56,30 +57,18 @@ def main() -> None:
         if not seed.strip().isdigit() or not base or not new:
             sys.exit(f"--pair wants SEED=BASE_DIR,NEW_DIR, got {item!r}")
         pairs[int(seed)] = (Path(base), Path(new))
-    rows, pooled = [], {p: [0, 0] for p in PANELS}
-    for seed, (base, new) in pairs.items():
-        row = {"seed": seed, "base": str(base), "new": str(new)}
-        for panel in PANELS:
-            a, b = episodes(base, args.system, panel), episodes(new, args.system, panel)
-            c = paired(a, b)
-            row[panel] = {"games": c["n"], "base": sum(e["won"] for e in a), "new": sum(e["won"] for e in b),
-                          "wins": c["b_only"], "losses": c["a_only"], "p": c["p"]}
-            pooled[panel][0] += c["b_only"]
-            pooled[panel][1] += c["a_only"]
-        rows.append(row)
-    summary = {"system": args.system, "seeds": rows,
-               "pooled": {p: {"wins": w, "losses": lo, "p": sign_test(w, lo)} for p, (w, lo) in pooled.items()}}
+    rows = [{"seed": seed, "base": str(base), "new": str(new),
+             **pair_seed({p: episodes(base, args.system, p) for p in PANELS},
+                         {p: episodes(new, args.system, p) for p in PANELS}, NAMES)}
+            for seed, (base, new) in pairs.items()]
+    summary = {"system": args.system, "seeds": rows, "pooled": pool(rows)}
     lines = ["# Two versions of the main job, seed by seed", "",
              f"`python benchmarks/pair_runs.py {' '.join(sys.argv[1:])}`", "",
              f"System: {args.system}. wins / losses: games only the new run / only the base run won, paired per "
              "game; p: exact two-sided sign test; pooled: the seeds' summed wins and losses.", "",
              "| seed | base valid_seen | new valid_seen | wins | losses | p | base dev | new dev | wins | losses | p |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        v, d = r["valid_seen"], r["dev"]
-        lines.append(f"| {r['seed']} | {v['base']}/{v['games']} | {v['new']}/{v['games']} | {v['wins']} | "
-                     f"{v['losses']} | {v['p']:.3g} | {d['base']}/{d['games']} | {d['new']}/{d['games']} | "
-                     f"{d['wins']} | {d['losses']} | {d['p']:.3g} |")
+    lines += [table_row(str(r['seed']), r, NAMES, f"{r['dev']['p']:.3g}") for r in rows]
     tot = {p: (sum(r[p]["base"] for r in rows), sum(r[p]["new"] for r in rows), sum(r[p]["games"] for r in rows))
            for p in PANELS}
     po = summary["pooled"]

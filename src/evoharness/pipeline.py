@@ -554,6 +554,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
                    + ("the SFT model itself (every RL checkpoint did worse; its rows repeat the SFT evaluation)"
                       if sel["stage"] != "rl" else f"RL step {sel['step']}")
                    + f" ({sel[key]:.1f}%).")
+        rl_note += unchosen_last_rl(out, grpo_eval)
     notes = [
         f"Model: Qwen3-architecture '{cfg.model_preset}'{_fields(cfg.model_overrides)} initialised from scratch, "
         f"tokenizer trained locally (vocab {cfg.vocab_size}); decoding {'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",
@@ -574,6 +575,25 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     ] + ([rl_note] if rl_note else [])
     return write_run_report(out, summaries, dev, [d / "metrics.jsonl" for d in sfts],
                             None if cfg.skip_rl else rl_dir / "metrics.jsonl", notes, stage.times(), curve)
+
+
+def unchosen_last_rl(out: Path, grpo_eval: str) -> str:
+    """What the GRPO stage's last checkpoint did when the development games chose another model as
+    SFT + GRPO (`chosen_rl`): its valid_seen and dev wins, paired per game against SFT
+    (`eval.run_report.paired`; dev is the set that chose against it), as a sentence starting with a
+    space; "" when it is the reported model or was not evaluated (``eval/rl_last``)."""
+    from evoharness.eval.run_report import paired
+
+    if grpo_eval == "rl_last" or not (out / "eval" / "rl_last" / "episodes.jsonl").is_file():
+        return ""
+    parts = []
+    for panel, prefix in (("valid_seen", ""), ("dev", "dev_")):
+        sft = read_jsonl(out / "eval" / f"{prefix}sft" / "episodes.jsonl")
+        last = read_jsonl(out / "eval" / f"{prefix}rl_last" / "episodes.jsonl")
+        c = paired(sft, last)
+        parts.append(f"{sum(e['won'] for e in last)}/{len(last)} {panel} (+{c['b_only']} / -{c['a_only']} "
+                     f"against SFT, p = {c['p']:.3g})")
+    return " The GRPO stage's last checkpoint, not chosen, won " + " and ".join(parts) + "."
 
 
 def selection_key(points: list[dict]) -> str:

@@ -24,6 +24,7 @@ from engines import pick_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from pick_two_faults import second_search  # noqa: E402
 from rl_extrapolate import extrapolate  # noqa: E402
+from main_job_seeds import summarise  # noqa: E402
 from pair_runs import main as pair_runs_main  # noqa: E402
 from search_faults import panel_row  # noqa: E402
 
@@ -99,6 +100,28 @@ def test_pair_runs_pools_per_game_wins_and_losses_over_seeds(pick_two_episodes, 
     monkeypatch.setattr(sys, "argv", ["pair_runs.py", "--pair", pairs[0], "--system", "sft_grpo"])
     with pytest.raises(SystemExit, match="no reported SFT"):
         pair_runs_main()  # these jobs reported no SFT + GRPO model
+
+
+def test_main_job_seeds_pools_grpo_against_sft_and_lists_every_game_lost_in_some_seed(pick_two_episodes):
+    def eps(lost: set[int]) -> list[dict]:
+        return [dict(e, won=i not in lost) for i, e in enumerate(pick_two_episodes)]
+
+    jobs = {s: {"dir": f"seed{s}", "minutes": 20.0,
+                "episodes": {"sft": {"valid_seen": eps(sft), "dev": eps(sft)},
+                             "sft_grpo": {"valid_seen": eps(rl), "dev": eps(set())},
+                             "rl_last": {"valid_seen": eps({0, 4, 5}), "dev": eps({5})}}}
+            for s, (sft, rl) in {0: ({0, 1}, {1, 2}), 3: ({4}, set())}.items()}
+    out = summarise(jobs)
+    # the last RL checkpoint, paired before the development games choose: seed 0 +1 / -2, seed 3 +0 / -2
+    assert out["rl_last"]["pooled"]["valid_seen"] == {"wins": 1, "losses": 4, "p": 0.375}
+    del jobs[3]["episodes"]["rl_last"]
+    assert "rl_last" not in summarise(jobs)  # pooled only where every job played it
+    assert [(r["valid_seen"]["wins"], r["valid_seen"]["losses"]) for r in out["seeds"]] == [(1, 1), (1, 0)]
+    assert out["pooled"]["valid_seen"]["wins"] == 2 and out["pooled"]["dev"]["wins"] == 3
+    assert out["spread"]["valid_seen"]["sft"] == (len(pick_two_episodes) - 1.5, pytest.approx(0.5 ** 0.5))
+    ids = [e["task_id"] for e in pick_two_episodes]
+    assert out["lost_games"] == {ids[0]: {"0": [False, True]}, ids[1]: {"0": [False, False]},
+                                 ids[2]: {"0": [True, False]}, ids[4]: {"3": [False, True]}}
 
 
 def test_extrapolation_is_sft_at_0_rl_at_1_and_loads_in_transformers(model_dir, tmp_path):

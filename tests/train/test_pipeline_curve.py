@@ -39,6 +39,10 @@ def test_curve_points_of_the_final_checkpoints_come_from_their_dev_evaluations(t
     report = (out / "report.md").read_text()
     assert "| SFT + GRPO |" in report and "eval_rl_last" in report
     assert "checkpoint best on 1 development games (the curve games)" in report
+    # when another model is reported, the report still says what the GRPO stage's last checkpoint did
+    won = sum(e["won"] for e in read_jsonl(out / "eval" / "rl_last" / "episodes.jsonl"))
+    unchosen = f"The GRPO stage's last checkpoint, not chosen, won {won}/1 valid_seen (+"
+    assert (unchosen in report) == (systems["sft_grpo"] != "rl_last")
     # a rerun plays nothing again and reports the same systems
     lines: list[str] = []
     run_pipeline(cfg, log=lines.append)
@@ -69,3 +73,22 @@ def test_the_reported_rl_model_is_the_best_on_the_dev_games_rl_then_earliest_on_
     assert selection_key([sft_d, rl4, rl8_d]) == "success"
     assert chosen_rl([sft_d, rl4, rl8_d], last) == (rl4, "rl_step4")
     assert chosen_rl([{**sft_d, "success": 96.0}, rl4, rl8_d], last) == ({**sft_d, "success": 96.0}, "sft")
+
+
+def test_an_unchosen_last_rl_checkpoint_is_reported_paired_against_sft(tmp_path):
+    from evoharness.pipeline import unchosen_last_rl
+
+    def evals(name: str, won: list[bool]) -> None:
+        d = tmp_path / "eval" / name
+        d.mkdir(parents=True)
+        d.joinpath("episodes.jsonl").write_text("".join(json.dumps({"task_id": f"g{i}", "won": w}) + "\n"
+                                                        for i, w in enumerate(won)))
+    evals("sft", [True, True, False, True])
+    evals("rl_last", [False, True, True, False])
+    evals("dev_sft", [True, False])
+    evals("dev_rl_last", [True, False])
+    assert unchosen_last_rl(tmp_path, "sft") == (
+        " The GRPO stage's last checkpoint, not chosen, won 2/4 valid_seen (+1 / -2 against SFT, p = 1) and "
+        "1/2 dev (+0 / -0 against SFT, p = 1).")
+    assert unchosen_last_rl(tmp_path, "rl_last") == ""  # it is the reported model
+    assert unchosen_last_rl(tmp_path / "elsewhere", "sft") == ""  # never evaluated

@@ -14,7 +14,9 @@ SFT loses enough games for GRPO to win: at 132/140 it needs 6 wins and no loss. 
 independent jobs the discordant games add up: under the null that GRPO changes nothing, each
 discordant game of each job is a fair coin, so the pooled sign test (`seed_pairs.pool`: the
 summed wins and losses) is exact. The pooled row is that test; the spread row is the
-sample standard deviation of each system's success over the seeds.
+sample standard deviation of each system's success over the seeds. A second table pairs the GRPO
+stage's last checkpoint with SFT before the development games choose between them (its dev test is a
+fair one), and a third gives each seed's wasted steps per episode, also on the games both won.
 
 Writes ``<results>.md``, ``.json`` and ``.png`` (success per seed, both systems).
 """
@@ -29,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from evoharness.eval.run_report import wasted_steps
 from evoharness.jsonl import read_jsonl
 from seed_pairs import PANELS, pair_seed, pool, table_row
 
@@ -87,12 +90,25 @@ def summarise(jobs: dict[int, dict]) -> dict:
         for g, e in sft.items():
             if not e["won"] or not rl.get(g, False):
                 lost.setdefault(g, {})[seed] = (bool(e["won"]), bool(rl.get(g, False)))
+    waste = [{"seed": seed, **wasted(job["episodes"]["sft"]["valid_seen"], job["episodes"]["sft_grpo"]["valid_seen"])}
+             for seed, job in jobs.items()]
     last = [{"seed": seed, **pair_seed(job["episodes"]["sft"], job["episodes"]["rl_last"], LAST)}
             for seed, job in jobs.items() if "rl_last" in job["episodes"]]
     return {"seeds": rows, "spread": spread,
-            "pooled": pool(rows),
+            "pooled": pool(rows), "wasted": waste,
             **({"rl_last": {"seeds": last, "pooled": pool(last)}} if last and len(last) == len(rows) else {}),
             "lost_games": {g: {str(s): list(o) for s, o in v.items()} for g, v in sorted(lost.items())}}
+
+
+def wasted(sft: list[dict], rl: list[dict]) -> dict:
+    """Wasted steps per valid_seen episode (`eval.run_report.wasted_steps`: invalid + repeated
+    (action, feedback) turns) of SFT and SFT + GRPO: ``{"all": (sft, rl), "both_won": (sft, rl),
+    "both_won_games"}``; on the games both won a lost episode's loop does not count."""
+    def per_ep(eps: list[dict]) -> float:
+        return sum(sum(wasted_steps(e).values()) for e in eps) / max(1, len(eps))
+    won = {e["task_id"] for e in sft if e["won"]} & {e["task_id"] for e in rl if e["won"]}
+    return {"all": (per_ep(sft), per_ep(rl)), "both_won_games": len(won),
+            "both_won": (per_ep([e for e in sft if e["task_id"] in won]), per_ep([e for e in rl if e["task_id"] in won]))}
 
 
 def _cell(won_sft: bool, won_rl: bool) -> str:
@@ -134,6 +150,11 @@ def write(summary: dict, results: Path, argv: list[str], note: str) -> None:
         lines.append(f"| **pooled** | | | **{lp['valid_seen']['wins']}** | **{lp['valid_seen']['losses']}** | "
                      f"**{lp['valid_seen']['p']:.3g}** | | | {lp['dev']['wins']} | {lp['dev']['losses']} | "
                      f"{lp['dev']['p']:.3g} |")
+    lines += ["", "Wasted steps per valid_seen episode (invalid actions + repeated (action, feedback) pairs), SFT -> "
+              "SFT + GRPO: on every game, and on the games both won (a lost episode's loop left out):", "",
+              "| seed | all games | games both won |", "|---|---|---|"]
+    lines += [f"| {w['seed']} | {w['all'][0]:.2f} -> {w['all'][1]:.2f} | {w['both_won'][0]:.2f} -> "
+              f"{w['both_won'][1]:.2f} ({w['both_won_games']} games) |" for w in summary["wasted"]]
     seeds = [r["seed"] for r in rows]
     lines += ["", "valid_seen games lost by either system in some seed (the others: both won in every seed):", "",
               "| game | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]

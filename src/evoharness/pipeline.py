@@ -608,9 +608,10 @@ def chosen_rl(points: list[dict], last_rl: Path | None) -> tuple[dict, str]:
     """The model reported as SFT + GRPO: the RL checkpoint best on the development games
     (`selection_key`; ties among RL checkpoints: the earlier in training minutes), or the SFT model
     when it beats every RL checkpoint there. A tie with SFT goes to RL: stage 2 is the product, the
-    60 development games tie often, and on the development games alone the last RL checkpoint beat
-    or tied SFT from each of four SFT models, pooled +8 / -1 (`benchmarks/results/student/
-    rl_levers_seeds.md`, `main_job/`). Returns it and the evaluation directory that holds it:
+    60 development games tie often (three of five seeds of today's default), and on the development
+    games alone the last RL checkpoint beat or tied SFT from each of four earlier SFT models, pooled
+    +8 / -1 (`benchmarks/results/student/rl_levers_seeds.md`), and from four of today's five, +2 / -2
+    (`benchmarks/results/student/main_job_seeds_next.md`). Returns it and the evaluation directory that holds it:
     ``sft`` (its rows repeat the SFT evaluation),
     ``rl_last`` (the last RL checkpoint, evaluated before the choice) or ``rl_step<N>`` (an earlier
     one, named by its step so a rerun that chooses another one plays that one).

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evoharness.envs.alfworld import make_env
+from evoharness.eval.run_report import wasted_steps
 from evoharness.harness.base import META_VERBS
 from evoharness.harness.factory import HarnessConfig, make_harness
 from evoharness.policies.teacher import TeacherPolicy
@@ -118,6 +119,10 @@ def test_main_job_seeds_pools_grpo_against_sft_and_lists_every_game_lost_in_some
     assert "rl_last" not in summarise(jobs)  # pooled only where every job played it
     assert [(r["valid_seen"]["wins"], r["valid_seen"]["losses"]) for r in out["seeds"]] == [(1, 1), (1, 0)]
     assert out["pooled"]["valid_seen"]["wins"] == 2 and out["pooled"]["dev"]["wins"] == 3
+    # the same teacher turns in both systems: equal wasted steps, over the games both won in each seed
+    teacher_waste = sum(sum(wasted_steps(e).values()) for e in pick_two_episodes) / len(pick_two_episodes)
+    assert out["wasted"][0]["all"] == (teacher_waste, teacher_waste)
+    assert [w["both_won_games"] for w in out["wasted"]] == [len(pick_two_episodes) - 3, len(pick_two_episodes) - 1]
     assert out["spread"]["valid_seen"]["sft"] == (len(pick_two_episodes) - 1.5, pytest.approx(0.5 ** 0.5))
     ids = [e["task_id"] for e in pick_two_episodes]
     assert out["lost_games"] == {ids[0]: {"0": [False, True]}, ids[1]: {"0": [False, False]},

@@ -58,14 +58,11 @@ def read_job(out: Path) -> dict:
     systems = json.loads(systems_file.read_text())
     if "sft_grpo" not in systems:
         raise SystemExit(f"{out}: the job reported no SFT + GRPO model (skip_rl?)")
-    episodes = {}
-    for name in ("sft", "sft_grpo"):
-        d = systems[name]
-        episodes[name] = {"valid_seen": read_jsonl(out / "eval" / d / "episodes.jsonl"),
-                          "dev": read_jsonl(out / "eval" / f"dev_{d}" / "episodes.jsonl")}
+    dirs = {name: systems[name] for name in SYSTEMS}
     if (out / "eval" / "rl_last" / "episodes.jsonl").exists():  # played before the development games choose
-        episodes["rl_last"] = {"valid_seen": read_jsonl(out / "eval" / "rl_last" / "episodes.jsonl"),
-                               "dev": read_jsonl(out / "eval" / "dev_rl_last" / "episodes.jsonl")}
+        dirs["rl_last"] = "rl_last"
+    episodes = {name: {"valid_seen": read_jsonl(out / "eval" / d / "episodes.jsonl"),
+                       "dev": read_jsonl(out / "eval" / f"dev_{d}" / "episodes.jsonl")} for name, d in dirs.items()}
     seconds = sum(float(m.read_text() or 0) for m in out.glob(".*.done"))
     seed = json.loads((out / "run_config.json").read_text())["seed"]
     return {"dir": str(out), "seed": seed, "episodes": episodes, "minutes": seconds / 60}

@@ -11,9 +11,10 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	# bubblewrap (Debian) confines the repository environment's agent commands; never run unconfined.
-	@command -v bwrap >/dev/null 2>&1 || { \
+	# libseccomp2 is what pyseccomp (pyproject) builds the sandbox's seccomp filter with (ldconfig must list it).
+	@{ command -v bwrap >/dev/null 2>&1 && ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'; } || { \
 	  if [ "$$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo -n"; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap libseccomp2; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# Pin torch first: unpinned, anything depending on torch pulls a multi-GB CUDA build.

@@ -12,6 +12,17 @@ What a confined command sees and may do:
   an empty tmpfs).
 - no network (its own, empty network namespace), its own pid / IPC / UTS
   namespaces, a new session (no terminal injection), no capabilities.
+- a seccomp filter (`seccomp_program`, loaded by bwrap's ``--seccomp``) that
+  fails the kernel calls a build-and-test workload never needs and that widen
+  the kernel surface: the keyring (``keyctl``, ``add_key``, ``request_key``:
+  keys outlive the sandbox), ``ptrace`` and cross-process memory access, every
+  mount and namespace call (``mount``, ``unshare``, ``setns``, ``clone`` /
+  ``clone3`` with a ``CLONE_NEW*`` flag: no nested user namespace), ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, io_uring, module loading, ``kexec``,
+  clocks and ``TIOCSTI``. They fail with EPERM (``clone3``: ENOSYS, so libc
+  falls back to ``clone``, whose flags the filter can read). The filter is
+  built with libseccomp through `pyseccomp`; where it cannot be built the
+  sandbox refuses to start (`SandboxUnavailable`), never running unfiltered.
 - as root (the supported mode): a dedicated unprivileged uid per sandbox
   (``setpriv``), so that ``RLIMIT_NPROC`` bounds its processes without
   counting anybody else's; per-process rlimits (``prlimit``) on CPU seconds,
@@ -21,6 +32,10 @@ What a confined command sees and may do:
   the summed RSS of its processes exceeds the memory limit, or when the
   workspace grows past the disk limit or its entry count (checked every 0.5 s
   and when the command ends; a workspace found past a bound may only shrink).
+  That watchdog reports; the kernel enforces: a workspace on a `WorkspaceFS`
+  (a size- and inode-limited tmpfs, as the scaffold and the scorer use) cannot
+  outgrow it between two checks (ENOSPC), whatever writes it (``fallocate``
+  included).
 - as root, where a memory cgroup can be made (`MemoryCgroup`: v1, or v2 with
   the memory controller delegated), the whole sandbox runs in its own group
   with the memory limit: the kernel then also bounds what no process's RSS
@@ -231,6 +246,367 @@ def dir_size(path: Path, stop_at: int | None = None) -> int:
     return dir_usage(path, stop_bytes=stop_at)[0]
 
 
+# ---- seccomp ------------------------------------------------------------------------
+
+# Denied with EPERM. Names the running kernel's libseccomp does not know are skipped (an old
+# libseccomp predates fsopen & co.; the kernel then rejects them as unknown anyway).
+SECCOMP_DENIED = (
+    "keyctl", "add_key", "request_key",                                  # the kernel keyring outlives the sandbox
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",          # other processes' memory
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns",     # mounts and namespaces
+    "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    "name_to_handle_at", "open_by_handle_at",                          # file handles bypass the mount view
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
+    "swapon", "swapoff", "syslog", "acct", "quotactl", "quotactl_fd", "iopl", "ioperm", "lookup_dcookie",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "vhangup", "uselib",
+)
+# clone flags that create namespaces (CLONE_NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET)
+CLONE_NAMESPACE_FLAGS = (0x80, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+_TIOCSTI = 0x5412
+_SECCOMP: bytes | None = None
+_SECCOMP_LOCK = threading.Lock()
+
+
+def seccomp_program() -> bytes:
+    """The sandbox's seccomp filter as a classic-BPF program (bwrap's ``--seccomp`` format).
+
+    Built once per process with libseccomp (`pyseccomp`, a ctypes binding to the
+    system's ``libseccomp.so.2``, which bubblewrap itself depends on): default
+    allow; `SECCOMP_DENIED` and ``TIOCSTI`` fail with EPERM; ``clone`` with any of
+    `CLONE_NAMESPACE_FLAGS` fails with EPERM; ``clone3`` (its flags sit behind a
+    pointer the filter cannot read) fails with ENOSYS, so libc falls back to
+    ``clone``. System calls of another architecture (32-bit ``int 0x80`` on
+    x86-64) kill the process: libseccomp's default for a foreign architecture.
+
+    Raises:
+        SandboxUnavailable: pyseccomp or libseccomp is missing (never run unfiltered).
+    """
+    global _SECCOMP
+    with _SECCOMP_LOCK:
+        if _SECCOMP is not None:
+            return _SECCOMP
+        try:
+            import pyseccomp as sc
+        except (ImportError, OSError, AttributeError, TypeError) as e:  # TypeError: libseccomp.so not found
+            raise SandboxUnavailable(
+                f"cannot build the sandbox's seccomp filter ({type(e).__name__}: {e}); commands are never run "
+                "unfiltered. Install libseccomp (apt-get install -y libseccomp2) and pyseccomp "
+                "(pip install pyseccomp==0.1.2, a dependency of this package)") from e
+        try:
+            f = sc.SyscallFilter(sc.ALLOW)
+            eperm = sc.ERRNO(errno.EPERM)
+            for name in SECCOMP_DENIED:
+                try:
+                    f.add_rule(eperm, name)
+                except (OSError, ValueError):  # unknown to this libseccomp / architecture
+                    continue
+            for flag in CLONE_NAMESPACE_FLAGS:
+                f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+            f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+            f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, _TIOCSTI))
+            with tempfile.TemporaryFile() as t:
+                f.export_bpf(t)
+                t.seek(0)
+                prog = t.read()
+        except OSError as e:
+            raise SandboxUnavailable(f"libseccomp failed to build the sandbox's filter: {e}") from e
+        if not prog or len(prog) % 8:
+            raise SandboxUnavailable(f"libseccomp produced a malformed filter ({len(prog)} bytes)")
+        _SECCOMP = prog
+        return prog
+
+
+# ---- agent-controlled trees, walked without following links ----------------------------
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+SKIP_NAMES = frozenset({"__pycache__", ".pytest_cache", ".git"})
+
+
+def walk_tree(root: Path | int, max_depth: int = 10_000):
+    """Yield ``(dir_fd, rel_dir, entry, depth)`` for every entry under `root`, parents first.
+
+    Iterative, by directory file descriptors (``openat`` with ``O_NOFOLLOW``): no
+    symlink is ever followed, a tree nested past PATH_MAX or the interpreter's
+    recursion limit is walked all the same, and nothing outside `root` is
+    reached. ``dir_fd`` stays open until the directory's entries have been
+    yielded. Directories deeper than `max_depth` are not entered; unreadable ones
+    are skipped. `root` may be an open directory descriptor (not closed here).
+    """
+    root_fd = root if isinstance(root, int) else os.open(root, _DIR_FLAGS)
+    stack: list[tuple[int, str, int]] = [(root_fd, "", 0)]
+    try:
+        while stack:
+            fd, rel, depth = stack.pop()
+            try:
+                try:
+                    with os.scandir(fd) as it:
+                        entries = list(it)
+                except OSError:
+                    continue
+                subdirs = []
+                for e in entries:
+                    yield fd, rel, e, depth
+                    try:
+                        if e.is_dir(follow_symlinks=False) and depth < max_depth:
+                            subdirs.append(e.name)
+                    except OSError:
+                        continue
+                for name in reversed(subdirs):
+                    try:
+                        stack.append((os.open(name, _DIR_FLAGS, dir_fd=fd), f"{rel}{name}/", depth + 1))
+                    except OSError:
+                        continue
+            finally:
+                if fd != root_fd:
+                    os.close(fd)
+    finally:
+        for fd, _, _ in stack:
+            if fd != root_fd:
+                os.close(fd)
+        if not isinstance(root, int):
+            os.close(root_fd)
+
+
+def has_regular_file(root: Path, skip: frozenset[str] = SKIP_NAMES) -> bool:
+    """True when `root` holds a regular file (links not followed, `skip` directories ignored)."""
+    try:
+        root_fd = os.open(root, _DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        for _, rel, e, _ in walk_tree(root_fd):
+            if any(part in skip for part in rel.split("/")):
+                continue
+            try:
+                if e.is_file(follow_symlinks=False):
+                    return True
+            except OSError:
+                continue
+        return False
+    finally:
+        os.close(root_fd)
+
+
+@dataclass
+class CopyReport:
+    """What `copy_tree` did. Units: bytes (apparent sizes), entries.
+
+    Attributes:
+        bytes: apparent bytes of the regular files copied (holes of sparse files count).
+        entries: files, directories and links created.
+        skipped: how many entries were left out (over a bound, too deep, special, unreadable).
+        examples: up to 20 of the skipped relative paths, with why.
+    """
+
+    bytes: int = 0
+    entries: int = 0
+    skipped: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def skip(self, rel: str, why: str) -> None:
+        self.skipped += 1
+        if len(self.examples) < 20:
+            self.examples.append(f"{shown(rel)}: {why}")
+
+
+def shown(name: str) -> str:
+    """A file name as printable text (undecodable bytes as U+FFFD)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def copy_tree(src: Path, dst: Path, max_bytes: int, max_entries: int, max_depth: int = 64,
+              owner: int | None = None, skip: frozenset[str] = SKIP_NAMES) -> CopyReport:
+    """Copy the agent-controlled tree `src` into the existing directory `dst`, bounded.
+
+    Every operation goes through directory descriptors with ``O_NOFOLLOW``:
+    symlinks are copied as links (never followed), FIFOs, sockets and devices
+    are skipped, and nothing outside `src` is read nor outside `dst` written.
+    Regular files are counted by apparent size (``st_size``), so a sparse file
+    costs what its copy will take; a file that would pass `max_bytes`, an entry
+    past `max_entries`, a directory deeper than `max_depth`, or a name in `skip`
+    is left out (counted in the report) and the copy goes on. Iterative: no
+    depth of nesting raises RecursionError.
+
+    Args:
+        owner: uid (= gid) given to every entry created (None: the caller's).
+
+    Raises:
+        OSError: `src` or `dst` cannot be opened as directories (a host fault).
+    """
+    rep = CopyReport()
+    src_root = os.open(src, _DIR_FLAGS)
+    try:
+        dst_root = os.open(dst, _DIR_FLAGS)
+    except OSError:
+        os.close(src_root)
+        raise
+    stack: list[tuple[int, int, str, int]] = [(src_root, dst_root, "", 0)]  # (src fd, dst fd, rel dir, depth)
+    try:
+        while stack:
+            sfd, dfd, rel, depth = stack.pop()
+            try:
+                try:
+                    with os.scandir(sfd) as it:
+                        entries = sorted(it, key=lambda e: e.name)
+                except OSError:
+                    rep.skip(rel or ".", "unreadable directory")
+                    continue
+                subdirs: list[tuple[int, int, str, int]] = []
+                for e in entries:
+                    path = rel + e.name
+                    if e.name in skip:
+                        continue
+                    if rep.entries >= max_entries:
+                        rep.skip(path, f"past {max_entries} entries")
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode):
+                            if depth + 1 > max_depth:
+                                rep.skip(path, f"deeper than {max_depth} levels")
+                                continue
+                            os.mkdir(e.name, 0o755, dir_fd=dfd)
+                            if owner is not None:
+                                os.chown(e.name, owner, owner, dir_fd=dfd, follow_symlinks=False)
+                            s_sub = os.open(e.name, _DIR_FLAGS, dir_fd=sfd)
+                            try:
+                                d_sub = os.open(e.name, _DIR_FLAGS, dir_fd=dfd)
+                            except OSError:
+                                os.close(s_sub)
+                                raise
+                            subdirs.append((s_sub, d_sub, path + "/", depth + 1))
+                        elif stat.S_ISLNK(st.st_mode):
+                            os.symlink(os.readlink(e.name, dir_fd=sfd), e.name, dir_fd=dfd)
+                            if owner is not None:
+                                os.chown(e.name, owner, owner, dir_fd=dfd, follow_symlinks=False)
+                        elif stat.S_ISREG(st.st_mode):
+                            if rep.bytes + st.st_size > max_bytes:
+                                rep.skip(path, f"{st.st_size} bytes would pass the copy's bound of {max_bytes}")
+                                continue
+                            _copy_file(sfd, dfd, e.name, st, owner)
+                            rep.bytes += st.st_size
+                        else:
+                            rep.skip(path, "not a regular file, directory or link")
+                            continue
+                    except OSError as err:
+                        rep.skip(path, err.strerror or str(err))
+                        continue
+                    rep.entries += 1
+                stack.extend(reversed(subdirs))
+            finally:
+                os.close(sfd)
+                os.close(dfd)
+    finally:
+        for sfd, dfd, _, _ in stack:
+            os.close(sfd)
+            os.close(dfd)
+    return rep
+
+
+def _copy_file(sfd: int, dfd: int, name: str, st: os.stat_result, owner: int | None) -> None:
+    fi = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=sfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fi).st_mode):  # replaced since the scan: nothing of the agent's should run now
+            raise OSError(errno.EINVAL, "not a regular file")
+        fo = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     (st.st_mode & 0o755) | 0o600, dir_fd=dfd)
+        try:
+            left, off = st.st_size, 0
+            while left > 0:
+                n = os.sendfile(fo, fi, off, min(left, 1 << 24))
+                if n == 0:
+                    break
+                off, left = off + n, left - n
+            if owner is not None:
+                os.fchown(fo, owner, owner)
+        finally:
+            os.close(fo)
+    finally:
+        os.close(fi)
+
+
+# ---- a kernel-bounded workspace --------------------------------------------------------
+
+_MS_NOSUID, _MS_NODEV = 2, 4
+_MNT_DETACH = 2
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+class WorkspaceFS:
+    """A tmpfs of `size_mb` MiB and `max_files` inodes mounted at `path` (root only).
+
+    The kernel, not a watchdog, bounds what may be written there: past the size
+    or the inode count every write fails with ENOSPC, ``fallocate`` and sparse
+    files included, whatever runs and however fast. Its pages are memory, not
+    disk: `size_mb` is reserved from neither, only a ceiling.
+
+    Usage: ``fs = WorkspaceFS(path, 512, 20_000).mount()`` ... ``fs.unmount()``
+    (a context manager too). `mount` moves what `path` held onto the new file
+    system (a bounded `copy_tree`); `unmount` detaches it, and every file on it
+    is gone.
+
+    Raises:
+        SandboxUnavailable: not root, or the kernel refused the mount.
+    """
+
+    def __init__(self, path: Path, size_mb: int, max_files: int) -> None:
+        self.path = Path(path)
+        self.size_mb, self.max_files = size_mb, max_files
+        self.mounted = False
+
+    @staticmethod
+    def available() -> bool:
+        """A tmpfs can be mounted here (running as root)."""
+        return os.geteuid() == 0
+
+    def mount(self) -> WorkspaceFS:
+        if not self.available():
+            raise SandboxUnavailable("a kernel-bounded workspace (tmpfs) needs root")
+        self.path.mkdir(parents=True, exist_ok=True)
+        before = None
+        if any(os.scandir(self.path)):
+            before = self.path.with_name(self.path.name + f".pre-{secrets.token_hex(4)}")
+            os.rename(self.path, before)
+            self.path.mkdir()
+        opts = f"size={self.size_mb * _MB},nr_inodes={self.max_files + 16},mode=0755".encode()
+        libc = _libc()
+        if libc.mount(b"tmpfs", os.fsencode(self.path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
+            err = ctypes_errno()
+            raise SandboxUnavailable(f"cannot mount a tmpfs workspace at {self.path}: {os.strerror(err)}")
+        self.mounted = True
+        if before is not None:
+            try:
+                copy_tree(before, self.path, self.size_mb * _MB, self.max_files, max_depth=10_000, skip=frozenset())
+            finally:
+                shutil.rmtree(before, ignore_errors=True)
+        return self
+
+    def unmount(self) -> None:
+        """Detach the file system (its files are freed once nothing holds them)."""
+        if self.mounted:
+            if _libc().umount2(os.fsencode(self.path), _MNT_DETACH) != 0:
+                raise OSError(ctypes_errno(), f"cannot unmount {self.path}")
+            self.mounted = False
+
+    def __enter__(self) -> WorkspaceFS:
+        return self.mount()
+
+    def __exit__(self, *exc) -> None:
+        self.unmount()
+
+
+def ctypes_errno() -> int:
+    import ctypes
+
+    return ctypes.get_errno()
+
+
 class MemoryCgroup:
     """A memory cgroup of one sandboxed command: the kernel's bound on all of its memory.
 
@@ -347,6 +723,7 @@ class Sandbox:
 
     def __post_init__(self) -> None:
         self.bwrap = require_bwrap()
+        self._seccomp = seccomp_program()  # fails loudly here, before anything could run unfiltered
         self.workspace = Path(self.workspace).resolve()
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.privileged = os.geteuid() == 0
@@ -376,12 +753,11 @@ class Sandbox:
         root = Path(path) if path is not None else self.workspace
         os.lchown(root, self.uid, self.uid)
         if root.is_dir() and not root.is_symlink():
-            for dirpath, dirnames, filenames in os.walk(root):
-                for n in dirnames + filenames:
-                    try:
-                        os.lchown(os.path.join(dirpath, n), self.uid, self.uid)
-                    except OSError:
-                        pass
+            for fd, _, e, _ in walk_tree(root):  # iterative, links never followed: any depth of nesting
+                try:
+                    os.chown(e.name, self.uid, self.uid, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    pass
 
     def _system_mounts(self) -> list[str]:
         args: list[str] = ["--ro-bind", "/usr", "/usr"]
@@ -403,14 +779,14 @@ class Sandbox:
         roots.add(sys.prefix)  # the venv as its scripts' shebangs name it
         return sorted(r for r in roots if not r.startswith("/usr/") and r != "/usr")
 
-    def _argv(self, limits: Limits, extra_ro: dict[str, str], extra_rw: dict[str, str], extra_env: dict[str, str]
-              ) -> list[str]:
+    def _argv(self, limits: Limits, extra_ro: dict[str, str], extra_rw: dict[str, str], extra_env: dict[str, str],
+              seccomp_fd: int, ro_overlays: dict[str, str] | None = None) -> list[str]:
         binds = {**{r: r for r in self._python_roots()}, **self.ro_binds, **extra_ro}
         dests = [WORKSPACE, *binds.values(), *extra_rw.values()]
         parents = sorted({str(p) for d in dests for p in Path(d).parents
                           if str(p) != "/" and not str(p).startswith("/usr")} | {"/etc"})
         argv = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--seccomp", str(seccomp_fd)]
         if self.privileged:
             argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
@@ -426,6 +802,8 @@ class Sandbox:
         argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.workspace), WORKSPACE]
         for src, dst in extra_rw.items():
             argv += ["--bind", src, dst]
+        for src, dst in (ro_overlays or {}).items():  # over the workspace: after its bind
+            argv += ["--ro-bind", src, dst]
         for h in self._hidden_paths(binds):
             argv += ["--tmpfs", h]
         env = {"PATH": f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": WORKSPACE,
@@ -463,7 +841,7 @@ class Sandbox:
 
     def run(self, command: str | list[str], limits: Limits | None = None, extra_ro: dict[str, str] | None = None,
             extra_rw: dict[str, str] | None = None, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
-            **overrides) -> RunResult:
+            ro_overlays: dict[str, str] | None = None, **overrides) -> RunResult:
         """Run `command` confined (a string goes to ``bash -c``; cwd ``/workspace``).
 
         Args:
@@ -475,6 +853,10 @@ class Sandbox:
             env: extra environment variables (override the defaults).
             pass_fds: host file descriptors the command inherits, same numbers
                 (e.g. the write end of a pipe the host reads results from).
+            ro_overlays: read-only mounts over paths inside ``/workspace`` (host ->
+                sandbox path), mounted after the workspace; each mount point must
+                exist in the workspace as a real file or directory (no link on
+                its way), as `scorer.place_mount_point` makes it.
 
         Raises:
             SandboxError: bwrap could not set the sandbox up.
@@ -492,7 +874,13 @@ class Sandbox:
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
         # stderr of the command joins stdout inside; the outer stderr carries only the set-up's errors
         argv = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
-        full = self._argv(lim, extra_ro or {}, extra_rw or {}, env or {}) + argv
+        # the filter reaches bwrap through a pipe (a few hundred bytes: within the pipe's buffer)
+        sc_read, sc_write = os.pipe()
+        try:
+            os.write(sc_write, self._seccomp)
+        finally:
+            os.close(sc_write)
+        full = self._argv(lim, extra_ro or {}, extra_rw or {}, env or {}, sc_read, ro_overlays) + argv
         cg = (MemoryCgroup.create(f"evo-sbx-{self.uid}-{secrets.token_hex(4)}", lim.memory_mb * _MB)
               if self.privileged else None)
         if cg is not None:  # the shell joins the group, then becomes bwrap: nothing forks outside it
@@ -500,11 +888,13 @@ class Sandbox:
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, pass_fds=pass_fds)
+                                    start_new_session=True, pass_fds=(*pass_fds, sc_read))
         except OSError as e:
             if cg is not None:
                 cg.remove()
             raise SandboxError(f"cannot start bwrap: {e}") from e
+        finally:
+            os.close(sc_read)
         head, tail, total = bytearray(), deque(), [0]
         keep_head, keep_tail = lim.output_bytes * 2 // 3, lim.output_bytes - lim.output_bytes * 2 // 3
         err = bytearray()

@@ -70,7 +70,7 @@ from typing import Any
 from evoharness.envs.repo.sandbox import (
     WORKSPACE, Limits, Sandbox, SandboxError, WorkspaceFS, copy_tree, has_regular_file,
 )
-from evoharness.envs.repo.task import RepoTask
+from evoharness.envs.repo.task import PACK_DIR, RepoTask
 from evoharness.rollout.scoring import EvaluationError, NothingToEvaluate, ScoreOutcome, score_with_retry
 
 PLUGIN = '''\
@@ -287,6 +287,8 @@ sys.exit(pytest.main(sys.argv[1:], plugins=[evo_score_plugin]))
 '''
 
 
+# `real()` of the pack's hidden suites (exact, genuine values; issue 49), placed beside each pack suite
+STRICT_HELPER = PACK_DIR / "_strict.py"
 _MAX_RECORD = 1 << 20     # bytes of one signed line (the collected ids of a big suite); longer ones are not the plugin's
 _MAX_RECORDS = 200_000    # signed lines kept (a hidden suite reports 3 per test)
 _ABNORMAL_CONTROL_S = 120.0  # a control run is bounded like the hidden run, at most this
@@ -483,6 +485,8 @@ def _run_suite(task: RepoTask, workspace: Path | None, lim: Limits, tmp: Path) -
         overlays: dict[str, str] = {}
         if task.layout == "pack":
             shutil.copytree(task.tests_dir, score / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+            if STRICT_HELPER.is_file() and not (score / "tests" / STRICT_HELPER.name).exists():
+                shutil.copy(STRICT_HELPER, score / "tests" / STRICT_HELPER.name)
             args += ["-c", "/score/pytest.ini", "--rootdir", "/score", "/score/tests"]
             suite: tuple[str, ...] = ("tests",)
             suite_abs = ["/score/tests"]

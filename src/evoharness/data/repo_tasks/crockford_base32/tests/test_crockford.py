@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 import pytest
 
 from crockford import DecodeError, decode, encode, normalize
@@ -6,21 +7,21 @@ from crockford import DecodeError, decode, encode, normalize
 @pytest.mark.parametrize("n,s", [(0, "0"), (1, "1"), (31, "Z"), (32, "10"), (1234, "16J"),
                                  (1024, "100"), (2**64 - 1, "FZZZZZZZZZZZZ")])
 def test_encode_decode(n, s):
-    assert encode(n) == s
-    assert decode(s) == n
+    assert real(encode(n)) == s
+    assert real(decode(s)) == n
 
 
 @pytest.mark.parametrize("n", [0, 1, 36, 37, 1234, 999999, 2**40 + 7])
 def test_checksum_round_trip(n):
     s = encode(n, checksum=True)
-    assert s[-1] == "0123456789ABCDEFGHJKMNPQRSTVWXYZ*~$=U"[n % 37]
-    assert decode(s, checksum=True) == n
+    assert real(real(s)[-1]) == real("0123456789ABCDEFGHJKMNPQRSTVWXYZ*~$=U"[n % 37])
+    assert real(decode(real(s), checksum=True)) == n
 
 
 def test_checksum_symbols():
-    assert encode(32, checksum=True) == "10*"
-    assert encode(36, checksum=True) == "14U"
-    assert decode("14u", checksum=True) == 36
+    assert real(encode(32, checksum=True)) == "10*"
+    assert real(encode(36, checksum=True)) == "14U"
+    assert real(decode("14u", checksum=True)) == 36
 
 
 def test_checksum_mismatch():
@@ -29,20 +30,20 @@ def test_checksum_mismatch():
 
 
 def test_grouping():
-    assert encode(1234567, group=2) == "15-NM-7"
-    assert encode(1234567, group=3) == "15N-M7"
-    assert encode(1234567, group=2, checksum=True) == "15-NM-7" + "0123456789ABCDEFGHJKMNPQRSTVWXYZ*~$=U"[1234567 % 37]
+    assert real(encode(1234567, group=2)) == "15-NM-7"
+    assert real(encode(1234567, group=3)) == "15N-M7"
+    assert real(encode(1234567, group=2, checksum=True)) == "15-NM-7" + real("0123456789ABCDEFGHJKMNPQRSTVWXYZ*~$=U"[1234567 % 37])
 
 
 def test_aliases_case_and_hyphens():
-    assert decode("16j") == 1234
-    assert decode("1-6-J") == 1234
-    assert decode("IO") == 32
-    assert decode("lo") == 32
+    assert real(decode("16j")) == 1234
+    assert real(decode("1-6-J")) == 1234
+    assert real(decode("IO")) == 32
+    assert real(decode("lo")) == 32
 
 
 def test_normalize():
-    assert normalize("il-o-ab") == "110AB"
+    assert real(normalize("il-o-ab")) == "110AB"
 
 
 @pytest.mark.parametrize("bad", ["", "-", "U", "1U", "ab c", "*", "12#"])
@@ -52,7 +53,7 @@ def test_decode_invalid(bad):
 
 
 def test_decode_error_is_value_error():
-    assert issubclass(DecodeError, ValueError)
+    assert issubclass(real(DecodeError), ValueError)
 
 
 def test_encode_errors():
@@ -73,4 +74,4 @@ def test_decode_type_error():
 
 def test_round_trip_many():
     for n in range(0, 5000, 7):
-        assert decode(encode(n, checksum=True, group=2), checksum=True) == n
+        assert real(decode(real(encode(real(n), checksum=True, group=2)), checksum=True)) == real(n)

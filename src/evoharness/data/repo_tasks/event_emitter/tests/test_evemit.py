@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 import pytest
 
 from evemit import EventEmitter
@@ -7,18 +8,18 @@ def test_on_emit_args_and_order():
     em, calls = EventEmitter(), []
     em.on("x", lambda *a, **k: calls.append(("first", a, k)))
     em.on("x", lambda *a, **k: calls.append(("second", a, k)))
-    assert em.emit("x", 1, two=2) == 2
-    assert calls == [("first", (1,), {"two": 2}), ("second", (1,), {"two": 2})]
+    assert real(real(em).emit("x", 1, two=2)) == 2
+    assert real(calls) == [("first", (1,), {"two": 2}), ("second", (1,), {"two": 2})]
 
 
 def test_emit_without_listeners():
-    assert EventEmitter().emit("nothing") == 0
+    assert real(real(EventEmitter()).emit("nothing")) == 0
 
 
 def test_on_returns_listener():
     em = EventEmitter()
     f = lambda: None  # noqa: E731
-    assert em.on("x", f) is f
+    assert real(real(em).on("x", real(f))) is real(f)
 
 
 def test_same_listener_twice():
@@ -27,16 +28,16 @@ def test_same_listener_twice():
     em.on("x", f)
     em.on("x", f)
     em.emit("x", 1)
-    assert calls == [1, 1]
-    assert em.off("x", f) and em.listener_count("x") == 1
+    assert real(calls) == [1, 1]
+    assert real(real(em).off("x", real(f))) and real(real(em).listener_count("x")) == 1
 
 
 def test_once():
     em, calls = EventEmitter(), []
     em.once("x", calls.append)
-    assert em.emit("x", 1) == 1
-    assert em.emit("x", 2) == 0
-    assert calls == [1]
+    assert real(real(em).emit("x", 1)) == 1
+    assert real(real(em).emit("x", 2)) == 0
+    assert real(calls) == [1]
 
 
 def test_once_removed_before_call_even_if_it_raises():
@@ -47,7 +48,7 @@ def test_once_removed_before_call_even_if_it_raises():
     em.once("x", boom)
     with pytest.raises(KeyError):
         em.emit("x")
-    assert em.listener_count("x") == 0
+    assert real(real(em).listener_count("x")) == 0
 
 
 def test_listens_to_decorator():
@@ -56,9 +57,9 @@ def test_listens_to_decorator():
     @em.listens_to("x")
     def handler(v):
         calls.append(v)
-    assert callable(handler) and handler.__name__ == "handler"
+    assert callable(real(handler)) and real(real(handler).__name__) == "handler"
     em.emit("x", 5)
-    assert calls == [5]
+    assert real(calls) == [5]
 
 
 def test_off_most_recent():
@@ -68,21 +69,21 @@ def test_off_most_recent():
     em.on("x", a)
     em.on("x", b)
     em.once("x", a)
-    assert em.off("x", a) is True
-    assert em.listeners("x") == [a, b]
+    assert real(real(em).off("x", real(a))) is True
+    assert real(real(em).listeners("x")) == [real(a), real(b)]
     em.emit("x")
     em.emit("x")
-    assert calls == ["a", "b", "a", "b"]
-    assert em.off("x", lambda: None) is False
-    assert em.off("y", a) is False
+    assert real(calls) == ["a", "b", "a", "b"]
+    assert real(real(em).off("x", lambda: None)) is False
+    assert real(real(em).off("y", real(a))) is False
 
 
 def test_off_once_registration():
     em, calls = EventEmitter(), []
     em.once("x", calls.append)
-    assert em.off("x", calls.append)
+    assert real(real(em).off("x", real(real(calls).append)))
     em.emit("x", 1)
-    assert calls == []
+    assert real(calls) == []
 
 
 def test_snapshot_during_emit():
@@ -101,11 +102,11 @@ def test_snapshot_during_emit():
     em.on("x", adder)
     em.on("x", remover)
     em.on("x", third)
-    assert em.emit("x") == 3
-    assert calls == ["adder", "remover", "third"]
+    assert real(real(em).emit("x")) == 3
+    assert real(calls) == ["adder", "remover", "third"]
     calls.clear()
     em.emit("x")
-    assert calls == ["adder", "remover", "late"]
+    assert real(calls) == ["adder", "remover", "late"]
 
 
 def test_exception_propagates_and_stops():
@@ -114,7 +115,7 @@ def test_exception_propagates_and_stops():
     em.on("x", lambda: calls.append("later"))
     with pytest.raises(ZeroDivisionError):
         em.emit("x")
-    assert calls == []
+    assert real(calls) == []
 
 
 def test_error_channel():
@@ -122,8 +123,8 @@ def test_error_channel():
     em.on("error", lambda exc, event: errors.append((type(exc).__name__, event)))
     em.on("x", lambda: 1 / 0)
     em.on("x", lambda: calls.append("later"))
-    assert em.emit("x") == 2
-    assert errors == [("ZeroDivisionError", "x")] and calls == ["later"]
+    assert real(real(em).emit("x")) == 2
+    assert real(errors) == [("ZeroDivisionError", "x")] and real(calls) == ["later"]
 
 
 def test_error_in_error_listener_propagates():
@@ -147,12 +148,12 @@ def test_max_listeners():
     em.once("x", print)
     with pytest.raises(OverflowError):
         em.on("x", print)
-    assert em.listener_count("x") == 2
+    assert real(real(em).listener_count("x")) == 2
     em.on("y", print)
     unlimited = EventEmitter(max_listeners=0)
     for _ in range(50):
         unlimited.on("x", print)
-    assert unlimited.listener_count("x") == 50
+    assert real(real(unlimited).listener_count("x")) == 50
     with pytest.raises(ValueError):
         EventEmitter(max_listeners=-1)
 
@@ -167,20 +168,20 @@ def test_event_names_and_remove_all():
     em.on("b", print)
     em.on("a", print)
     em.on("b", repr)
-    assert em.event_names() == ["b", "a"]
+    assert real(real(em).event_names()) == ["b", "a"]
     em.off("b", print)
     em.off("b", repr)
-    assert em.event_names() == ["a"]
+    assert real(real(em).event_names()) == ["a"]
     em.on("b", print)
-    assert em.event_names() == ["a", "b"]
+    assert real(real(em).event_names()) == ["a", "b"]
     em.remove_all("a")
-    assert em.event_names() == ["b"] and em.listeners("a") == []
+    assert real(real(em).event_names()) == ["b"] and real(real(em).listeners("a")) == []
     em.remove_all()
-    assert em.event_names() == []
+    assert real(real(em).event_names()) == []
 
 
 def test_listeners_is_a_copy():
     em = EventEmitter()
     em.on("x", print)
     em.listeners("x").clear()
-    assert em.listener_count("x") == 1
+    assert real(real(em).listener_count("x")) == 1

@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 import math
 
 import pytest
@@ -7,13 +8,13 @@ from tinycalc import CalcError, CalcSyntaxError, EvalError, UndefinedNameError, 
 
 
 def test_lexer_still_works():
-    assert [(t.kind, t.text, t.pos) for t in tokenize("2 ** x1")] == [
+    assert [(real(real(t).kind), real(real(t).text), real(real(t).pos)) for t in real(tokenize("2 ** x1"))] == [
         ("NUMBER", "2", 0), ("OP", "**", 2), ("NAME", "x1", 5), ("EOF", "", 7)]
 
 
 def test_error_hierarchy():
     for cls in (CalcSyntaxError, UndefinedNameError, EvalError):
-        assert issubclass(cls, CalcError)
+        assert issubclass(real(cls), real(CalcError))
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -24,18 +25,18 @@ def test_error_hierarchy():
 ])
 def test_arithmetic(text, expected):
     result = tinycalc.evaluate(text)
-    assert result == expected and type(result) is type(expected)
+    assert real(result) == expected and type(real(result)) is type(expected)
 
 
 def test_int_vs_float_types():
-    assert isinstance(tinycalc.evaluate("6 / 3"), float)
-    assert isinstance(tinycalc.evaluate("6 // 3"), int)
-    assert isinstance(tinycalc.evaluate("1e3"), float)
+    assert isinstance(real(real(tinycalc).evaluate("6 / 3")), float)
+    assert isinstance(real(real(tinycalc).evaluate("6 // 3")), int)
+    assert isinstance(real(real(tinycalc).evaluate("1e3")), float)
 
 
 def test_variables():
-    assert tinycalc.evaluate("x * y + z", {"x": 2, "y": 3.5, "z": -1}) == 6.0
-    assert tinycalc.evaluate("min * 2", {"min": 4}) == 8
+    assert real(real(tinycalc).evaluate("x * y + z", {"x": 2, "y": 3.5, "z": -1})) == 6.0
+    assert real(real(tinycalc).evaluate("min * 2", {"min": 4})) == 8
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -43,7 +44,7 @@ def test_variables():
     ("round(2.5)", 2), ("max(1, min(5, 3) * 2) + abs(-1)", 7), ("sqrt(2) ** 2", pytest.approx(2.0)),
 ])
 def test_functions(text, expected):
-    assert tinycalc.evaluate(text) == expected
+    assert real(real(tinycalc).evaluate(text)) == expected
 
 
 @pytest.mark.parametrize("text,pos", [
@@ -53,14 +54,14 @@ def test_functions(text, expected):
 def test_syntax_errors(text, pos):
     with pytest.raises(CalcSyntaxError) as info:
         tinycalc.evaluate(text)
-    assert info.value.pos == pos
+    assert real(real(real(info).value).pos) == pos
 
 
 @pytest.mark.parametrize("text,pos", [("x + 1", 0), ("1 + foo", 4), ("nope(1)", 0), ("2 * bar(y)", 4)])
 def test_undefined_names(text, pos):
     with pytest.raises(UndefinedNameError) as info:
         tinycalc.evaluate(text, {"y": 1})
-    assert info.value.pos == pos
+    assert real(real(real(info).value).pos) == pos
 
 
 def test_syntax_errors_at_compile_time_name_errors_at_evaluation():
@@ -78,25 +79,25 @@ def test_syntax_errors_at_compile_time_name_errors_at_evaluation():
 def test_eval_errors(text, pos):
     with pytest.raises(EvalError) as info:
         tinycalc.evaluate(text)
-    assert info.value.pos == pos
+    assert real(real(real(info).value).pos) == pos
 
 
 def test_compile_once_evaluate_many():
     expr = tinycalc.compile_expr("a * x ** 2 + b * x + c + max(x, 0)")
-    assert expr.variables == frozenset({"a", "b", "c", "x"})
-    assert expr.text == "a * x ** 2 + b * x + c + max(x, 0)"
+    assert real(real(expr).variables) == frozenset({"a", "b", "c", "x"})
+    assert real(real(expr).text) == "a * x ** 2 + b * x + c + max(x, 0)"
     values = [expr.evaluate({"a": 1, "b": -3, "c": 2, "x": x}) for x in range(4)]
-    assert values == [2, 1, 2, 5]
+    assert real(values) == [2, 1, 2, 5]
 
 
 def test_evaluate_matches_python_on_many_expressions():
     exprs = ["3 - 2 - 1", "2 * 3 ** 2", "-3 ** 2 * 2", "100 // 7 % 4", "(5 - 8) * -(2 + 1)",
              "1 / 3 * 3", "2 ** 2 ** 2 ** 2", "7 - -7", "17 % -5", "-17 // 5 * 5 + -17 % 5"]
     for text in exprs:
-        assert tinycalc.evaluate(text) == eval(text), text  # noqa: S307 (the test may use eval)
+        assert real(real(tinycalc).evaluate(real(text))) == eval(real(text)), text  # noqa: S307 (the test may use eval)
 
 
 def test_no_python_eval_used():
     with pytest.raises(CalcSyntaxError):
         tinycalc.evaluate("__import__('os')")
-    assert math.isclose(tinycalc.evaluate("sqrt(x)", {"x": 2}), math.sqrt(2))
+    assert math.isclose(real(real(tinycalc).evaluate("sqrt(x)", {"x": 2})), math.sqrt(2))

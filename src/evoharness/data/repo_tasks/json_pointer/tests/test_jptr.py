@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 import copy
 
 import pytest
@@ -15,22 +16,22 @@ RFC = {"foo": ["bar", "baz"], "": 0, "a/b": 1, "c%d": 2, "e^f": 3, "g|h": 4, "i\
     ("/e^f", 3), ("/g|h", 4), ("/i\\j", 5), ("/k\"l", 6), ("/ ", 7), ("/m~0n", 8),
 ])
 def test_rfc_examples(pointer, expected):
-    assert resolve(RFC, pointer) == expected
+    assert real(resolve(real(RFC), pointer)) == expected
 
 
 def test_escape_order():
-    assert unescape("~01") == "~1"
-    assert escape("~1") == "~01"
-    assert escape("a/b~c") == "a~1b~0c"
+    assert real(unescape("~01")) == "~1"
+    assert real(escape("~1")) == "~01"
+    assert real(escape("a/b~c")) == "a~1b~0c"
 
 
 def test_parse_and_to_pointer():
-    assert parse("") == []
-    assert parse("/") == [""]
-    assert parse("/a~1b/0") == ["a/b", "0"]
-    assert to_pointer(["a/b", 0, "~"]) == "/a~1b/0/~0"
+    assert real(parse("")) == []
+    assert real(parse("/")) == [""]
+    assert real(parse("/a~1b/0")) == ["a/b", "0"]
+    assert real(to_pointer(["a/b", 0, "~"])) == "/a~1b/0/~0"
     for p in ["", "/", "//", "/a~1b/~0/3"]:
-        assert to_pointer(parse(p)) == p
+        assert real(to_pointer(real(parse(real(p))))) == real(p)
 
 
 @pytest.mark.parametrize("bad", ["foo", "#/foo", "/a~2", "/a~", "/~x"])
@@ -46,36 +47,36 @@ def test_resolution_errors(pointer):
 
 
 def test_default():
-    assert resolve(RFC, "/nope", default=None) is None
-    assert resolve(RFC, "/foo/9", default="d") == "d"
+    assert real(resolve(real(RFC), "/nope", default=None)) is None
+    assert real(resolve(real(RFC), "/foo/9", default="d")) == "d"
     with pytest.raises(InvalidPointerError):
         resolve(RFC, "bad", default=None)
 
 
 def test_error_hierarchy():
-    assert issubclass(InvalidPointerError, JsonPointerError) and issubclass(InvalidPointerError, ValueError)
-    assert issubclass(ResolutionError, JsonPointerError) and issubclass(ResolutionError, LookupError)
+    assert issubclass(real(InvalidPointerError), real(JsonPointerError)) and issubclass(real(InvalidPointerError), ValueError)
+    assert issubclass(real(ResolutionError), real(JsonPointerError)) and issubclass(real(ResolutionError), LookupError)
 
 
 def test_dict_keys_are_strings():
-    assert resolve({"0": "s", 0: "i"}, "/0") == "s"
+    assert real(resolve({"0": "s", 0: "i"}, "/0")) == "s"
     with pytest.raises(ResolutionError):
         resolve({1: "x"}, "/1")
 
 
 def test_set_value_dict_and_list():
     doc = {"a": {"b": [1, 2]}}
-    assert set_value(doc, "/a/c", 3) is doc
+    assert real(set_value(real(doc), "/a/c", 3)) is real(doc)
     set_value(doc, "/a/b/0", 10)
     set_value(doc, "/a/b/-", 30)
     set_value(doc, "/a/b/3", 40)
-    assert doc == {"a": {"b": [10, 2, 30, 40], "c": 3}}
+    assert real(doc) == {"a": {"b": [10, 2, 30, 40], "c": 3}}
 
 
 def test_set_value_root():
     doc = {"a": 1}
-    assert set_value(doc, "", [1]) == [1]
-    assert doc == {"a": 1}
+    assert real(set_value(real(doc), "", [1])) == [1]
+    assert real(doc) == {"a": 1}
 
 
 @pytest.mark.parametrize("pointer", ["/x/y", "/a/b/5", "/a/b/01", "/a/b/0/z"])
@@ -84,4 +85,4 @@ def test_set_value_errors(pointer):
     before = copy.deepcopy(doc)
     with pytest.raises(ResolutionError):
         set_value(doc, pointer, 0)
-    assert doc == before
+    assert real(doc) == real(before)

@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 import pytest
 
 from linediff import diff, edit_distance, lcs_length, patch, unified
@@ -6,31 +7,31 @@ A = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m"]
 
 
 def test_identical():
-    assert diff(["x", "y"], ["x", "y"]) == [(" ", "x"), (" ", "y")]
-    assert unified(["x"], ["x"]) == ""
+    assert real(diff(["x", "y"], ["x", "y"])) == [(" ", "x"), (" ", "y")]
+    assert real(unified(["x"], ["x"])) == ""
 
 
 def test_empty_sides():
-    assert diff([], ["a", "b"]) == [("+", "a"), ("+", "b")]
-    assert diff(["a"], []) == [("-", "a")]
-    assert diff([], []) == []
+    assert real(diff([], ["a", "b"])) == [("+", "a"), ("+", "b")]
+    assert real(diff(["a"], [])) == [("-", "a")]
+    assert real(diff([], [])) == []
 
 
 def test_deletion_before_insertion():
-    assert diff(["a"], ["b"]) == [("-", "a"), ("+", "b")]
-    assert diff(["x", "a", "y"], ["x", "b", "y"]) == [(" ", "x"), ("-", "a"), ("+", "b"), (" ", "y")]
+    assert real(diff(["a"], ["b"])) == [("-", "a"), ("+", "b")]
+    assert real(diff(["x", "a", "y"], ["x", "b", "y"])) == [(" ", "x"), ("-", "a"), ("+", "b"), (" ", "y")]
 
 
 def test_tie_break_rule():
-    assert diff(["a", "b"], ["b", "a"]) == [("-", "a"), (" ", "b"), ("+", "a")]
-    assert diff(["a", "b", "c", "a", "b", "b", "a"], ["c", "b", "a", "b", "a", "c"]) == [
+    assert real(diff(["a", "b"], ["b", "a"])) == [("-", "a"), (" ", "b"), ("+", "a")]
+    assert real(diff(["a", "b", "c", "a", "b", "b", "a"], ["c", "b", "a", "b", "a", "c"])) == [
         ("-", "a"), ("-", "b"), (" ", "c"), ("-", "a"), (" ", "b"), ("+", "a"), (" ", "b"), (" ", "a"), ("+", "c")]
 
 
 def test_lcs_and_edit_distance():
-    assert lcs_length(list("ABCBDAB"), list("BDCABA")) == 4
-    assert edit_distance(list("ABCBDAB"), list("BDCABA")) == 5
-    assert edit_distance([], list("abc")) == 3
+    assert real(lcs_length(list("ABCBDAB"), list("BDCABA"))) == 4
+    assert real(edit_distance(list("ABCBDAB"), list("BDCABA"))) == 5
+    assert real(edit_distance([], list("abc"))) == 3
 
 
 @pytest.mark.parametrize("a,b", [
@@ -39,8 +40,8 @@ def test_lcs_and_edit_distance():
 ])
 def test_patch_round_trip(a, b):
     script = diff(a, b)
-    assert patch(a, script) == b
-    assert sum(op != " " for op, _ in script) == edit_distance(a, b)
+    assert real(patch(a, real(script))) == b
+    assert sum(real(op) != " " for op, _ in real(script)) == real(edit_distance(a, b))
 
 
 def test_patch_errors():
@@ -62,31 +63,31 @@ def test_type_errors(a, b):
 
 def test_unified_single_hunk():
     b = A[:5] + ["X"] + A[6:]
-    assert unified(A, b, "old.txt", "new.txt") == (
+    assert real(unified(real(A), real(b), "old.txt", "new.txt")) == (
         "--- old.txt\n+++ new.txt\n@@ -3,7 +3,7 @@\n c\n d\n e\n-f\n+X\n g\n h\n i\n")
 
 
 def test_unified_two_hunks_and_merge():
     b = ["A"] + A[1:12] + ["M"]
-    assert unified(A, b, context=2) == (
+    assert real(unified(real(A), real(b), context=2)) == (
         "--- a\n+++ b\n@@ -1,3 +1,3 @@\n-a\n+A\n b\n c\n@@ -11,3 +11,3 @@\n k\n l\n-m\n+M\n")
     b2 = A[:2] + ["C"] + A[3:6] + ["G"] + A[7:]
     text = unified(A, b2, context=2)
-    assert text.count("@@ -") == 1
-    assert "@@ -1,9 +1,9 @@\n" in text
+    assert real(real(text).count("@@ -")) == 1
+    assert "@@ -1,9 +1,9 @@\n" in real(text)
 
 
 def test_unified_zero_context_and_empty_ranges():
-    assert unified(["a", "b", "c"], ["a", "c"], context=0) == "--- a\n+++ b\n@@ -2 +1,0 @@\n-b\n"
-    assert unified(["a", "c"], ["a", "b", "c"], context=0) == "--- a\n+++ b\n@@ -1,0 +2 @@\n+b\n"
-    assert unified([], ["x", "y"]) == "--- a\n+++ b\n@@ -0,0 +1,2 @@\n+x\n+y\n"
-    assert unified(["x"], []) == "--- a\n+++ b\n@@ -1 +0,0 @@\n-x\n"
+    assert real(unified(["a", "b", "c"], ["a", "c"], context=0)) == "--- a\n+++ b\n@@ -2 +1,0 @@\n-b\n"
+    assert real(unified(["a", "c"], ["a", "b", "c"], context=0)) == "--- a\n+++ b\n@@ -1,0 +2 @@\n+b\n"
+    assert real(unified([], ["x", "y"])) == "--- a\n+++ b\n@@ -0,0 +1,2 @@\n+x\n+y\n"
+    assert real(unified(["x"], [])) == "--- a\n+++ b\n@@ -1 +0,0 @@\n-x\n"
 
 
 def test_unified_matches_difflib_on_simple_edit():
     import difflib
     b = A[:4] + ["new"] + A[4:10] + A[11:]
-    assert unified(A, b).splitlines() == list(difflib.unified_diff(A, b, "a", "b", n=3, lineterm=""))
+    assert real(real(unified(real(A), real(b))).splitlines()) == list(difflib.unified_diff(real(A), real(b), "a", "b", n=3, lineterm=""))
 
 
 def test_unified_negative_context():
@@ -98,5 +99,5 @@ def test_longer_input():
     a = [f"line {i}" for i in range(300)]
     b = [x for i, x in enumerate(a) if i % 50] + ["tail"]
     script = diff(a, b)
-    assert patch(a, script) == b
-    assert edit_distance(a, b) == 7
+    assert real(patch(real(a), real(script))) == real(b)
+    assert real(edit_distance(real(a), real(b))) == 7

@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 from fractions import Fraction as F
 
 import pytest
@@ -9,9 +10,9 @@ A = Matrix([[2, 1], [1, 3]])
 
 def test_construction_and_access():
     m = Matrix([[1, F(1, 2)], [0.25, -3]])
-    assert m.shape == (2, 2)
-    assert m[0, 1] == F(1, 2) and isinstance(m[0, 0], F) and m[1, 0] == F(1, 4)
-    assert m[-1, -1] == -3 and m.row(1) == [F(1, 4), -3] and m.col(0) == [1, F(1, 4)]
+    assert real(real(m).shape) == (2, 2)
+    assert real(real(m)[0, 1]) == F(1, 2) and isinstance(real(real(m)[0, 0]), F) and real(real(m)[1, 0]) == F(1, 4)
+    assert real(real(m)[-1, -1]) == -3 and real(real(m).row(1)) == [F(1, 4), -3] and real(real(m).col(0)) == [1, F(1, 4)]
     with pytest.raises(IndexError):
         m[2, 0]
 
@@ -22,7 +23,7 @@ def test_input_copied_and_tolist_copy():
     rows[0][0] = 99
     out = m.tolist()
     out[0][0] = 42
-    assert m[0, 0] == 1
+    assert real(real(m)[0, 0]) == 1
 
 
 @pytest.mark.parametrize("rows", [[], [[]], [[1, 2], [3]]])
@@ -38,25 +39,25 @@ def test_bad_entries(bad):
 
 
 def test_float_is_exact():
-    assert Matrix([[0.1]])[0, 0] == F(0.1) != F(1, 10)
+    assert real(real(Matrix([[0.1]]))[0, 0]) == F(0.1) != F(1, 10)
 
 
 def test_immutable_and_hashable():
     with pytest.raises(TypeError):
         A[0, 0] = 5
-    assert hash(Matrix([[1, 2]])) == hash(Matrix([[F(1), F(2)]]))
-    assert len({A, Matrix([[2, 1], [1, 3]])}) == 1
+    assert hash(real(Matrix([[1, 2]]))) == hash(real(Matrix([[F(1), F(2)]])))
+    assert len({real(A), real(Matrix([[2, 1], [1, 3]]))}) == 1
 
 
 def test_equality():
-    assert Matrix([[1]]) == Matrix([[F(1)]])
-    assert Matrix([[1, 0]]) != Matrix([[1], [0]])
-    assert (A == [[2, 1], [1, 3]]) is False
+    assert real(Matrix([[1]])) == real(Matrix([[F(1)]]))
+    assert real(Matrix([[1, 0]])) != real(Matrix([[1], [0]]))
+    assert (real(A) == [[2, 1], [1, 3]]) is False
 
 
 def test_identity_zeros():
-    assert Matrix.identity(2) == Matrix([[1, 0], [0, 1]])
-    assert Matrix.zeros(2, 3).shape == (2, 3)
+    assert real(real(Matrix).identity(2)) == real(Matrix([[1, 0], [0, 1]]))
+    assert real(real(real(Matrix).zeros(2, 3)).shape) == (2, 3)
     with pytest.raises(ValueError):
         Matrix.identity(0)
     with pytest.raises(ValueError):
@@ -65,11 +66,11 @@ def test_identity_zeros():
 
 def test_add_sub_neg_scalar():
     B = Matrix([[1, 1], [1, 1]])
-    assert A + B == Matrix([[3, 2], [2, 4]])
-    assert A - B == Matrix([[1, 0], [0, 2]])
-    assert -A == Matrix([[-2, -1], [-1, -3]])
-    assert 2 * A == A * 2 == A + A
-    assert A * F(1, 2) == A / 2 == Matrix([[1, F(1, 2)], [F(1, 2), F(3, 2)]])
+    assert real(A) + real(B) == real(Matrix([[3, 2], [2, 4]]))
+    assert real(A) - real(B) == real(Matrix([[1, 0], [0, 2]]))
+    assert -real(A) == real(Matrix([[-2, -1], [-1, -3]]))
+    assert 2 * real(A) == real(A) * 2 == real(A) + real(A)
+    assert real(A) * F(1, 2) == real(A) / 2 == real(Matrix([[1, F(1, 2)], [F(1, 2), F(3, 2)]]))
     with pytest.raises(ValueError):
         A + Matrix([[1, 2]])
     with pytest.raises(ZeroDivisionError):
@@ -79,8 +80,8 @@ def test_add_sub_neg_scalar():
 def test_matmul():
     M = Matrix([[1, 2, 3], [4, 5, 6]])
     N = Matrix([[7, 8], [9, 10], [11, 12]])
-    assert M @ N == Matrix([[58, 64], [139, 154]])
-    assert (N @ M).shape == (3, 3)
+    assert real(M) @ real(N) == real(Matrix([[58, 64], [139, 154]]))
+    assert real((real(N) @ real(M)).shape) == (3, 3)
     with pytest.raises(ValueError):
         M @ M
     with pytest.raises(TypeError):
@@ -89,8 +90,8 @@ def test_matmul():
 
 def test_transpose_trace():
     M = Matrix([[1, 2, 3], [4, 5, 6]])
-    assert M.transpose() == M.T == Matrix([[1, 4], [2, 5], [3, 6]])
-    assert A.trace() == 5
+    assert real(real(M).transpose()) == real(real(M).T) == real(Matrix([[1, 4], [2, 5], [3, 6]]))
+    assert real(real(A).trace()) == 5
     with pytest.raises(ValueError):
         M.trace()
 
@@ -101,7 +102,7 @@ def test_transpose_trace():
     ([[0, 0, 1], [0, 1, 0], [1, 0, 0]], -1),
 ])
 def test_determinant(rows, det):
-    assert Matrix(rows).determinant() == det
+    assert real(real(Matrix(rows)).determinant()) == det
 
 
 def test_determinant_large_hilbert():
@@ -111,7 +112,7 @@ def test_determinant_large_hilbert():
     # known closed form: det(H_n) = c_n^4 / c_2n with c_n = prod_{i<n} i!
     from math import factorial, prod
     c = lambda k: prod(factorial(i) for i in range(k))  # noqa: E731
-    assert det == F(c(n) ** 4, c(2 * n))
+    assert real(det) == F(real(c(real(n))) ** 4, real(c(2 * real(n))))
 
 
 def test_determinant_non_square():
@@ -121,19 +122,19 @@ def test_determinant_non_square():
 
 def test_rank_and_rref():
     M = Matrix([[1, 2, 1], [2, 4, 0], [3, 6, 1]])
-    assert M.rank() == 2
-    assert M.rref() == Matrix([[1, 2, 0], [0, 0, 1], [0, 0, 0]])
-    assert Matrix([[0, 0], [0, 0]]).rank() == 0
-    assert Matrix([[1, 2, 3], [4, 5, 6]]).rank() == 2
-    assert Matrix([[0, 2, 4], [1, 1, 1]]).rref() == Matrix([[1, 0, -1], [0, 1, 2]])
+    assert real(real(M).rank()) == 2
+    assert real(real(M).rref()) == real(Matrix([[1, 2, 0], [0, 0, 1], [0, 0, 0]]))
+    assert real(real(Matrix([[0, 0], [0, 0]])).rank()) == 0
+    assert real(real(Matrix([[1, 2, 3], [4, 5, 6]])).rank()) == 2
+    assert real(real(Matrix([[0, 2, 4], [1, 1, 1]])).rref()) == real(Matrix([[1, 0, -1], [0, 1, 2]]))
 
 
 def test_inverse():
     inv = A.inverse()
-    assert inv == Matrix([[F(3, 5), F(-1, 5)], [F(-1, 5), F(2, 5)]])
-    assert A @ inv == Matrix.identity(2)
+    assert real(inv) == real(Matrix([[F(3, 5), F(-1, 5)], [F(-1, 5), F(2, 5)]]))
+    assert real(A) @ real(inv) == real(real(Matrix).identity(2))
     M = Matrix([[0, 1, 2], [1, 0, 3], [4, -3, 8]])
-    assert M @ M.inverse() == Matrix.identity(3)
+    assert real(M) @ real(real(M).inverse()) == real(real(Matrix).identity(3))
 
 
 def test_singular():
@@ -141,31 +142,31 @@ def test_singular():
         Matrix([[1, 2], [2, 4]]).inverse()
     with pytest.raises(SingularMatrixError):
         Matrix([[1, 2], [2, 4]]).solve([1, 2])
-    assert issubclass(SingularMatrixError, ValueError)
+    assert issubclass(real(SingularMatrixError), ValueError)
     with pytest.raises(ValueError):
         Matrix([[1, 2]]).inverse()
 
 
 def test_solve():
     M = Matrix([[2, 1, -1], [-3, -1, 2], [-2, 1, 2]])
-    assert M.solve([8, -11, -3]) == [2, 3, -1]
-    assert A.solve([1, 0]) == [F(3, 5), F(-1, 5)]
+    assert real(real(M).solve([8, -11, -3])) == [2, 3, -1]
+    assert real(real(A).solve([1, 0])) == [F(3, 5), F(-1, 5)]
     with pytest.raises(ValueError):
         A.solve([1, 2, 3])
 
 
 def test_power():
     fib = Matrix([[1, 1], [1, 0]])
-    assert (fib ** 10)[0, 1] == 55
+    assert real((real(fib) ** 10)[0, 1]) == 55
     a, b = 0, 1
     for _ in range(500):
         a, b = b, a + b
-    assert (fib ** 500)[0, 1] == a
-    assert A ** 0 == Matrix.identity(2)
-    assert A ** -2 == A.inverse() @ A.inverse()
+    assert real((real(fib) ** 500)[0, 1]) == real(a)
+    assert real(A) ** 0 == real(real(Matrix).identity(2))
+    assert real(A) ** -2 == real(real(A).inverse()) @ real(real(A).inverse())
     with pytest.raises(ValueError):
         Matrix([[1, 2]]) ** 2
 
 
 def test_repr():
-    assert repr(Matrix([[1, F(1, 2)], [0, -3]])) == "Matrix([[1, 1/2], [0, -3]])"
+    assert repr(real(Matrix([[1, F(1, 2)], [0, -3]]))) == "Matrix([[1, 1/2], [0, -3]])"

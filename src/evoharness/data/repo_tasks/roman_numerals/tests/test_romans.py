@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 import pytest
 
 from romans import InvalidRomanNumeralError, from_roman, is_roman, roman_range, to_roman
@@ -8,21 +9,21 @@ KNOWN = [(1, "I"), (3, "III"), (4, "IV"), (9, "IX"), (14, "XIV"), (40, "XL"), (9
 
 @pytest.mark.parametrize("n,s", KNOWN)
 def test_to_roman_known(n, s):
-    assert to_roman(n) == s
+    assert real(to_roman(n)) == s
 
 
 @pytest.mark.parametrize("n,s", KNOWN)
 def test_from_roman_known(n, s):
-    assert from_roman(s) == n
+    assert real(from_roman(s)) == n
 
 
 def test_round_trip_all():
     for n in range(1, 4000):
-        assert from_roman(to_roman(n)) == n
+        assert real(from_roman(real(to_roman(real(n))))) == real(n)
 
 
 def test_lowercase_and_whitespace():
-    assert from_roman("  mcmxciv\n") == 1994
+    assert real(from_roman("  mcmxciv\n")) == 1994
 
 
 @pytest.mark.parametrize("n", [0, -1, 4000, 10**6])
@@ -44,7 +45,7 @@ def test_from_roman_invalid(bad):
 
 
 def test_invalid_error_is_value_error():
-    assert issubclass(InvalidRomanNumeralError, ValueError)
+    assert issubclass(real(InvalidRomanNumeralError), ValueError)
 
 
 def test_from_roman_type_error():
@@ -53,13 +54,13 @@ def test_from_roman_type_error():
 
 
 def test_is_roman():
-    assert is_roman("XLII") and is_roman("xlii")
-    assert not is_roman("IIII") and not is_roman(42) and not is_roman(None)
+    assert real(is_roman("XLII")) and real(is_roman("xlii"))
+    assert not real(is_roman("IIII")) and not real(is_roman(42)) and not real(is_roman(None))
 
 
 def test_roman_range():
-    assert list(roman_range(1, 6)) == ["I", "II", "III", "IV", "V"]
-    assert list(roman_range(10, 0, -3)) == ["X", "VII", "IV", "I"]
+    assert list(real(roman_range(1, 6))) == ["I", "II", "III", "IV", "V"]
+    assert list(real(roman_range(10, 0, -3))) == ["X", "VII", "IV", "I"]
 
 
 def test_roman_range_errors():

@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 import pytest
 
 from semverlite import Version, max_satisfying, satisfies
@@ -11,7 +12,7 @@ INVALID = ["1", "1.2", "1.2.3-0123", "1.2.3-0123.0123", "01.1.1", "1.01.1", "1.1
 
 def test_valid_round_trip():
     for text in VALID:
-        assert str(Version.parse(text)) == text
+        assert str(real(real(Version).parse(real(text)))) == real(text)
 
 
 def test_invalid():
@@ -22,9 +23,9 @@ def test_invalid():
 
 def test_fields():
     v = Version.parse("1.2.3-rc.10+b.007")
-    assert (v.major, v.minor, v.patch) == (1, 2, 3)
-    assert v.prerelease == ("rc", 10) and v.build == ("b", "007")
-    assert str(Version(1, 2)) == "1.2.0"
+    assert (real(real(v).major), real(real(v).minor), real(real(v).patch)) == (1, 2, 3)
+    assert real(real(v).prerelease) == ("rc", 10) and real(real(v).build) == ("b", "007")
+    assert str(real(Version(1, 2))) == "1.2.0"
     with pytest.raises(ValueError):
         Version(1, -1, 0)
 
@@ -33,19 +34,19 @@ def test_precedence_chain():
     chain = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
              "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.0.1", "1.1.0", "2.0.0", "10.0.0"]
     versions = [Version.parse(s) for s in chain]
-    assert sorted(reversed(versions)) == versions
+    assert sorted(reversed(real(versions))) == real(versions)
     for a, b in zip(versions, versions[1:]):
-        assert a < b and b > a and a <= b and a != b
+        assert real(a) < real(b) and real(b) > real(a) and real(a) <= real(b) and real(a) != real(b)
 
 
 def test_build_ignored():
     a, b = Version.parse("1.0.0+a"), Version.parse("1.0.0+b")
-    assert a == b and hash(a) == hash(b) and not a < b
-    assert len({a, b}) == 1
+    assert real(a) == real(b) and hash(real(a)) == hash(real(b)) and not real(a) < real(b)
+    assert len({real(a), real(b)}) == 1
 
 
 def test_not_implemented():
-    assert Version.parse("1.0.0") != "1.0.0"
+    assert real(real(Version).parse("1.0.0")) != "1.0.0"
     with pytest.raises(TypeError):
         Version.parse("1.0.0") < "2.0.0"
 
@@ -58,7 +59,7 @@ def test_not_implemented():
     ("1.0.0-beta", "prerelease", "1.0.0-beta.0"), ("1.0.0-1.a", "prerelease", "1.0.0-1.a.0"),
 ])
 def test_bump(v, part, expected):
-    assert str(Version.parse(v).bump(part)) == expected
+    assert str(real(real(real(Version).parse(v)).bump(part))) == expected
 
 
 def test_bump_unknown():
@@ -76,11 +77,11 @@ def test_bump_unknown():
     ("1.2.5-beta.2", ">=1.2.4-beta.1", False), ("1.2.4-alpha", ">=1.2.4-beta.1", False), ("1.2.3+build", "=1.2.3", True),
 ])
 def test_satisfies(version, spec, expected):
-    assert satisfies(version, spec) is expected
+    assert real(satisfies(version, spec)) is expected
 
 
 def test_satisfies_accepts_version_objects():
-    assert satisfies(Version(1, 2, 3), "^1.0.0")
+    assert real(satisfies(real(Version(1, 2, 3)), "^1.0.0"))
 
 
 @pytest.mark.parametrize("spec", [">>1.0.0", "^1.2", "1.2.x", "", ">=1.0.0 ||"])
@@ -91,7 +92,7 @@ def test_bad_spec(spec):
 
 def test_max_satisfying():
     vs = ["1.2.3", "1.2.10", "1.3.0-rc.1", "1.9.0", "2.0.0", "0.9.0"]
-    assert max_satisfying(vs, "^1.2.0") == "1.9.0"
-    assert max_satisfying(vs, "~1.2.0") == "1.2.10"
-    assert max_satisfying(vs, ">=3.0.0") is None
-    assert max_satisfying(vs, "*") == "2.0.0"
+    assert real(max_satisfying(real(vs), "^1.2.0")) == "1.9.0"
+    assert real(max_satisfying(real(vs), "~1.2.0")) == "1.2.10"
+    assert real(max_satisfying(real(vs), ">=3.0.0")) is None
+    assert real(max_satisfying(real(vs), "*")) == "2.0.0"

@@ -1,3 +1,4 @@
+from _strict import real  # values from the code under test must be genuine
 import pytest
 
 from unitconv import DimensionError, UnitError, convert, convert_text, dimension, parse_quantity, units
@@ -10,16 +11,18 @@ from unitconv import DimensionError, UnitError, convert, convert_text, dimension
     (-40, "F", "C", -40), (32, "F", "K", 273.15), (0, "K", "C", -273.15), (5, "m", "m", 5),
 ])
 def test_convert(value, src, dst, expected):
-    assert convert(value, src, dst) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert real(convert(value, src, dst)) == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
 def test_round_trip():
-    for u in units("length"):
-        assert convert(convert(3.7, "m", u), u, "m") == pytest.approx(3.7, rel=1e-12)
+    lengths = real(units("length"))
+    assert "km" in lengths and "ft" in lengths  # an empty list would make the loop vacuous
+    for u in lengths:
+        assert real(convert(real(convert(3.7, "m", real(u))), real(u), "m")) == pytest.approx(3.7, rel=1e-12)
 
 
 def test_whitespace_stripped():
-    assert convert(1, " km ", "m") == pytest.approx(1000)
+    assert real(convert(1, " km ", "m")) == pytest.approx(1000)
 
 
 @pytest.mark.parametrize("src,dst", [("m", "kg"), ("s", "C"), ("F", "ft")])
@@ -35,7 +38,7 @@ def test_unknown_unit(unit):
 
 
 def test_error_classes():
-    assert issubclass(UnitError, ValueError) and issubclass(DimensionError, ValueError)
+    assert issubclass(real(UnitError), ValueError) and issubclass(real(DimensionError), ValueError)
 
 
 def test_below_absolute_zero():
@@ -52,10 +55,10 @@ def test_type_error(bad):
 
 
 def test_dimension_and_units():
-    assert dimension("oz") == "mass" and dimension("F") == "temperature" and dimension("day") == "time"
-    assert units("temperature") == ["C", "F", "K"]
-    assert units("time") == ["day", "h", "min", "ms", "s"]
-    assert len(units()) == 21 and units() == sorted(units())
+    assert real(dimension("oz")) == "mass" and real(dimension("F")) == "temperature" and real(dimension("day")) == "time"
+    assert real(units("temperature")) == ["C", "F", "K"]
+    assert real(units("time")) == ["day", "h", "min", "ms", "s"]
+    assert len(real(units())) == 21 and real(units()) == sorted(real(units()))
     with pytest.raises(ValueError):
         units("volume")
     with pytest.raises(UnitError):
@@ -67,7 +70,7 @@ def test_dimension_and_units():
     (".5h", (0.5, "h")), ("+2 lb", (2.0, "lb")),
 ])
 def test_parse_quantity(text, expected):
-    assert parse_quantity(text) == expected
+    assert real(parse_quantity(text)) == expected
 
 
 @pytest.mark.parametrize("text", ["km", "12", "1.2.3 m", "inf m", "nan K", "1 2 m", ""])
@@ -82,8 +85,8 @@ def test_parse_quantity_unknown_unit():
 
 
 def test_convert_text():
-    assert convert_text("1 mi", "km") == "1.61 km"
-    assert convert_text("100 C", "F", 0) == "212 F"
-    assert convert_text("1 in", "mm", 3) == "25.400 mm"
+    assert real(convert_text("1 mi", "km")) == "1.61 km"
+    assert real(convert_text("100 C", "F", 0)) == "212 F"
+    assert real(convert_text("1 in", "mm", 3)) == "25.400 mm"
     with pytest.raises(DimensionError):
         convert_text("1 kg", "m")

@@ -152,7 +152,7 @@ def test_agent_deleting_its_own_workspace_is_contained_and_scored(pack, tmp_path
                                    "ls -A /workspace | wc -l"})],
         [("list_dir", {}), ("write_file", {"path": "notes.txt", "content": "started over"})],
         [("finish", {})]]
-    ep = run_repo_episode(task, ScriptPolicy(steps), tmp_path)
+    ep = run_repo_episode(task, ScriptPolicy(steps), tmp_path, AgentConfig(keep_workspace=True))
     assert ep.stop_reason == "finish" and ep.tool_errors == 0
     assert (tmp_path / "neighbour.txt").read_text() == "keep me"
     assert sorted(p.name for p in (tmp_path / "workspace").iterdir()) == ["notes.txt"]

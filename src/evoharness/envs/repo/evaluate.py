@@ -57,7 +57,7 @@ class RepoEvalConfig(Strict):
     workers: int = Field(2, ge=1)
     out_dir: str = "runs/eval_repo"
     resume: bool = True
-    agent: AgentConfig = AgentConfig()
+    agent: AgentConfig = AgentConfig(keep_workspace=True)  # workspaces/<task_id>/workspace, for reading
     policy: RepoPolicyConfig = RepoPolicyConfig()
 
 

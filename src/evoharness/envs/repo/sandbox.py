@@ -587,6 +587,11 @@ class WorkspaceFS:
                 shutil.rmtree(before, ignore_errors=True)
         return self
 
+    def adopt(self) -> WorkspaceFS:
+        """Take charge of a tmpfs already mounted at `path` (left by a process that died)."""
+        self.mounted = os.path.ismount(self.path)
+        return self
+
     def unmount(self) -> None:
         """Detach the file system (its files are freed once nothing holds them)."""
         if self.mounted:

@@ -11,6 +11,12 @@ prompt, the spec and that summary. Budgets: tool calls and wall time (the
 task's unless overridden), model calls, compactions. Whatever stopped it, the
 workspace left behind is scored (`scorer.score_workspace`).
 
+Host resources: as root the workspace is a tmpfs of ``AgentConfig.disk_mb`` MiB
+and ``max_files`` inodes (`sandbox.WorkspaceFS`), so the kernel bounds what the
+agent writes; after scoring it is unmounted (or copied out first, bounded, with
+``keep_workspace``), and ``workdir`` keeps only ``transcript.json`` and
+``episode.json``, what reports need.
+
 Stop reasons: ``finish`` (the agent called finish), ``tool_budget``,
 ``wall_time``, ``model_calls``, ``no_tool_call`` (too many replies without a
 tool call), ``model_error`` (the endpoint failed after its retries),
@@ -33,7 +39,7 @@ from pydantic import Field
 
 from evoharness.config import Strict
 from evoharness.envs.repo.policies import ChatPolicy, ChatReply, messages_tokens
-from evoharness.envs.repo.sandbox import Limits, Sandbox, SandboxError
+from evoharness.envs.repo.sandbox import Limits, Sandbox, SandboxError, WorkspaceFS, copy_tree, walk_tree
 from evoharness.envs.repo.scorer import score_workspace
 from evoharness.envs.repo.task import RepoTask
 from evoharness.envs.repo.tools import ToolBox, shown_name, tool_schemas
@@ -71,6 +77,9 @@ class AgentConfig(Strict):
     shell_memory_mb: int = Field(2048, ge=64)
     shell_processes: int = Field(64, ge=4)
     score_budget: int = Field(3, ge=1)                # scoring attempts (retries on evaluation faults)
+    disk_mb: int = Field(512, ge=1)                   # workspace size (a tmpfs of this size as root), MiB
+    max_files: int = Field(20_000, ge=16)             # workspace entries (the tmpfs's inodes)
+    keep_workspace: bool = False                      # copy the workspace out before it is removed after scoring
 
 
 @dataclass
@@ -115,9 +124,19 @@ def _first_user(task: RepoTask, workspace_files: list[str]) -> str:
     return f"# Specification\n\n{task.spec.strip()}\n\n{start}"
 
 
-def _files(root: Path) -> list[str]:
-    return sorted(shown_name(p.relative_to(root).as_posix()) for p in root.rglob("*")
-                  if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts)[:200]
+def _files(root: Path, limit: int = 200) -> list[str]:
+    """Up to `limit` regular files under `root` (relative paths, sorted); walked by descriptors,
+    links not followed, at most 10,000 entries looked at: any depth or size of tree is cheap."""
+    out: list[str] = []
+    for n, (_, rel, e, _) in enumerate(walk_tree(root, max_depth=64)):
+        if n >= 10_000 or len(out) >= 5 * limit:
+            break
+        try:
+            if e.is_file(follow_symlinks=False) and "__pycache__/" not in rel:
+                out.append(shown_name(rel + e.name))
+        except OSError:
+            continue
+    return sorted(out)[:limit]
 
 
 class _Episode:
@@ -127,16 +146,22 @@ class _Episode:
                  execution_id: str) -> None:
         self.task, self.policy, self.cfg, self.trace, self.xid = task, policy, cfg, trace, execution_id
         self.workspace = Path(workdir) / "workspace"
-        if self.workspace.exists():
-            shutil.rmtree(self.workspace)
+        remove_workspace(self.workspace)  # a restarted execution's leftovers
+        self.workspace.mkdir(parents=True)
+        # as root, the kernel bounds the workspace (size and inodes), not only the watchdog
+        self.fs = WorkspaceFS(self.workspace, cfg.disk_mb, cfg.max_files).mount() if WorkspaceFS.available() else None
         if task.workspace_dir is not None:
-            shutil.copytree(task.workspace_dir, self.workspace, ignore=shutil.ignore_patterns("__pycache__"))
-        self.workspace.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(task.workspace_dir, self.workspace, ignore=shutil.ignore_patterns("__pycache__"),
+                            dirs_exist_ok=True)
         self.tool_budget = cfg.max_tool_calls or task.max_tool_calls
         self.wall_budget = cfg.wall_time_s or task.wall_time_s
         limits = Limits(wall_s=cfg.shell_timeout_s, cpu_s=int(cfg.shell_timeout_s) + 5, memory_mb=cfg.shell_memory_mb,
-                        processes=cfg.shell_processes)
-        self.sandbox = Sandbox(self.workspace, limits=limits, hidden=[str(task.root)])
+                        processes=cfg.shell_processes, disk_mb=cfg.disk_mb, max_files=cfg.max_files)
+        try:
+            self.sandbox = Sandbox(self.workspace, limits=limits, hidden=[str(task.root)])
+        except BaseException:
+            self.release(keep=False)
+            raise
         self.tools = ToolBox(self.sandbox, output_chars=cfg.output_chars, max_shell_s=cfg.shell_timeout_s)
         self.schemas = tool_schemas()
         self.t0 = time.monotonic()
@@ -152,6 +177,21 @@ class _Episode:
         self.finish_summary = ""
         self.error: str | None = None
         self.segments: list[dict[str, Any]] = []  # earlier contexts and their summaries (the transcript)
+
+    def release(self, keep: bool) -> None:
+        """Remove the workspace (unmount its tmpfs); with `keep`, copy it out to the same
+        path first, bounded by the config's size and entry count."""
+        ws = self.workspace
+        if keep and ws.is_dir():
+            kept = ws.with_name(".workspace.kept")
+            remove_workspace(kept)
+            kept.mkdir()
+            copy_tree(ws, kept, self.cfg.disk_mb << 20, self.cfg.max_files, max_depth=64, skip=frozenset())
+            remove_workspace(ws, self.fs)
+            os.replace(kept, ws)
+        else:
+            remove_workspace(ws, self.fs)
+        self.fs = None
 
     # ---- model calls ----------------------------------------------------------------
 
@@ -281,13 +321,29 @@ def _tail_from_assistant(turns: list[dict[str, Any]], keep: int) -> list[dict[st
     return turns[i:]
 
 
+def remove_workspace(path: Path, fs: WorkspaceFS | None = None) -> None:
+    """Remove an episode's workspace: unmount its tmpfs (`fs`, or one left mounted there by a
+    process that died) and delete what remains; links inside are never followed."""
+    path = Path(path)
+    if fs is not None:
+        fs.unmount()
+    elif os.path.ismount(path):
+        WorkspaceFS(path, 1, 1).adopt().unmount()
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
 def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cfg: AgentConfig | None = None,
                      trace: TraceWriter | None = None, execution_id: str | None = None) -> RepoEpisode:
     """Play one execution of `task` with `policy` in ``workdir/workspace`` and score it.
 
-    The workspace is left in place (scored on a copy); ``workdir/transcript.json``
-    holds every context the agent saw (segments: main conversations and the
-    summaries that replaced them). Never raises for the
+    After scoring (on a copy) the workspace is removed, unless
+    ``cfg.keep_workspace`` (then it stays at ``workdir/workspace``, copied off its
+    tmpfs, bounded). ``workdir/transcript.json`` holds every context the agent
+    saw (segments: main conversations and the summaries that replaced them) and
+    ``workdir/episode.json`` the returned `RepoEpisode`. Never raises for the
     agent's or the endpoint's failures: they end the episode with a stop reason.
 
     Raises:
@@ -296,10 +352,13 @@ def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cf
     cfg = cfg or AgentConfig()
     xid = execution_id or f"{task.task_id}#{uuid.uuid4().hex[:12]}"
     ep = _Episode(task, policy, Path(workdir), cfg, trace or TraceWriter(None), xid)
+    stop = None
     try:
         stop = ep.run()
     finally:
         ep.sandbox.close()
+        if stop is None:  # a harness fault: nothing will be scored, nothing may stay mounted
+            ep.release(keep=False)
         transcript = {"execution_id": xid, "task_id": task.task_id,
                       "segments": ep.segments + [{"role": "main", "messages": ep.messages}]}
         tmp = Path(workdir) / ".transcript.json.tmp"
@@ -307,11 +366,14 @@ def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cf
         os.replace(tmp, Path(workdir) / "transcript.json")
     wall = time.monotonic() - ep.t0
     t_score = time.monotonic()
-    outcome = score_workspace(task, ep.workspace, budget=cfg.score_budget)
+    try:
+        outcome = score_workspace(task, ep.workspace, budget=cfg.score_budget)
+    finally:
+        ep.release(keep=cfg.keep_workspace)
     score_s = time.monotonic() - t_score
     detail = {k: outcome.detail[k] for k in ("passed", "collected", "collect_errors", "errors", "reason", "exit_code",
-                                             "killed") if k in outcome.detail}
-    return RepoEpisode(
+                                             "killed", "abnormal", "tampered", "copy") if k in outcome.detail}
+    episode = RepoEpisode(
         task_id=task.task_id, execution_id=xid, policy=policy.name, difficulty=task.difficulty, stop_reason=stop,
         reward=outcome.reward, score_status=outcome.status, passed=int(outcome.detail.get("passed", 0)),
         n_tests=task.n_tests, score_attempts=outcome.attempts, tool_calls=ep.n_tool, tool_errors=ep.n_tool_err,
@@ -320,3 +382,7 @@ def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cf
         model_s=round(ep.model_s, 3), tool_s=round(ep.tool_s, 3), score_s=round(score_s, 3), error=ep.error,
         finish_summary=ep.finish_summary, score_detail=detail,
     )
+    tmp = Path(workdir) / ".episode.json.tmp"
+    tmp.write_text(json.dumps(episode.to_dict()))
+    os.replace(tmp, Path(workdir) / "episode.json")
+    return episode

@@ -46,14 +46,32 @@ HTTP surface:
     POST /admin/backends/{name}/weights {"path": dir, "version": n?}, POST /admin/weights (every backend)
     POST /admin/backends/{name}/version {"version": n}   (after syncing an external server yourself)
     GET  /admin/stats
-Admin endpoints have no authentication: bind to loopback (the default).
+
+Hardening (issue 49). Admin endpoints take ``Authorization: Bearer <token>``
+where the gateway has an ``admin_token`` (`build_gateway`, hence ``evoharness
+serve``, always has one: ``$EVOHARNESS_ADMIN_TOKEN`` or a generated one it
+prints), accept only ``Content-Type: application/json`` bodies on POST, and
+refuse any request a browser marks as cross-site (an ``Origin`` or
+``Sec-Fetch-Site`` header): a web page cannot drive them. A connection must
+send a complete request head within ``header_timeout_s`` (also between two
+requests on a kept-alive one) and its body within ``body_timeout_s`` (408),
+at most ``max_connections`` connections are held (beyond: closed at once)
+and at most ``max_concurrency`` requests run (beyond: 503), so idle or
+trickling clients cannot exhaust descriptors. Every malformed request is a
+4xx: invalid UTF-8, JSON nested deeper than `MAX_JSON_DEPTH`, lone surrogates,
+non-string tool-call ids, an execution id that is not valid Unicode or longer
+than `MAX_EXECUTION_ID`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import os
+import secrets
 import socket
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -76,6 +94,60 @@ from evoharness.runtime.wire import (
 
 MAX_BODY_BYTES = 8 << 20
 STREAM_KEEPALIVE_S = 5.0  # a waiting stream sends an SSE comment this often
+MAX_JSON_DEPTH = 64       # nesting of a request body (a chat request needs about 8)
+MAX_EXECUTION_ID = 1024   # characters of an execution id
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0
+MAX_CONNECTIONS = 512     # below the usual 1024 descriptors: the gateway keeps room for its backends and files
+MAX_CONCURRENCY = 1024
+
+
+def check_json(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Reject what `json.loads` accepts but no request may hold: nesting past `max_depth`
+    and strings that are not valid Unicode (lone surrogates). Iterative.
+
+    Raises:
+        GatewayError: 400 with code ``invalid_json``.
+    """
+    stack = [(data, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            items: Any = ()
+            strings = (v,)
+        elif isinstance(v, dict):
+            if depth > max_depth:
+                raise GatewayError(400, f"request body is nested deeper than {max_depth}", code="invalid_json")
+            strings = v.keys()
+            items = v.values()
+        elif isinstance(v, list):
+            if depth > max_depth:
+                raise GatewayError(400, f"request body is nested deeper than {max_depth}", code="invalid_json")
+            strings, items = (), v
+        else:
+            continue
+        for k in strings:
+            try:
+                k.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise GatewayError(400, f"request body holds a string that is not valid Unicode ({e.reason})",
+                                   code="invalid_json") from None
+        stack.extend((x, depth + 1) for x in items)
+
+
+def check_execution_id(eid: str) -> str:
+    """`eid` if usable as an execution id (valid Unicode, at most `MAX_EXECUTION_ID` characters).
+
+    Raises:
+        GatewayError: 400.
+    """
+    if len(eid) > MAX_EXECUTION_ID:
+        raise GatewayError(400, f"execution id longer than {MAX_EXECUTION_ID} characters", param="execution_id")
+    try:
+        eid.encode("utf-8")
+    except UnicodeEncodeError:
+        raise GatewayError(400, "execution id is not valid Unicode", param="execution_id") from None
+    return eid
 
 
 class Gateway:
@@ -90,12 +162,19 @@ class Gateway:
         worker_args: `WorkerBackend` settings for ``POST /admin/backends {"worker": true}``
             (``model_path`` and extra ``args``).
         max_tool_cache: executions whose tool-call payloads are kept (least recently used dropped).
+        max_body_bytes: largest request body (413 beyond).
+        admin_token: the bearer token admin endpoints require (None: none, loopback use).
+        header_timeout_s / body_timeout_s: seconds a connection may take to send a request's
+            head / body (served by `GatewayServer` and `serve`).
+        max_connections / max_concurrency: connections held / requests running at most.
     """
 
     def __init__(self, backends: list[Backend] | None = None, served_model: str = "evoharness",
                  records: RecordStore | str | Path | None | bool = None, max_attempts: int = 5,
                  wait_for_backend_s: float = 30.0, worker_args: dict[str, Any] | None = None,
-                 max_tool_cache: int = 10_000, max_body_bytes: int = MAX_BODY_BYTES):
+                 max_tool_cache: int = 10_000, max_body_bytes: int = MAX_BODY_BYTES, admin_token: str | None = None,
+                 header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS, max_concurrency: int = MAX_CONCURRENCY):
         self.backends: dict[str, Backend] = {}
         for b in backends or []:
             if b.name in self.backends:
@@ -109,6 +188,9 @@ class Gateway:
         self.max_attempts, self.wait_for_backend_s = max_attempts, wait_for_backend_s
         self.worker_args = worker_args or {}
         self.max_body_bytes = max_body_bytes
+        self.admin_token = admin_token
+        self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
+        self.max_connections, self.max_concurrency = max_connections, max_concurrency
         self._tool_cache: OrderedDict[str, dict[str, dict]] = OrderedDict()
         self.max_tool_cache = max_tool_cache
         self.stats = {"calls": 0, "retries": 0, "rejected": 0, "failed": 0, "cancelled": 0}
@@ -191,9 +273,9 @@ class Gateway:
         self._tool_cache.move_to_end(execution_id)
         out = []
         for m in messages:
-            if m.get("role") == "assistant" and m.get("tool_calls"):
-                m = {**m, "tool_calls": [cache.get(tc.get("id"), tc) if isinstance(tc, dict) else tc
-                                         for tc in m["tool_calls"]]}
+            if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
+                m = {**m, "tool_calls": [cache.get(tc["id"], tc) if isinstance(tc, dict) and isinstance(tc.get("id"), str)
+                                         else tc for tc in m["tool_calls"]]}
             out.append(m)
         return out
 
@@ -203,7 +285,7 @@ class Gateway:
         cache = self._tool_cache.setdefault(execution_id, {})
         self._tool_cache.move_to_end(execution_id)
         for tc in calls:
-            if isinstance(tc, dict) and tc.get("id"):
+            if isinstance(tc, dict) and isinstance(tc.get("id"), str) and tc["id"]:
                 cache[tc["id"]] = tc
         while len(self._tool_cache) > self.max_tool_cache:
             self._tool_cache.popitem(last=False)
@@ -325,6 +407,111 @@ class Gateway:
         return {"status": "ok" if live else "no_backend", "backends": len(self.backends), "routable": live}
 
 
+
+# ---------------------------------------------------------------- hardening of the HTTP layer
+
+
+class AdminGuard:
+    """ASGI middleware in front of ``/admin/*``: the gateway's bearer token (where it has
+    one), no cross-site request (a browser's ``Origin`` / ``Sec-Fetch-Site: cross-site``),
+    and a JSON content type on every POST (a page's form or ``text/plain`` POST needs no
+    CORS preflight; a JSON one does, and the gateway answers none)."""
+
+    def __init__(self, app, gateway: Gateway) -> None:
+        self.app, self.gw = app, gateway
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/admin"):
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                status, code, message = refusal
+                body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                             "code": code}}).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                if status == 401:
+                    headers.append((b"www-authenticate", b"Bearer"))
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope) -> tuple[int, str, str] | None:
+        h: dict[bytes, bytes] = {}
+        for k, v in scope["headers"]:
+            h.setdefault(k.lower(), v)
+        if self.gw.admin_token is not None:
+            got = h.get(b"authorization", b"")
+            want = b"Bearer " + self.gw.admin_token.encode()
+            if not hmac.compare_digest(got, want):
+                return 401, "unauthorized", "admin endpoints need 'Authorization: Bearer <admin token>'"
+        if b"origin" in h or h.get(b"sec-fetch-site", b"none") not in (b"none", b"same-origin"):
+            return 403, "cross_site", "admin endpoints refuse requests made by a web page"
+        if scope["method"] == "POST":
+            ctype = h.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if ctype != b"application/json":
+                return 415, "unsupported_media_type", "admin POST bodies must be 'Content-Type: application/json'"
+        return None
+
+
+def guarded_protocol(header_timeout_s: float, max_connections: int):
+    """uvicorn's h11 protocol with a deadline on each request head and a cap on connections.
+
+    A new connection past `max_connections` is closed at once; a connection that has not
+    sent a complete request head `header_timeout_s` after it opened, or after its last
+    response (a kept-alive one: then ``max(header_timeout_s, keep-alive)``), is closed.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        _head_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.close()
+                return
+            self._arm(header_timeout_s)
+
+        def _arm(self, seconds: float) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(seconds, self._head_timeout)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            before = self.cycle
+            super().handle_events()
+            if self.cycle is not before:  # a complete request head arrived
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self._arm(max(header_timeout_s, float(self.timeout_keep_alive)))
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+def uvicorn_config(app, gateway: Gateway, **kw):
+    """A uvicorn ``Config`` serving `app` with `gateway`'s connection limits and timeouts."""
+    import uvicorn
+
+    return uvicorn.Config(app, http=guarded_protocol(gateway.header_timeout_s, gateway.max_connections),
+                          limit_concurrency=gateway.max_concurrency, timeout_keep_alive=30, backlog=2048, **kw)
+
+
 # ---------------------------------------------------------------- HTTP layer
 
 
@@ -339,6 +526,7 @@ def create_app(gw: Gateway):
             await gw.close()
 
     app = FastAPI(title="evoharness gateway", lifespan=lifespan)
+    app.add_middleware(AdminGuard, gateway=gw)
 
     @app.exception_handler(GatewayError)
     async def _gw_error(request, exc: GatewayError):
@@ -350,15 +538,24 @@ def create_app(gw: Gateway):
             raise GatewayError(413, f"request body of {length} bytes exceeds the limit of {gw.max_body_bytes}",
                                code="request_too_large")
         buf = bytearray()
-        async for chunk in request.stream():
-            buf += chunk
-            if len(buf) > gw.max_body_bytes:
-                raise GatewayError(413, f"request body exceeds the limit of {gw.max_body_bytes} bytes",
-                                   code="request_too_large")
         try:
-            return json.loads(buf)
-        except ValueError as e:
-            raise GatewayError(400, f"request body is not valid JSON: {e}", code="invalid_json") from e
+            async with asyncio.timeout(gw.body_timeout_s):  # a client trickling its body holds a request slot
+                async for chunk in request.stream():
+                    buf += chunk
+                    if len(buf) > gw.max_body_bytes:
+                        raise GatewayError(413, f"request body exceeds the limit of {gw.max_body_bytes} bytes",
+                                           code="request_too_large")
+        except TimeoutError:
+            raise GatewayError(408, f"request body not received within {gw.body_timeout_s:g} s",
+                               code="request_timeout") from None
+        try:
+            text = buf.decode("utf-8")  # strict: encoded surrogates (CESU-8) are refused, not decoded
+            data = json.loads(text)
+        except (ValueError, RecursionError) as e:  # RecursionError: nesting past the C parser's limit
+            raise GatewayError(400, f"request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}",
+                               code="invalid_json") from None
+        check_json(data)
+        return data
 
     def parse_chat(data: Any) -> ChatRequest:
         from pydantic import ValidationError
@@ -372,6 +569,9 @@ def create_app(gw: Gateway):
             loc = ".".join(str(x) for x in first["loc"])
             raise GatewayError(400, f"invalid field `{loc}`: {first['msg']} ({e.error_count()} error(s))",
                                code="invalid_value", param=loc) from e
+        except (ValueError, TypeError, RecursionError) as e:  # a validator's own failure is still the request's
+            raise GatewayError(400, f"invalid request: {type(e).__name__}: {str(e)[:200]}",
+                               code="invalid_value") from None
 
     async def until_done_or_gone(request: Request, task: asyncio.Future, timeout: float | None = None) -> str:
         """Wait for `task`: ``done``; or the client disconnected first: the task is cancelled (no record:
@@ -397,7 +597,7 @@ def create_app(gw: Gateway):
     async def chat(request: Request, execution_id: str | None = None):
         req = parse_chat(await read_json(request))
         gw.check_model(req)
-        eid = execution_id or request.headers.get("x-execution-id") or req.user or "default"
+        eid = check_execution_id(execution_id or request.headers.get("x-execution-id") or req.user or "default")
         role = request.headers.get("x-agent-role", "main")
         if role not in AGENT_ROLES:
             raise GatewayError(400, f"X-Agent-Role must be one of {list(AGENT_ROLES)}, got {role!r}",
@@ -474,6 +674,7 @@ def create_app(gw: Gateway):
     async def execution_records(execution_id: str, offset: int = 0):
         if gw.records is None:
             raise GatewayError(404, "this gateway keeps no records", code="no_records")
+        check_execution_id(execution_id)
         if offset < 0:
             raise GatewayError(400, "offset must be >= 0", param="offset")
         recs = gw.records.read(execution_id, offset)
@@ -611,8 +812,7 @@ class GatewayServer:
     def start(self, timeout_s: float = 300.0) -> "GatewayServer":
         import uvicorn
 
-        config = uvicorn.Config(create_app(self.gateway), log_level=self.log_level, timeout_keep_alive=30,
-                                backlog=2048)
+        config = uvicorn_config(create_app(self.gateway), self.gateway, log_level=self.log_level)
         self._server = uvicorn.Server(config)
         failed: list[BaseException] = []
 
@@ -656,8 +856,12 @@ class GatewayServer:
 def build_gateway(model_path: str | None = None, backend_urls: list[str] | None = None, workers: int = 0,
                   records: str | Path | None = None, served_model: str | None = None,
                   max_prompt_tokens: int | None = None, max_batch: int = 64, num_threads: int | None = None,
-                  log_dir: str | Path | None = None, backend_grammar: str = "regex") -> Gateway:
+                  log_dir: str | Path | None = None, backend_grammar: str = "regex",
+                  admin_token: str | None = None) -> Gateway:
     """The gateway ``evoharness serve`` runs.
+
+    Its admin endpoints need `admin_token`, else ``$EVOHARNESS_ADMIN_TOKEN``, else a
+    random token printed once on stderr.
 
     `model_path` with ``workers == 0`` loads the engine in this process; with
     ``workers = N`` it starts N worker processes instead. Each `backend_urls`
@@ -691,15 +895,26 @@ def build_gateway(model_path: str | None = None, backend_urls: list[str] | None 
     for i, url in enumerate(backend_urls or []):
         backends.append(HTTPBackend(url, name=f"http{i}", grammar=backend_grammar))
     name = served_model or (Path(model_path).name if model_path else "evoharness")
-    return Gateway(backends, served_model=name, records=records, worker_args=worker_args)
+    token = admin_token or os.environ.get("EVOHARNESS_ADMIN_TOKEN")
+    if not token:
+        token = secrets.token_urlsafe(24)
+        print(f"gateway admin token (Authorization: Bearer ...; set EVOHARNESS_ADMIN_TOKEN to choose it): {token}",
+              file=sys.stderr, flush=True)
+    return Gateway(backends, served_model=name, records=records, worker_args=worker_args, admin_token=token)
 
 
 def serve(gateway: Gateway, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve `gateway` in the foreground until interrupted (Ctrl-C / SIGTERM stop it cleanly)."""
+    """Serve `gateway` in the foreground until interrupted (Ctrl-C / SIGTERM stop it cleanly).
+
+    Raises:
+        ValueError: `host` is not loopback and the gateway has no admin token.
+    """
     import uvicorn
 
-    uvicorn.Server(uvicorn.Config(create_app(gateway), host=host, port=port, log_level=log_level,
-                                  access_log=False, timeout_keep_alive=30, backlog=2048)).run()  # records are the log
+    if gateway.admin_token is None and host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"refusing to serve unauthenticated admin endpoints on {host}: give the gateway an admin_token")
+    uvicorn.Server(uvicorn_config(create_app(gateway), gateway, host=host, port=port, log_level=log_level,
+                                  access_log=False)).run()  # records are the log
 
 
 @contextmanager

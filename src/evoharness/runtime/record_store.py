@@ -1,9 +1,12 @@
 """Where the gateway keeps its `CallRecord`s: one JSONL file per execution.
 
 Layout: ``<dir>/<quoted execution id>.jsonl`` (the id percent-encoded so any
-string is a safe file name; ids longer than 150 characters are shortened with
-a SHA-1 suffix). Every record also carries its ``execution_id``, so files can
-be concatenated. Each record is one line written with a single ``write`` on a
+string is a safe file name, ``~`` included; ids longer than 150 characters are
+shortened to ``<first 100 quoted characters>~<SHA-256 of the id>``: only those
+names hold a ``~``, so no execution id can name another's file). Every record
+also carries its ``execution_id``, and reads keep only the records of the
+execution asked for, so files can be concatenated and a shared file (a
+shortened name's hash collision) still reads right. Each record is one line written with a single ``write`` on a
 file opened ``O_APPEND``: concurrent appends never interleave, and a crash can
 at worst leave a torn last line, which `read` skips (and the next store to
 append to the file ends it first). Without a directory the
@@ -23,9 +26,18 @@ from evoharness.rollout.records import CallRecord
 
 
 def execution_file_name(execution_id: str) -> str:
-    q = quote(execution_id, safe="")
+    """The file name of `execution_id`'s records: injective, safe for any string.
+
+    Raises:
+        ValueError: the id is not valid Unicode (a lone surrogate).
+    """
+    try:
+        raw = execution_id.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"execution id is not valid Unicode ({e.reason})") from None
+    q = quote(raw, safe="").replace("~", "%7E")  # `quote` never escapes "~": the shortened names' mark
     if len(q) > 150:
-        q = q[:100] + "~" + hashlib.sha1(execution_id.encode()).hexdigest()
+        q = q[:100] + "~" + hashlib.sha256(raw).hexdigest()
     return q + ".jsonl"
 
 
@@ -80,9 +92,11 @@ class RecordStore:
             if path.is_file():
                 for line in path.read_text().splitlines():
                     try:
-                        rows.append(json.loads(line))
+                        row = json.loads(line)
                     except ValueError:  # a torn last line after a crash
                         continue
+                    if isinstance(row, dict) and row.get("execution_id") == execution_id:
+                        rows.append(row)
         return [CallRecord.from_dict(r) for r in rows[offset:]]
 
     def executions(self) -> dict[str, int]:
@@ -93,17 +107,17 @@ class RecordStore:
         out: dict[str, int] = {}
         for f in self.directory.glob("*.jsonl"):
             eid = unquote(f.name[:-len(".jsonl")]) if "~" not in f.name else _first_execution_id(f)
-            if eid is not None:  # lines that parse: a torn line after a crash is no record
-                out[eid] = sum(1 for line in f.open() if _parses(line))
+            if eid is not None:  # its lines that parse: a torn line after a crash is no record
+                out[eid] = sum(1 for line in f.open() if _execution_of(line) == eid)
         return out
 
 
-def _parses(line: str) -> bool:
+def _execution_of(line: str) -> str | None:
     try:
-        json.loads(line)
-        return True
+        row = json.loads(line)
     except ValueError:
-        return False
+        return None
+    return row.get("execution_id") if isinstance(row, dict) else None
 
 
 def _first_execution_id(path: Path) -> str | None:

@@ -181,7 +181,7 @@ def test_drain_mid_request_retries_elsewhere_and_resume(gw_model_dir, serve):
     for _ in range(2):
         assert httpx.post(f"{srv.url}/chat/completions", json=chat_body("look"), timeout=60).status_code == 200
     assert a.served == 0
-    assert httpx.post(f"{srv.url.removesuffix('/v1')}/admin/backends/a/resume").json()["state"] == "active"
+    assert httpx.post(f"{srv.url.removesuffix('/v1')}/admin/backends/a/resume", json={}).json()["state"] == "active"
     assert srv.gateway.pick(set()) is a  # least loaded: a has served nothing
 
 

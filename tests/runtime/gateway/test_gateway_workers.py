@@ -37,7 +37,9 @@ def test_serve_workers_sigkill_mid_request(gw_model_dir, tmp_path):
     root = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "evoharness.cli", "serve", "--model-path", str(gw_model_dir), "--workers", "2",
            "--port", str(port), "--records", str(tmp_path / "rec"), "--served-model-name", "micro", "--threads", "1"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+    admin = {"Authorization": "Bearer t0ken"}  # `serve` protects its admin endpoints
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "EVOHARNESS_ADMIN_TOKEN": "t0ken"},
+                            stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     frozen = None
     try:
@@ -49,7 +51,7 @@ def test_serve_workers_sigkill_mid_request(gw_model_dir, tmp_path):
                 return False
 
         wait_until(healthy, 240, "the gateway and its workers")
-        backends = httpx.get(f"{root}/admin/backends").json()["data"]
+        backends = httpx.get(f"{root}/admin/backends", headers=admin).json()["data"]
         assert [b["name"] for b in backends] == ["worker0", "worker1"] and all(b["alive"] for b in backends)
         victim = backends[0]["pid"]
         os.kill(victim, signal.SIGSTOP)  # frozen: the call will sit on it, unanswered
@@ -66,7 +68,7 @@ def test_serve_workers_sigkill_mid_request(gw_model_dir, tmp_path):
         t = threading.Thread(target=call)
         t.start()
         # equal load: least-loaded routing sends the first call to worker0, the frozen one
-        wait_until(lambda: httpx.get(f"{root}/admin/backends").json()["data"][0]["in_flight"] == 1, 30,
+        wait_until(lambda: httpx.get(f"{root}/admin/backends", headers=admin).json()["data"][0]["in_flight"] == 1, 30,
                    "the call to reach worker0")
         os.kill(victim, signal.SIGKILL)
         frozen = None
@@ -88,7 +90,7 @@ def test_serve_workers_sigkill_mid_request(gw_model_dir, tmp_path):
             assert r.status_code == 200
         after = httpx.get(f"{root}/v1/executions/after/records").json()["data"]
         assert all(a["backend"] == "worker1" for r in after for a in r["attempts"])
-        states = {b["name"]: (b["state"], b["alive"]) for b in httpx.get(f"{root}/admin/backends").json()["data"]}
+        states = {b["name"]: (b["state"], b["alive"]) for b in httpx.get(f"{root}/admin/backends", headers=admin).json()["data"]}
         assert states["worker0"][1] is False and states["worker1"] == ("active", True)
     finally:
         if frozen:
@@ -109,14 +111,16 @@ def test_in_process_serve_adds_and_removes_worker_processes(gw_model_dir, tmp_pa
     from evoharness.runtime.gateway import GatewayServer, build_gateway
 
     gw = build_gateway(str(gw_model_dir), records=tmp_path, served_model="micro", num_threads=1)
+    admin = {"Authorization": f"Bearer {gw.admin_token}"}
     with GatewayServer(gw) as srv:
         root = srv.url.removesuffix("/v1")
-        r = httpx.post(f"{root}/admin/backends", json={"worker": True, "name": "w"}, timeout=240)
+        assert httpx.get(f"{root}/admin/backends").status_code == 401
+        r = httpx.post(f"{root}/admin/backends", json={"worker": True, "name": "w"}, timeout=240, headers=admin)
         assert r.status_code == 200 and r.json()["alive"], r.text
         worker = gw.backends["w"]
-        httpx.post(f"{root}/admin/backends/local/drain", json={"cancel_inflight": False}).raise_for_status()
+        httpx.post(f"{root}/admin/backends/local/drain", json={"cancel_inflight": False}, headers=admin).raise_for_status()
         r = httpx.post(f"{srv.url}/chat/completions", json={"model": "micro", "max_tokens": 4, "user": "e",
                                                             "messages": [{"role": "user", "content": "go"}]}, timeout=60)
         assert r.status_code == 200 and [a.backend for a in gw.records.read("e")[0].attempts] == ["w"]
-        assert httpx.delete(f"{root}/admin/backends/w", timeout=60).json() == {"removed": "w"}
+        assert httpx.delete(f"{root}/admin/backends/w", timeout=60, headers=admin).json() == {"removed": "w"}
         assert worker.proc.poll() is not None and "w" not in gw.backends

@@ -456,24 +456,34 @@ class AdminGuard:
 def guarded_protocol(header_timeout_s: float, max_connections: int):
     """uvicorn's h11 protocol with a deadline on each request head and a cap on connections.
 
-    A new connection past `max_connections` is closed at once; a connection that has not
-    sent a complete request head `header_timeout_s` after it opened, or after its last
-    response (a kept-alive one: then ``max(header_timeout_s, keep-alive)``), is closed.
+    A connection that has not sent a complete request head `header_timeout_s` after it
+    opened, or after its last response (a kept-alive one: then ``max(header_timeout_s,
+    keep-alive)``), is closed. Past `max_connections`, a new connection evicts the
+    connection that has waited longest for a request head (an idle or trickling one), so
+    a flood of silent connections cannot lock real clients out; with none waiting, the
+    new connection is closed.
     """
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11Protocol(H11Protocol):
         _head_timer = None
+        _waiting_since = 0.0
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > max_connections:
-                transport.close()
-                return
+                idle = [c for c in self.connections if c is not self and getattr(c, "_head_timer", None) is not None]
+                if not idle:
+                    transport.close()
+                    return
+                oldest = min(idle, key=lambda c: c._waiting_since)
+                oldest._disarm()
+                oldest.transport.close()
             self._arm(header_timeout_s)
 
         def _arm(self, seconds: float) -> None:
             self._disarm()
+            self._waiting_since = self.loop.time()
             self._head_timer = self.loop.call_later(seconds, self._head_timeout)
 
         def _disarm(self) -> None:

@@ -172,14 +172,19 @@ def escape_link_over_test_dir(pack, tmp: Path):
 
 
 def escape_link_to_root_in_copy(pack, tmp: Path):
-    """Links everywhere on the hidden tests' way (``tests/unit`` -> /, ``tests`` -> /etc)."""
-    task = nl2repo_task(tmp / "task", ["tests/unit/test_tiny.py"])
+    """A link to / on the hidden tests' way (``tests/unit`` -> /): the host root must not
+    receive the test file."""
+    name = f"test_evo_escape_{os.getpid()}_{tmp.name}.py"
+    task = nl2repo_task(tmp / "task", [f"tests/unit/{name}"])
     ws = tinylib(tmp / "ws")
     (ws / "tests").mkdir()
     os.symlink("/", ws / "tests" / "unit")
-    o = score_workspace(task, ws, budget=1)
+    try:
+        o = score_workspace(task, ws, budget=1)
+        assert not Path("/", name).exists(), f"/{name} was written on the host"
+    finally:
+        Path("/", name).unlink(missing_ok=True)
     assert (o.status, o.reward) == ("scored", 1.0), o.detail
-    assert not Path("/test_tiny.py").exists()
     return "contained", "links replaced by real directories in the scored copy"
 
 
@@ -208,10 +213,11 @@ def dropped_os_exit(pack, tmp: Path):
 
 
 def dropped_sigprof_spin(pack, tmp: Path):
-    """A SIGPROF handler that spins forever, armed at import: the run hits its wall limit
-    between tests, where no per-test alarm is armed."""
-    code = ("\n\nimport signal\n\ndef _spin(*a):\n    while True:\n        pass\n\n"
-            "signal.signal(signal.SIGPROF, _spin)\nsignal.setitimer(signal.ITIMER_PROF, 0.3)\n")
+    """A SIGPROF handler that blocks SIGALRM and spins forever, armed at import: the run hits
+    its wall limit wherever the profiling timer fires, no per-test alarm can end it."""
+    code = ("\n\nimport signal\n\ndef _spin(*a):\n    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
+            "    while True:\n        pass\n\n"
+            "signal.signal(signal.SIGPROF, _spin)\nsignal.setitimer(signal.ITIMER_PROF, 0.02)\n")
     o = _broken_roman(pack, tmp, code, test_timeout_s=6.0, per_test_timeout_s=1.0)
     assert o.detail["killed"] == "wall_time" and o.reward < 1, o.detail
     return "scored", f"reward {o.reward:.2f}; timeout blamed on the workspace (control run healthy)"
@@ -362,8 +368,8 @@ def disk_fallocate_loop(pack, tmp: Path):
 
     ws = tmp / "ws"
     with WorkspaceFS(ws, 16, 1000):
-        r = in_sandbox(ws, "python3 -c \"import os\nfor i in range(200):\n    fd = os.open(f'f{i}', os.O_CREAT|os.O_WRONLY)\n"
-                           "    os.posix_fallocate(fd, 0, 64 << 20)\n\" 2>&1 | tail -1", disk_mb=16)
+        r = in_sandbox(ws, "python3 -c \"import os\nfor i in range(4000):\n    fd = os.open(f'f{i}', os.O_CREAT|os.O_WRONLY)\n"
+                           "    os.posix_fallocate(fd, 0, 1 << 20)\n\" 2>&1 | tail -1", disk_mb=16)
         used = dir_usage(ws)[0]
         assert used <= 17 << 20, used
         assert "No space left" in r.output or "ENOSPC" in r.output or r.killed == "disk", r.output

@@ -213,14 +213,18 @@ def dropped_os_exit(pack, tmp: Path):
 
 
 def dropped_sigprof_spin(pack, tmp: Path):
-    """A SIGPROF handler that blocks SIGALRM and spins forever, armed at import: the run hits
-    its wall limit wherever the profiling timer fires, no per-test alarm can end it."""
-    code = ("\n\nimport signal\n\ndef _spin(*a):\n    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
-            "    while True:\n        pass\n\n"
-            "signal.signal(signal.SIGPROF, _spin)\nsignal.setitimer(signal.ITIMER_PROF, 0.02)\n")
+    """A SIGPROF handler armed at import that, when the profiling timer fires between two
+    tests (in pytest's loop, outside a test's protocol), blocks SIGALRM and spins forever:
+    the run hits its wall limit where no per-test alarm is armed (before: blamed on the
+    scorer, dropped)."""
+    code = ("\n\nimport signal\n\ndef _spin(sig, frame):\n    names = set()\n    while frame is not None:\n"
+            "        names.add(frame.f_code.co_name)\n        frame = frame.f_back\n"
+            "    if 'pytest_runtestloop' not in names or 'runtestprotocol' in names:\n        return\n"
+            "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n    while True:\n        pass\n\n"
+            "signal.signal(signal.SIGPROF, _spin)\nsignal.setitimer(signal.ITIMER_PROF, 0.001, 0.001)\n")
     o = _broken_roman(pack, tmp, code, test_timeout_s=6.0, per_test_timeout_s=1.0)
-    assert o.detail["killed"] == "wall_time" and o.reward < 1, o.detail
-    return "scored", f"reward {o.reward:.2f}; timeout blamed on the workspace (control run healthy)"
+    assert o.detail["abnormal"] and o.reward < 1, o.detail
+    return "scored", f"reward {o.reward:.2f}; {o.detail['abnormal']}, control run healthy"
 
 
 def dropped_deep_tree(pack, tmp: Path):

@@ -15,6 +15,10 @@ Three outcomes are kept apart, because they mean different things to RL:
 
 An evaluator signals the last two cases by raising `NothingToEvaluate` or
 `EvaluationError`; any other exception is a bug in the evaluator and propagates.
+Since a dropped execution leaves its batch unpunished, an evaluator must raise
+`EvaluationError` only on evidence of its own failure, never for anything the
+evaluated code can cause (`envs.repo.scorer` checks an abnormal run against a
+control run over an empty workspace).
 """
 
 from __future__ import annotations

@@ -113,6 +113,22 @@ def test_missing_bwrap_fails_loudly(tmp_path, monkeypatch):
         Sandbox(tmp_path / "ws")
 
 
+def test_missing_seccomp_library_fails_loudly(tmp_path, monkeypatch):
+    """Without libseccomp's bindings no filter can be built: the sandbox refuses to start
+    rather than run agent commands unfiltered."""
+    import sys
+
+    monkeypatch.setattr(sandbox_mod, "_SECCOMP", None)
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import fails as if not installed
+    with pytest.raises(SandboxUnavailable, match="seccomp"):
+        Sandbox(tmp_path / "ws")
+
+
+def test_seccomp_filter_is_built_and_loaded(sandbox):
+    assert len(sandbox_mod.seccomp_program()) % 8 == 0
+    assert sandbox.run("grep '^Seccomp:' /proc/self/status").output.split() == ["Seccomp:", "2"]
+
+
 def test_bwrap_is_installed():
     """CI installs bubblewrap (.ci/run); without it the environment must not pretend."""
     assert shutil.which("bwrap"), "bubblewrap missing: apt-get install -y bubblewrap"

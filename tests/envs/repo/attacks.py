@@ -14,7 +14,6 @@ import ast
 import dataclasses
 import json
 import os
-import shutil
 from pathlib import Path
 
 from evoharness.envs.repo.sandbox import Limits, Sandbox, dir_usage

@@ -19,7 +19,7 @@ are ignored. Each phase that runs the agent's code (a module's import, a test's
 setup, call and teardown) is bounded by ``per_test_timeout_s``: a hang fails
 that item and the run goes on.
 
-Outcomes go through `rollout.scoring.score_with_retry`:
+Outcomes go through `envs.repo.scoring.score_with_retry`:
 
 - ``NothingToEvaluate`` (placeholder 0): the workspace has no files, or the
   task ships no hidden tests (NL2Repo-Bench's are not public).
@@ -52,7 +52,7 @@ from typing import Any
 
 from evoharness.envs.repo.sandbox import Limits, Sandbox, SandboxError
 from evoharness.envs.repo.task import RepoTask
-from evoharness.rollout.scoring import EvaluationError, NothingToEvaluate, ScoreOutcome, score_with_retry
+from evoharness.envs.repo.scoring import EvaluationError, NothingToEvaluate, ScoreOutcome, score_with_retry
 
 PLUGIN = '''\
 """evoharness scoring plugin: one signed JSON line per report, written to an inherited pipe."""

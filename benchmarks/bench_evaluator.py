@@ -18,7 +18,8 @@ from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.expert import PlannerExpert
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES, discover_games
 from evoharness.envs.alfworld.task_info import load_task_info
-from evoharness.eval.evaluate import EvalConfig, evaluate
+from evoharness.eval.evaluate import evaluate
+from evoharness.config.eval import EvalConfig
 
 
 def main() -> None:

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import torch
 
-from evoharness.config import load_config
+from evoharness.config.base import load_config
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.models.init import count_params, init_model
 from evoharness.models.tokenizer import build_tokenizer
-from evoharness.train.rl import RLConfig, train_rl
+from evoharness.train.rl import train_rl
+from evoharness.config.rl import RLConfig
 
 
 def scratch_model(out: Path, preset: str) -> Path:

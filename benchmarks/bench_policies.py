@@ -15,7 +15,8 @@ import argparse
 import tempfile
 import time
 
-from evoharness.eval.evaluate import EvalConfig, evaluate
+from evoharness.eval.evaluate import evaluate
+from evoharness.config.eval import EvalConfig
 
 SYSTEMS = {
     "expert-bpe": ("valid_seen", "expert", "bpe"),

@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from evoharness.envs.repo.evaluate import RepoEvalConfig, evaluate_repo
+from evoharness.eval.repo_eval import evaluate_repo
+from evoharness.config.eval import RepoEvalConfig
 from evoharness.envs.repo.sandbox import Sandbox
 from evoharness.envs.repo.scorer import score_workspace
 from evoharness.envs.repo.task import load_tasks

@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from evoharness.models.init import count_params, init_model  # noqa: E402
 from evoharness.models.tokenizer import train_tokenizer  # noqa: E402
-from evoharness.train.sft import SFTConfig, train_sft  # noqa: E402
+from evoharness.train.sft import train_sft
+from evoharness.config.sft import SFTConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import corpus  # noqa: E402

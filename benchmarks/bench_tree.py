@@ -50,7 +50,8 @@ from evoharness.models.tokenizer import build_tokenizer
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
-from evoharness.train.grpo import GRPOConfig, TurnSample, accumulate_gradients
+from evoharness.train.grpo import TurnSample, accumulate_gradients
+from evoharness.config.rl import GRPOConfig
 from evoharness.train.packing import collate, linear_cost, pack_trees, target_logprobs
 from evoharness.train.tree_loss import tree_accumulate_gradients
 

@@ -78,7 +78,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evoharness.jsonl import read_jsonl
+    from evoharness.files import read_jsonl
 
     torch.set_num_threads(args.threads)
     states = loop_states(read_jsonl(args.episodes))

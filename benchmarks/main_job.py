@@ -18,7 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
-from evoharness.config import load_config
+from evoharness.config.base import load_config
 from evoharness.pipeline import RunConfig, run_pipeline
 
 FILES = ("report.md", "success.png", "learning_curve.png", "sft_loss.png", "rl_curves.png", "curve.json")

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from evoharness.eval.run_report import wasted_steps
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 from seed_pairs import PANELS, pair_seed, pool, table_row
 
 SYSTEMS = ("sft", "sft_grpo")

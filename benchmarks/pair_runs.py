@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 from results_file import write_results
 from seed_pairs import PANELS, pair_seed, pool, table_row
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from evoharness.harness.base import META_VERBS
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 from evoharness.policies.teacher import teacher_completion
 from results_file import write_results
 

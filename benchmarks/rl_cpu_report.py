@@ -21,7 +21,7 @@ from pathlib import Path
 
 from evoharness.eval.report import plot_success
 from evoharness.eval.run_report import _plot_curves, _smooth, _trend, rl_section, success_table
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 
 
 def _pairs(items: list[str]) -> list[tuple[str, Path]]:

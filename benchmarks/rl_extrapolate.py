@@ -30,7 +30,7 @@ def extrapolate(sft: Path, rl: Path, alpha: float, out: Path) -> Path:
     (fp32 arithmetic, stored in the RL dtype) to `out`, with `rl`'s other files; returns `out`."""
     from safetensors.torch import load_file, save_file
 
-    from evoharness.train.checkpoint import atomic_dir
+    from evoharness.files import atomic_dir
 
     def write(tmp: Path) -> None:
         for f in rl.iterdir():
@@ -48,7 +48,7 @@ def run_alphas(run: Path, alphas: list[float], out: Path) -> dict:
     """Evaluate each alpha's model from main job `run`; returns its seed and one row per alpha."""
     from evoharness.eval.evaluate import evaluate_many
     from evoharness.eval.run_report import paired
-    from evoharness.jsonl import read_jsonl
+    from evoharness.files import read_jsonl
     from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy
 
     cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())

@@ -252,11 +252,12 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
     `out`, or ``out/seed<S>`` when `per_seed`); returns the run's seed, SFT dev wins and rows."""
     from evoharness.eval.evaluate import evaluate_many
     from evoharness.eval.run_report import sign_test
-    from evoharness.jsonl import read_jsonl
+    from evoharness.files import read_jsonl
     from evoharness.pipeline import (RunConfig, dev_split, eval_config, model_policy, rl_config, screen_rl_games,
                                      screened_games)
-    from evoharness.train.rl import Branch, train_rl, train_tasks
-    from evoharness.train.sft_anchor import SFTAnchorConfig
+    from evoharness.train.rl import train_rl, train_tasks
+    from evoharness.config.rl import Branch
+    from evoharness.config.sft import SFTAnchorConfig
 
     cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())
     out = out / f"seed{cfg.seed}" if per_seed else out

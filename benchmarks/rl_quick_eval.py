@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from evoharness.config import load_config
+from evoharness.config.base import load_config
 from evoharness.policies.local import LocalHFPolicy
-from evoharness.train.rl import RLConfig, load_experience_fresh, quick_eval
+from evoharness.train.rl import load_experience_fresh, quick_eval
+from evoharness.config.rl import RLConfig
 
 
 def main() -> None:

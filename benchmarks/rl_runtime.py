@@ -56,7 +56,8 @@ def build_model(d: Path) -> None:
 
 
 def run(model: Path, out: Path, steps: int, schedule: str, cells: int, allreduce: bool = True) -> dict:
-    from evoharness.train.rl import RLConfig, train_rl
+    from evoharness.train.rl import train_rl
+    from evoharness.config.rl import RLConfig
 
     cfg = RLConfig(model_path=str(model), out_dir=str(out), steps=steps, max_steps=12, step_caps=[3, 3, 3, 12],
                    max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, seed=3)

@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 from evoharness.eval.run_report import paired
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 from evoharness.train.dagger import teacher_label
 
 SYSTEMS = ("scripted_teacher", "sft", "rl_last", "dev_scripted_teacher", "dev_sft", "dev_rl_last")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from evoharness.runtime.sim import simulate  # noqa: E402
-from evoharness.runtime.workload import SimConfig  # noqa: E402
+from evoharness.config.sim import SimConfig
 
 
 def config(steps: int) -> SimConfig:

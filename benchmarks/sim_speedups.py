@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from evoharness.runtime.sim import SimResult, simulate  # noqa: E402
-from evoharness.runtime.workload import SimConfig, Workload, load_sim_config  # noqa: E402
+from evoharness.runtime.workload import Workload, load_sim_config
+from evoharness.config.sim import SimConfig
 
 WORKLOADS = ROOT / "configs" / "workloads"
 PAPER_VS_COLOCATE = (1.36, 1.85)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from evoharness.runtime.driver import Driver  # noqa: E402
 from evoharness.runtime.local_backend import LocalBackend  # noqa: E402
 from evoharness.runtime.sim import build_scheduler, simulate  # noqa: E402
-from evoharness.runtime.workload import SimConfig  # noqa: E402
+from evoharness.config.sim import SimConfig
 
 WORKLOAD = {
     "workload": {

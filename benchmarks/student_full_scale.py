@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from evoharness.eval.run_report import paired, wasted_steps
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 
 REF = "main_4000"
 PACK200 = "runs/full/_data/pack200"  # games_1200's games: scripts/build_pack.py --train-per-type 200, unpacked

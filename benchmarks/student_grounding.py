@@ -91,7 +91,7 @@ def dev_states(run: Path) -> list[dict]:
 
 
 def train_states(run: Path, n: int) -> list[dict]:
-    from evoharness.jsonl import read_jsonl
+    from evoharness.files import read_jsonl
 
     examples = read_jsonl(run / "sft_examples.jsonl")
     random.Random(0).shuffle(examples)

@@ -119,8 +119,8 @@ def run_arm(name: str, out: Path) -> subprocess.Popen | None:
 def dev_teacher_states(out: Path, n_games: int = 30) -> list[dict]:
     """The teacher's states on the first `n_games` development games (SFT example dicts),
     collected once into ``out/dev_teacher.jsonl`` (never trained on)."""
-    from evoharness.config import load_config
-    from evoharness.jsonl import read_jsonl
+    from evoharness.config.base import load_config
+    from evoharness.files import read_jsonl
     from evoharness.pipeline import RunConfig, dev_teacher_examples
     from evoharness.rollout.collect import write_jsonl_atomic
 
@@ -138,7 +138,8 @@ def action_accuracy(model_dir: Path, examples: list[dict]) -> float:
     (a cheap proxy that still moves while success is 0 at this scale)."""
     from evoharness.harness.base import split_completion
     from evoharness.policies.base import PolicyRequest
-    from evoharness.policies.factory import PolicyConfig, make_policy
+    from evoharness.policies.factory import make_policy
+    from evoharness.config.policy import PolicyConfig
 
     def admissible(e: dict) -> list[str]:
         line = next(x for x in e["messages"][-1]["content"].splitlines() if x.startswith("ADMISSIBLE COMMANDS: "))
@@ -219,7 +220,7 @@ def check_early_stop(arm_dir: Path, results: Path, n_games: int = 30) -> None:
     """Play the first `n_games` development games with the arm's SFT model and the teacher,
     with and without early stopping (stop_repeats 3 vs 0); write early_stop.md/.json with
     the won games of each (the rule must never stop an episode that would still be won)."""
-    from evoharness.config import load_config
+    from evoharness.config.base import load_config
     from evoharness.eval.evaluate import evaluate
     from evoharness.pipeline import RunConfig, dev_split, eval_config, model_policy
 

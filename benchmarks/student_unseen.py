@@ -38,7 +38,7 @@ def main() -> None:
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.eval.evaluate import evaluate
     from evoharness.eval.run_report import sign_test
-    from evoharness.jsonl import read_jsonl
+    from evoharness.files import read_jsonl
     from evoharness.pipeline import RunConfig, eval_config, model_policy
 
     run = Path(args.run)

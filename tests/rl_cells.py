@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import load_file
 
 if TYPE_CHECKING:
-    from evoharness.train.rl import RLConfig
+    from evoharness.config.rl import RLConfig
 
 # the Driver's hang guard in the cell tests: starting Ray actors (Python processes importing torch) took
 # over 60 s on 2 cores beside a training job; a real hang still fails, only later
@@ -34,7 +34,7 @@ CLOSE = ("train/loss", "train/kl", "train/entropy", "train/grad_norm", "train/fo
 def rl_config(model_dir: Path, out: Path, steps: int = 2, **runtime: Any) -> RLConfig:
     """2 steps x 2 games x 2 samples, episodes of at most 4 turns of 12 tokens; `runtime` sets
     ``cfg.runtime`` fields (none: the in-process loop)."""
-    from evoharness.train.rl import RLConfig
+    from evoharness.config.rl import RLConfig
 
     cfg = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=steps, max_steps=4, max_new_tokens=12,
                    max_prompt_tokens=512, decode_threads=1, seed=3)

@@ -42,14 +42,14 @@ def eval_cmd(
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set policy.temperature=0.7"),
 ) -> None:
     """Evaluate a policy with a harness on a fixed ALFWorld panel, or on repository tasks (--env repo)."""
-    from evoharness.config import ConfigError, load_config
+    from evoharness.config.base import ConfigError, load_config
 
     if env == "repo":
         alf_only = {"--split": split, "--harness": harness, "--model-path": model_path, "--protocol": protocol,
                     "--max-steps": max_steps, "--engine": engine, "--data-path": data_path}
         if used := [k for k, v in alf_only.items() if v is not None]:
             fail(f"{', '.join(used)}: only for --env alfworld")
-        from evoharness.envs.repo.evaluate import run_cli
+        from evoharness.eval.repo_eval import run_cli
 
         flags = {"tasks": tasks, "policy.kind": policy, "policy.base_url": base_url, "policy.model": model,
                  "workers": workers, "limit": limit, "out_dir": out and str(out)}
@@ -64,7 +64,8 @@ def eval_cmd(
     if tasks is not None:
         fail("--tasks applies to --env repo only")
     from evoharness.envs.alfworld.games import GameDataError
-    from evoharness.eval.evaluate import EvalConfig, evaluate
+    from evoharness.eval.evaluate import evaluate
+    from evoharness.config.eval import EvalConfig
     from evoharness.eval.report import markdown_table
 
     flags = {
@@ -91,7 +92,7 @@ def run_cmd(
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set sft.lr=1e-3"),
 ) -> None:
     """The main job: teacher traces, tokenizer + model, SFT, GRPO, evaluation, report."""
-    from evoharness.config import ConfigError, load_config
+    from evoharness.config.base import ConfigError, load_config
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.pipeline import RunConfig, run_pipeline
 
@@ -115,8 +116,9 @@ def sft_cmd(
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set lr=1e-4"),
 ) -> None:
     """Stage 1 alone: supervised harness fine-tuning of any HF model directory."""
-    from evoharness.config import ConfigError, load_config
-    from evoharness.train.sft import SFTConfig, train_sft
+    from evoharness.config.base import ConfigError, load_config
+    from evoharness.train.sft import train_sft
+    from evoharness.config.sft import SFTConfig
 
     try:
         cfg = load_config(SFTConfig, config, list(set_))
@@ -146,9 +148,10 @@ def rl_cmd(
     tasks: Optional[str] = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
 ) -> None:
     """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
-    from evoharness.config import ConfigError, load_config
+    from evoharness.config.base import ConfigError, load_config
     from evoharness.envs.alfworld.games import GameDataError
-    from evoharness.train.rl import RLConfig, train_rl
+    from evoharness.train.rl import train_rl
+    from evoharness.config.rl import RLConfig
 
     flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out),
              "runtime.schedule": schedule, "runtime.cells": cells, "runtime.backend": backend,

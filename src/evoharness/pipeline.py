@@ -25,18 +25,21 @@ from typing import Callable, Literal
 
 from pydantic import Field, model_validator
 
-from evoharness.config import Strict
+from evoharness.config.base import Strict
 from evoharness.envs.alfworld.games import TASK_TYPES
-from evoharness.eval.evaluate import EnvConfig, EvalConfig, evaluate, evaluate_many
-from evoharness.harness.factory import HarnessConfig
-from evoharness.jsonl import read_jsonl
-from evoharness.policies.factory import PolicyConfig
+from evoharness.eval.evaluate import evaluate, evaluate_many
+from evoharness.config.env import EnvConfig
+from evoharness.config.eval import EvalConfig
+from evoharness.config.harness import HarnessConfig
+from evoharness.files import read_jsonl
+from evoharness.config.policy import PolicyConfig
 from evoharness.rollout.episode import first_repeated_pair
 from evoharness.rollout.records import Trajectory
 from evoharness.train.rewards import spam_turns
-from evoharness.train.rl import Branch, RLConfig, spread, train_rl
-from evoharness.train.sft import SFTConfig
-from evoharness.train.sft_anchor import SFTAnchorConfig
+from evoharness.train.rl import spread, train_rl
+from evoharness.config.rl import Branch, RLConfig
+from evoharness.config.sft import SFTConfig
+from evoharness.config.sft import SFTAnchorConfig
 
 
 def _default_sft() -> SFTConfig:
@@ -463,7 +466,7 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         return run
 
     def rl_screen() -> None:
-        from evoharness.train.checkpoint import atomic_write_text
+        from evoharness.files import atomic_write_text
 
         games = screen_rl_games(cfg, out, cfg.rl_screen_games)
         atomic_write_text(out / "rl_games.json", json.dumps(games, indent=1))

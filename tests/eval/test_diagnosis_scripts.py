@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 from evoharness.envs.alfworld import make_env
 from evoharness.eval.run_report import wasted_steps
 from evoharness.harness.base import META_VERBS
-from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.harness.factory import make_harness
+from evoharness.config.harness import HarnessConfig
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from engines import pick_engine

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from evoharness.eval.evaluate import EvalConfig, chunk_sizes, evaluate, evaluate_many
+from evoharness.eval.evaluate import chunk_sizes, evaluate, evaluate_many
+from evoharness.config.eval import EvalConfig
 from evoharness.eval.panel import build_episodes
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 
 
 def _cfg(tmp_path, name, **kw):

@@ -2,9 +2,10 @@
 chosen on the curve's dev games also excludes those games."""
 
 from evoharness.envs.alfworld.games import discover_games
-from evoharness.eval.evaluate import EvalConfig, evaluate
+from evoharness.eval.evaluate import evaluate
+from evoharness.config.eval import EvalConfig
 from evoharness.eval.run_report import paired, write_run_report
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 
 
 def _eval(tmp_path, name, games, policy):

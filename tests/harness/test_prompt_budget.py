@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import pytest
 
-from evoharness.config import load_config
+from evoharness.config.base import load_config
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
-from evoharness.eval.evaluate import EvalConfig
-from evoharness.harness.factory import HarnessConfig
-from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS, chat_ids
-from evoharness.jsonl import read_jsonl
+from evoharness.config.eval import EvalConfig
+from evoharness.config.harness import HarnessConfig
+from evoharness.harness.prompt import chat_ids
+from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS
+from evoharness.files import read_jsonl
 from evoharness.models.init import init_model, load_tokenizer
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.policies.base import PolicyRequest
 from evoharness.policies.factory import make_policy
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft
-from evoharness.train.rl import RLConfig
-from evoharness.train.sft import SFTConfig, tokenize_examples
+from evoharness.config.rl import RLConfig
+from evoharness.train.sft import tokenize_examples
+from evoharness.config.sft import SFTConfig
 
 MICRO = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
              num_key_value_heads=1, head_dim=16)

@@ -12,12 +12,14 @@ import pytest
 
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
-from evoharness.eval.evaluate import EvalConfig, evaluate
+from evoharness.eval.evaluate import evaluate
+from evoharness.config.eval import EvalConfig
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
-from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.harness.factory import make_harness
+from evoharness.config.harness import HarnessConfig
 from evoharness.harness.prompt import PromptTooLong, chat_ids, drop_oldest_history, fit_prompt_ids
 from evoharness.harness.react import ReActHarness
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 from evoharness.models.init import init_model, load_tokenizer
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.pipeline import RunConfig, eval_config, model_policy, rl_config
@@ -27,7 +29,7 @@ from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.distill import distill, parse_log
-from evoharness.train.rl import RLConfig
+from evoharness.config.rl import RLConfig
 from evoharness.train.sft import tokenize_examples
 
 MICRO = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

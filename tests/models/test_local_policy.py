@@ -70,7 +70,8 @@ def test_update_weights_bumps_version_and_changes_outputs(model_dir):
 def test_policy_config_selects_the_decoder_and_both_answer_alike(model_dir):
     from evoharness.engines import StaticEngine
     from evoharness.engines.hf import Engine
-    from evoharness.policies.factory import PolicyConfig, make_policy
+    from evoharness.policies.factory import make_policy
+    from evoharness.config.policy import PolicyConfig
 
     made = {d: make_policy(PolicyConfig(kind="hf", model_path=str(model_dir), max_tokens=10, decoder=d))
             for d in ("auto", "hf")}

@@ -10,7 +10,8 @@ import pytest
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import TASK_TYPES
 from evoharness.harness.base import META_VERBS
-from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.harness.factory import make_harness
+from evoharness.config.harness import HarnessConfig
 from evoharness.harness.react import ReActHarness
 from evoharness.harness.bpe.belief import type_of
 from evoharness.policies.base import Completion, PolicyRequest, format_action

@@ -7,7 +7,8 @@ import pytest
 from engines import pick_engine
 
 from evoharness.envs.alfworld import make_env
-from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.harness.factory import make_harness
+from evoharness.config.harness import HarnessConfig
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.records import Trajectory, TurnRecord

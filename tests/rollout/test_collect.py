@@ -12,7 +12,7 @@ from engines import pick_engine
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import TASK_TYPES
 from evoharness.harness.bpe import ExperienceStore
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 from evoharness.policies.scripted import RandomPolicy
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft

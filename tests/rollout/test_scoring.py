@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoharness.rollout.scoring import (
-    EvaluationError,
-    NothingToEvaluate,
-    ScoreOutcome,
-    outcome_counts,
-    score_with_retry,
-)
+from evoharness.envs.repo.scoring import (EvaluationError, NothingToEvaluate, ScoreOutcome, outcome_counts, score_with_retry)
 
 
 class Flaky:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from evoharness.runtime.workload import SimConfig
+from evoharness.config.sim import SimConfig
 
 LONG_TAIL: dict[str, Any] = {
     "workload": {

@@ -19,7 +19,7 @@ from evoharness.envs.repo.sandbox import require_bwrap
 from evoharness.rollout.records import CallRecord
 from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
 from evoharness.runtime.repo_backend import RepoBackend, tree_samples
-from evoharness.train.rl import RLConfig
+from evoharness.config.rl import RLConfig
 
 TASKS = ["rle_codec", "roman_numerals"]     # two easy pack tasks
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from evoharness.runtime.sim import simulate
-from evoharness.runtime.workload import SimConfig
+from evoharness.config.sim import SimConfig
 
 
 @pytest.mark.parametrize("cells,capacity,groups,group_size,eta", [(3, 6, 3, 2, 1), (2, 2, 2, 2, 0), (3, 4, 2, 2, 1),

@@ -102,7 +102,7 @@ def test_a_cell_without_calls_is_exactly_idle(policy):
     (async on real cells measured 0.62 idle rollout, its simulation 0.00). Utilisation is
     0.0 exactly whenever no call is in flight. (A cluster fitted to a real run: back-to-back
     calls fill a cell to its capacity of 3, and 3 * 144.478... is not exact in floats.)"""
-    from evoharness.runtime.workload import SimConfig
+    from evoharness.config.sim import SimConfig
 
     cfg = SimConfig.model_validate({
         "workload": {"groups_per_step": 4, "group_size": 2,

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evoharness.config import ConfigError
+from evoharness.config.base import ConfigError
 from evoharness.runtime.sim import simulate
-from evoharness.runtime.workload import Dist, Workload, WorkloadConfig, load_sim_config, load_trace
+from evoharness.runtime.workload import Workload, load_sim_config, load_trace
+from evoharness.config.sim import Dist, WorkloadConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "workloads"
 

@@ -6,14 +6,8 @@ import pytest
 import torch
 
 from evoharness.rollout.records import Trajectory, TurnRecord
-from evoharness.train.advantages import (
-    AdvantageConfig,
-    anchor_key,
-    discounted_returns,
-    grpo_advantages,
-    step_advantages,
-    turn_advantages,
-)
+from evoharness.train.advantages import (anchor_key, discounted_returns, grpo_advantages, step_advantages, turn_advantages)
+from evoharness.config.rl import AdvantageConfig
 
 
 def test_grpo_hand_checked():
@@ -119,7 +113,8 @@ def test_std_floor_keeps_shaping_noise_small_on_real_rollouts():
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.policies.scripted import ExpertPolicy, RandomPolicy
     from evoharness.train.advantages import std_floor_active
-    from evoharness.train.rewards import RewardConfig, trajectory_reward
+    from evoharness.train.rewards import trajectory_reward
+    from evoharness.config.rl import RewardConfig
 
     task = discover_games("valid_seen")[0]
     fails = _play(task, RandomPolicy(seed=1), 4)
@@ -151,7 +146,8 @@ def test_gigpo_step_floor_is_scaled_like_the_discounted_returns():
     of 1.0 shrank it), while an all-failure group is still floored to small advantages."""
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.policies.scripted import NoisyExpertPolicy, RandomPolicy
-    from evoharness.train.rewards import RewardConfig, trajectory_reward
+    from evoharness.train.rewards import trajectory_reward
+    from evoharness.config.rl import RewardConfig
 
     task = discover_games("valid_seen")[0]
     late_win = _play(task, NoisyExpertPolicy(epsilon=0.8, seed=2), 1, max_steps=50)
@@ -214,7 +210,8 @@ def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
     from evoharness.rollout.episode import EpisodeSpec, run_episodes
     from evoharness.train.advantages import std_floor_active, valid_members
     from evoharness.train.grpo import turn_samples
-    from evoharness.train.rewards import RewardConfig, trajectory_reward
+    from evoharness.train.rewards import trajectory_reward
+    from evoharness.config.rl import RewardConfig
 
     task = discover_games("valid_seen")[0]
     win = _play(task, ExpertPolicy(), 1)[0]

@@ -16,7 +16,8 @@ from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.grpo import GRPOConfig, TokenMasks, logprobs_of, microbatch_loss, set_token_weights, turn_samples
+from evoharness.train.grpo import TokenMasks, logprobs_of, microbatch_loss, set_token_weights, turn_samples
+from evoharness.config.rl import GRPOConfig
 
 TEMP = 0.7
 

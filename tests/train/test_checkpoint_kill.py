@@ -17,8 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from evoharness.jsonl import read_jsonl
-from evoharness.train.checkpoint import FAILPOINT_ENV, checkpoint_candidates, load_trainer_state
+from evoharness.files import read_jsonl
+from evoharness.train.checkpoint import checkpoint_candidates, load_trainer_state
+from evoharness.files import FAILPOINT_ENV
 
 pytestmark = pytest.mark.slow  # a dozen real RL processes: ~1-2 min on 2 cores
 

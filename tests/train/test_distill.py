@@ -204,7 +204,8 @@ def test_clean_steps_cuts_loops_and_drops_invalid_steps():
 def move_eval(tmp_path_factory):
     """The full valid_seen panel played by the noisy expert through this project's own
     `evoharness eval --set env.wording=move` path (`evaluate`, the fast engine)."""
-    from evoharness.eval.evaluate import EvalConfig, evaluate
+    from evoharness.eval.evaluate import evaluate
+    from evoharness.config.eval import EvalConfig
 
     out = tmp_path_factory.mktemp("move_eval")
     cfg = EvalConfig(split="valid_seen", out_dir=str(out), env={"engine": "fast", "wording": "move"},

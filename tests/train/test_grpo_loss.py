@@ -7,16 +7,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from evoharness.rollout.records import Trajectory, TurnRecord
-from evoharness.train.grpo import (
-    GRPOConfig,
-    TurnSample,
-    accumulate_gradients,
-    grpo_step,
-    logprobs_of,
-    microbatch_loss,
-    set_token_weights,
-    turn_samples,
-)
+from evoharness.train.grpo import (TurnSample, accumulate_gradients, grpo_step, logprobs_of, microbatch_loss, set_token_weights, turn_samples)
+from evoharness.config.rl import GRPOConfig
 
 
 def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
@@ -307,7 +299,7 @@ def test_decoupled_ppo_keeps_stale_tokens_with_a_truncated_importance_weight():
 
 
 def test_decoupled_ppo_needs_one_update_per_batch_and_auto_resolves_by_staleness():
-    from evoharness.train.grpo import resolved_off_policy
+    from evoharness.config.rl import resolved_off_policy
 
     with pytest.raises(ValueError, match="mini_batches = 1"):
         GRPOConfig(off_policy="decoupled", mini_batches=2)

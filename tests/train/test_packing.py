@@ -16,8 +16,8 @@ from evoharness.models.init import load_model
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
-from evoharness.train.grpo import (GRPOConfig, TokenMasks, accumulate_gradients, grpo_step, logprobs_of,
-                                   turn_samples)
+from evoharness.train.grpo import TokenMasks, accumulate_gradients, grpo_step, logprobs_of, turn_samples
+from evoharness.config.rl import GRPOConfig
 from evoharness.train.packing import collate, pack_trees, packed_sft_loss, sft_trees, target_logprobs
 from evoharness.train.sft import collate as sft_collate
 from evoharness.train.sft import completion_loss
@@ -311,7 +311,8 @@ def test_rl_with_packing_makes_the_turn_trainers_update(model_dir, tmp_path):
     J_max it trains fewer paths; packing refuses the turn sampler's cap and the cell runtime."""
     from safetensors.torch import load_file
 
-    from evoharness.train.rl import RLConfig, train_rl
+    from evoharness.train.rl import train_rl
+    from evoharness.config.rl import RLConfig
 
     def cfg(out, **grpo):
         c = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=1, max_steps=3, max_new_tokens=10,
@@ -341,7 +342,8 @@ def test_rl_with_packing_makes_the_turn_trainers_update(model_dir, tmp_path):
 def test_sft_with_packing_reaches_the_same_weights(model_dir, episodes, tmp_path):
     from safetensors.torch import load_file
 
-    from evoharness.train.sft import SFTConfig, train_sft
+    from evoharness.train.sft import train_sft
+    from evoharness.config.sft import SFTConfig
 
     examples = [{"messages": t.messages, "completion": t.completion or "<action>look</action>"}
                 for tr in episodes for t in tr.turns]

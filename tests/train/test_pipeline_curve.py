@@ -4,8 +4,8 @@ that are the final models, and the SFT + GRPO row is the checkpoint chosen on th
 import json
 from pathlib import Path
 
-from evoharness.config import load_config
-from evoharness.jsonl import read_jsonl
+from evoharness.config.base import load_config
+from evoharness.files import read_jsonl
 from evoharness.pipeline import RunConfig, chosen_rl, run_pipeline, selection_key
 
 RUN = ["train_games=6", "dev_games=2", "max_steps=10", "eval_limit=1", "dev_eval_limit=2", "curve_games=1",

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evoharness.config import load_config
+from evoharness.config.base import load_config
 from evoharness.pipeline import RunConfig, run_pipeline
 
 TINY = ["train_games=2", "budget_minutes=0.02", "skip_rl=true", "eval_limit=1", "max_steps=30",

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from evoharness.config import load_config
-from evoharness.jsonl import read_jsonl
+from evoharness.config.base import load_config
+from evoharness.files import read_jsonl
 from evoharness.pipeline import RunConfig, dev_split, run_pipeline, screened_games
 from evoharness.rollout.episode import first_repeated_pair
 from evoharness.rollout.records import Trajectory

@@ -28,7 +28,8 @@ from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.models.init import load_model
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.grpo import GRPOConfig, TokenMasks, grpo_step, make_optimizer, turn_samples
+from evoharness.train.grpo import TokenMasks, grpo_step, make_optimizer, turn_samples
+from evoharness.config.rl import GRPOConfig
 from evoharness.train.precision import autocast, check_master_weights
 
 STEPS, LR = 5, 1e-6
@@ -75,7 +76,8 @@ def test_bf16_compute_moves_fp32_master_weights_like_fp32(model_dir, samples_and
 
 
 def test_rl_in_bf16_keeps_fp32_weights_and_optimizer_state(model_dir, tmp_path):
-    from evoharness.train.rl import RLConfig, train_rl
+    from evoharness.train.rl import train_rl
+    from evoharness.config.rl import RLConfig
 
     cfg = RLConfig(model_path=str(model_dir), out_dir=str(tmp_path / "rl"), steps=1, max_steps=2, max_new_tokens=12,
                    max_prompt_tokens=512, decode_threads=1, dtype="bfloat16", ckpt_every=1)
@@ -98,7 +100,8 @@ def test_rl_in_bf16_keeps_fp32_weights_and_optimizer_state(model_dir, tmp_path):
 
 
 def test_sft_keeps_fp32_master_weights_under_bf16_autocast(model_dir, tmp_path):
-    from evoharness.train.sft import SFTConfig, train_sft
+    from evoharness.train.sft import train_sft
+    from evoharness.config.sft import SFTConfig
 
     examples = [{"messages": [{"role": "user", "content": f"You are in room {i}. Find the apple."}],
                  "completion": f"<think>look</think><action>go to countertop {i}</action>"} for i in range(1, 5)]
@@ -128,7 +131,8 @@ def test_sft_gradient_accumulation_on_a_bf16_model_keeps_fp32_masters_and_export
     from safetensors.torch import load_file
 
     from evoharness.models.init import load_tokenizer
-    from evoharness.train.sft import SFTConfig, split_micro, tokenize_examples, train_sft
+    from evoharness.train.sft import split_micro, tokenize_examples, train_sft
+    from evoharness.config.sft import SFTConfig
 
     src = tmp_path / "bf16_src"
     load_model(model_dir).to(torch.bfloat16).save_pretrained(str(src))
@@ -161,7 +165,8 @@ def test_rl_from_a_bf16_model_exports_bf16_and_checkpoints_fp32_masters(model_di
     from safetensors.torch import load_file
 
     from evoharness.models.init import load_tokenizer
-    from evoharness.train.rl import RLConfig, train_rl
+    from evoharness.train.rl import train_rl
+    from evoharness.config.rl import RLConfig
 
     src = tmp_path / "bf16_src"
     load_model(model_dir).to(torch.bfloat16).save_pretrained(str(src))

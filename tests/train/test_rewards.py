@@ -5,14 +5,8 @@ import math
 import pytest
 
 from evoharness.rollout.records import Trajectory, TurnRecord
-from evoharness.train.rewards import (
-    RewardConfig,
-    count_spam,
-    distinct_verbs,
-    diversity_weight,
-    token_penalty,
-    trajectory_reward,
-)
+from evoharness.train.rewards import count_spam, distinct_verbs, diversity_weight, token_penalty, trajectory_reward
+from evoharness.config.rl import RewardConfig
 
 
 def make_traj(turns: list[tuple[str, str]], won: bool, tokens_per_turn: int = 10) -> Trajectory:

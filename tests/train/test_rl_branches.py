@@ -14,7 +14,8 @@ from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.runtime.inprocess import InProcessBackend
 from evoharness.runtime.record_store import RecordStore
-from evoharness.train.rl import Branch, branch_starts, train_rl
+from evoharness.train.rl import branch_starts, train_rl
+from evoharness.config.rl import Branch
 
 
 def test_every_other_group_starts_from_the_next_branch(model_dir, tmp_path):

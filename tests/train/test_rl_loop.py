@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.runtime import inprocess
 from evoharness.train import rl as rl_mod
-from evoharness.train.rl import RLConfig, train_rl
+from evoharness.train.rl import train_rl
+from evoharness.config.rl import RLConfig
 
 def _cfg(model_dir, out, steps):
     cfg = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=steps, max_steps=4, max_new_tokens=12,

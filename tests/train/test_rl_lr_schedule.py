@@ -7,7 +7,8 @@ import pytest
 from rl_cells import EXACT, assert_same_update, metrics, rl_config
 from safetensors.torch import load_file
 
-from evoharness.train.grpo import GRPOConfig, lr_at
+from evoharness.train.grpo import lr_at
+from evoharness.config.rl import GRPOConfig
 from evoharness.train.rl import train_rl
 
 

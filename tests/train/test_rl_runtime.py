@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from evoharness.cli import app
 from evoharness.train.rl import train_rl
-from evoharness.train.sft_anchor import SFTAnchorConfig
+from evoharness.config.sft import SFTAnchorConfig
 
 
 def _same_run(out, final, ref, model_dir):

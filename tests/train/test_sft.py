@@ -12,8 +12,8 @@ from evoharness.models.init import init_model, load_model
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.policies.base import PolicyRequest
 from evoharness.policies.local import LocalHFPolicy
-from evoharness.train.sft import (IGNORE, SFTConfig, collate, completion_loss, labels_for, load_examples,
-                                  plan_epoch, prompt_labels, sft_losses, tokenize_examples, train_sft)
+from evoharness.train.sft import (IGNORE, collate, completion_loss, labels_for, load_examples, plan_epoch, prompt_labels, sft_losses, tokenize_examples, train_sft)
+from evoharness.config.sft import SFTConfig
 
 MICRO = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16)

@@ -14,14 +14,17 @@ from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.base import META_VERBS, split_completion
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
-from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.harness.factory import make_harness
+from evoharness.config.harness import HarnessConfig
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.policies.scripted import RandomPolicy
 from evoharness.policies.teacher import TeacherPolicy, teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.rl import RLConfig, train_rl
+from evoharness.train.rl import train_rl
+from evoharness.config.rl import RLConfig
 from evoharness.train.sft import collate, completion_loss, load_examples, plan_epoch, tokenize_examples
-from evoharness.train.sft_anchor import SFTAnchor, SFTAnchorConfig, relabel_states
+from evoharness.train.sft_anchor import SFTAnchor, relabel_states
+from evoharness.config.sft import SFTAnchorConfig
 
 
 def write_examples(path: Path, n_games: int = 8) -> Path:

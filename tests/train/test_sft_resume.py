@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from evoharness.models.init import init_model
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.train.checkpoint import latest_checkpoint
-from evoharness.train.sft import SFTConfig, train_sft
+from evoharness.train.sft import train_sft
+from evoharness.config.sft import SFTConfig
 
 MICRO = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=16)

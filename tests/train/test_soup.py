@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from rl_cells import metrics, rl_config
 from safetensors.torch import load_file, save_file
 
-from evoharness.train.rl import RLConfig, train_rl
+from evoharness.train.rl import train_rl
+from evoharness.config.rl import RLConfig
 from evoharness.train.soup import average_weights
 
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from evoharness.config import ConfigError, load_config
+from evoharness.config.base import ConfigError, load_config
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
@@ -20,7 +20,8 @@ from evoharness.policies.scripted import ExpertPolicy
 from evoharness.rollout.collect import collect_traces
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.grpo import mini_batch_slices, turn_samples
-from evoharness.train.rl import RLConfig, train_rl
+from evoharness.train.rl import train_rl
+from evoharness.config.rl import RLConfig
 
 
 def test_experience_epoch_continues_from_collect_into_rl(model_dir, tmp_path):

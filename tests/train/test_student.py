@@ -9,15 +9,18 @@ from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.base import split_completion
 from evoharness.harness.bpe import ExperienceStore
-from evoharness.harness.factory import HarnessConfig, make_harness
+from evoharness.harness.factory import make_harness
+from evoharness.config.harness import HarnessConfig
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.policies.base import Completion
-from evoharness.policies.factory import PolicyConfig, make_policy
+from evoharness.policies.factory import make_policy
+from evoharness.config.policy import PolicyConfig
 from evoharness.policies.teacher import TeacherPolicy, teacher_completion
 from evoharness.rollout.collect import collect_traces, traces_to_sft
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.dagger import dagger_round
-from evoharness.train.sft import SFTConfig, collate, tokenize_examples, train_sft
+from evoharness.train.sft import collate, tokenize_examples, train_sft
+from evoharness.config.sft import SFTConfig
 
 HARNESS = HarnessConfig(kind="bpe", system_prompt="compact")
 
@@ -79,7 +82,7 @@ def test_dagger_labels_every_state_with_the_teachers_whole_completion(model_dir,
                           tmp_path / "d.jsonl", max_steps=8, stop_repeats=3)
     finally:
         student.close()
-    from evoharness.jsonl import read_jsonl
+    from evoharness.files import read_jsonl
 
     ex = read_jsonl(tmp_path / "d.jsonl")
     assert st.played == 3 and st.examples == len(ex) > 0 and st.turns >= len(ex)
@@ -164,7 +167,7 @@ def test_a_short_sft_and_dagger_run_improves_on_its_initial_checkpoint(model_dir
                      tmp_path / "dagger.jsonl", max_steps=20, stop_repeats=3)
     finally:
         student.close()
-    from evoharness.jsonl import read_jsonl
+    from evoharness.files import read_jsonl
 
     visited = read_jsonl(tmp_path / "dagger.jsonl")
     assert visited

@@ -19,10 +19,12 @@ or ``verb free-text`` for an allowed meta verb (see the class docstring).
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 THINK_OPEN, THINK_CLOSE, ACTION_OPEN, ACTION_CLOSE = "<think>", "</think>", "<action>", "</action>"
@@ -268,3 +270,28 @@ class GrammarMixin:
         if not commands and not meta_verbs:
             return None
         return ActionGrammar(self.vocab, commands, meta_verbs)
+
+
+# ---- on the wire: the gateway's ``action_grammar`` request field, and its regex for vLLM/SGLang
+
+class ActionGrammarSpec(BaseModel):
+    """The ``action_grammar`` extension: the constraint a turn was sampled under
+    (the shared ``constraint`` record minus ``max_new_tokens``, which is ``max_tokens``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    commands: list[str] = Field(default_factory=list)
+    meta_verbs: list[str] = Field(default_factory=list)
+
+
+def action_regex(commands: list[str], meta_verbs: list[str] | tuple[str, ...]) -> str:
+    """A regex (vLLM ``structured_outputs.regex``) accepting the strings `engines.grammar.ActionGrammar` accepts:
+    ``<think>`` free text without ``<`` ``</think><action>`` then an admissible command, a meta verb
+    followed by free text holding a non-space character, or bare ``track``, then ``</action>``."""
+    alts = [re.escape(c) for c in commands]
+    if meta_verbs:
+        verbs = "|".join(re.escape(v) for v in meta_verbs)
+        alts.append(rf"(?:{verbs}) [^<]*[^<\s][^<]*")
+        if "track" in meta_verbs:
+            alts.append("track")
+    body = "|".join(alts) if alts else r"[^<]*"
+    return rf"<think>[^<]*</think><action>(?:{body})</action>"

@@ -55,7 +55,7 @@ class ActionConstraint:
     meta_verbs: tuple[str, ...] = ()
 
     def regex(self) -> str:
-        from evoharness.runtime.wire import action_regex
+        from evoharness.engines.grammar import action_regex
         return action_regex(list(self.commands), list(self.meta_verbs))
 
     def as_dict(self, max_new_tokens: int) -> dict[str, Any]:

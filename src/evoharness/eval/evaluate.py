@@ -23,52 +23,19 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
 from tqdm import tqdm
 
-from evoharness.config import Strict
 from evoharness.envs.alfworld import make_env
-from evoharness.envs.alfworld.games import TASK_TYPES, discover_games
-from evoharness.eval.panel import build_episodes, protocol_step_cap
-from evoharness.harness.factory import HarnessConfig, make_harness
-from evoharness.jsonl import read_jsonl
-from evoharness.policies.factory import PolicyConfig, make_policy
+from evoharness.envs.alfworld.games import discover_games
+from evoharness.eval.panel import build_episodes
+from evoharness.harness.factory import make_harness
+from evoharness.files import read_jsonl
+from evoharness.policies.factory import make_policy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.records import Trajectory
-
-
-class EnvConfig(Strict):
-    """Where games come from and which engine plays them."""
-
-    data_path: str | None = None  # None/"bundled": the pack inside the project; "env": $ALFWORLD_DATA
-    engine: Literal["textworld", "fast"] = "fast"  # the project's byte-identical engine; "textworld" = stock
-    wording: Literal["native", "put", "move"] = "native"
-    timeout_s: float = 120.0
-
-
-class EvalConfig(Strict):
-    split: str = "valid_seen"
-    protocol: Literal["panel", "evoharness", "random128"] = "panel"
-    max_steps: int | None = None  # None: the protocol's cap (50, or 70 for evoharness)
-    seed: int = 0
-    workers: int = 1
-    batch_size: int = 8
-    limit: int | None = None  # first N games of the panel (smoke runs)
-    games: list[str] | None = None  # only these task ids (a development set), in panel order
-    # K > 0: end an episode once the same (prompt, completion) pair has occurred K times
-    # (stop_reason "hopeless", a failure; `run_episodes`): a greedy policy cannot leave that loop
-    stop_repeats: int = 0
-    task_types: list[str] = list(TASK_TYPES)
-    out_dir: str = "runs/eval"
-    resume: bool = True
-    env: EnvConfig = EnvConfig()
-    harness: HarnessConfig = HarnessConfig()
-    policy: PolicyConfig = PolicyConfig()
-
-    @property
-    def step_cap(self) -> int:
-        return self.max_steps or protocol_step_cap(self.protocol)
+from evoharness.config.eval import EvalConfig
 
 
 # settings a resumed evaluation may change: they do not change what an episode records

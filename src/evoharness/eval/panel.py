@@ -14,15 +14,7 @@ import random
 
 from evoharness.envs.base import TaskSpec
 from evoharness.rollout.episode import EpisodeSpec
-
-PROTOCOLS = {"panel": 50, "evoharness": 70, "random128": 50}
-
-
-def protocol_step_cap(protocol: str) -> int:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
-    return PROTOCOLS[protocol]
-
+from evoharness.config.eval import protocol_step_cap
 
 def build_episodes(tasks: list[TaskSpec], protocol: str, seed: int, samples: int = 1) -> list[EpisodeSpec]:
     """Episodes for `protocol` over `tasks` (already filtered and sorted).

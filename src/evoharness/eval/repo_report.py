@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evoharness.rollout.scoring import ScoreOutcome, outcome_counts
+from evoharness.envs.repo.scoring import ScoreOutcome, outcome_counts
 
 DIFFICULTY_ORDER = ("easy", "medium", "hard", "nl2repo")
 

@@ -8,7 +8,7 @@ from typing import Any
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
 from evoharness.eval.report import plot_success
 from evoharness.harness.base import META_VERBS
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
 
 
 def _plot_curves(path: Path, panels: list[tuple[str, list[tuple[str, list[float], list[float]]]]]) -> None:

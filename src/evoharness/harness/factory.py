@@ -2,28 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
 
-from evoharness.config import Strict
-
-
-class HarnessConfig(Strict):
-    """Which harness renders the prompts.
-
-    Attributes:
-        kind: ``react`` (history window, admissible commands) or ``bpe``
-            (EvoHarness-RL Belief / Progress / Experience with meta-actions).
-        history_window: previous (action, feedback) pairs shown each turn.
-        experience_path: a saved experience store (JSON) for ``bpe``; None
-            starts from the built-in seed entries. Evaluation never writes it.
-        system_prompt: ``full`` or ``compact`` (bpe only; one line for small
-            from-scratch models whose training cost is dominated by prompt tokens).
-    """
-
-    kind: Literal["react", "bpe"] = "bpe"
-    history_window: int | None = None  # None: the harness's own default (react 8, bpe 4)
-    experience_path: str | None = None
-    system_prompt: Literal["full", "compact"] = "full"
+from evoharness.config.harness import HarnessConfig
 
 
 def make_harness(cfg: HarnessConfig, experience=None):

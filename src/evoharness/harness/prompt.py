@@ -24,13 +24,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-DEFAULT_MAX_PROMPT_TOKENS = 2048
-"""The prompt budget (tokens, generation prompt included) of every stage that does not set
-one: ``SFTConfig``, ``RLConfig`` and ``PolicyConfig`` (eval's ``hf`` / ``openai`` policies)
-all default to it, so standalone ``sft``, ``rl`` and ``eval`` fit prompts alike (issue 10,
-fault 4). A run that changes it sets the same value for each stage it runs (the main
-job's ``RunConfig`` checks this; configs/rl_qwen3_8b.toml uses the paper's 12,288)."""
-
 HISTORY_HEADER = "PREVIOUS ACTIONS:"
 NO_HISTORY = "(none)"
 _SECTION_RE = re.compile(rf"(^|\n){re.escape(HISTORY_HEADER)}\n(.*?)(?=\n\n|$)", re.S)

@@ -136,3 +136,8 @@ def build_tokenizer(corpus: Iterable[str], out_dir: str | Path, vocab_size: int 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(out_dir))
     return tok
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count for text-only policies (~4 characters per token)."""
+    return max(1, (len(text) + 3) // 4) if text else 0

@@ -78,11 +78,6 @@ class Policy(Protocol):
     def close(self) -> None: ...
 
 
-def estimate_tokens(text: str) -> int:
-    """Rough token count for text-only policies (~4 characters per token)."""
-    return max(1, (len(text) + 3) // 4) if text else 0
-
-
 def format_action(action: str, think: str = "") -> str:
     """The harness output format: ``<think>…</think><action>…</action>``."""
     return f"<think>{think}</think><action>{action}</action>"

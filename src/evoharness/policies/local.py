@@ -24,7 +24,8 @@ import torch
 from evoharness.engines import make_engine
 from evoharness.engines.grammar import GenRequest
 from evoharness.harness.base import META_VERBS
-from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS, fit_prompt_ids
+from evoharness.harness.prompt import fit_prompt_ids
+from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.policies.base import Completion, PolicyRequest
 

@@ -112,7 +112,7 @@ class OpenAIPolicy:
             extra["truncate_prompt_tokens"] = self.max_prompt_tokens
         if constraint is not None:
             if self.constraint_format == "vllm":
-                from evoharness.runtime.wire import action_regex
+                from evoharness.engines.grammar import action_regex
 
                 extra["structured_outputs"] = {"regex": action_regex(constraint["commands"], constraint["meta_verbs"])}
             elif self.constraint_format == "vllm_xargs":

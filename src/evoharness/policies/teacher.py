@@ -73,7 +73,8 @@ from evoharness.envs.alfworld.wording import parse_place
 from evoharness.harness.bpe.belief import natural_key, type_of
 from evoharness.harness.bpe.goal import Goal, parse_goal
 from evoharness.harness.bpe.search import GENERIC_ORDER, receptacle_type, search_order
-from evoharness.policies.base import Completion, PolicyRequest, estimate_tokens, format_action
+from evoharness.policies.base import Completion, PolicyRequest, format_action
+from evoharness.models.tokenizer import estimate_tokens
 
 _SECTION_RE = re.compile(
     r"(?:^|\n\n)(OBJECTIVE|OBSERVATION|ADMISSIBLE COMMANDS|PREVIOUS ACTIONS|PLAN|RECALLED HINTS|TRACK RESULT|"

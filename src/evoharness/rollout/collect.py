@@ -44,8 +44,9 @@ from tqdm import tqdm
 
 from evoharness.envs.base import Env, TaskSpec
 from evoharness.harness.base import Harness, split_completion
-from evoharness.harness.factory import HarnessConfig, make_harness
-from evoharness.jsonl import read_jsonl
+from evoharness.harness.factory import make_harness
+from evoharness.config.harness import HarnessConfig
+from evoharness.files import read_jsonl
 from evoharness.policies.base import Policy, format_action
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
@@ -263,7 +264,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from evoharness.envs.alfworld import make_env
     from evoharness.envs.alfworld.games import discover_games
-    from evoharness.policies.factory import PolicyConfig, make_policy
+    from evoharness.policies.factory import make_policy
+    from evoharness.config.policy import PolicyConfig
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--split", default="train")

@@ -44,9 +44,9 @@ from evoharness.rollout.records import Trajectory
 from evoharness.runtime.cells import Role
 from evoharness.runtime.events import Event, RunMicroBatch, SyncWeights, WeightSyncDone
 from evoharness.runtime.local_backend import LocalModelBackend
-from evoharness.runtime.workload import SimConfig
+from evoharness.config.sim import SimConfig
 from evoharness.train.advantages import std_floor_active, turn_advantages, valid_members
-from evoharness.train.grpo import GRPOConfig, resolved_off_policy
+from evoharness.config.rl import GRPOConfig, resolved_off_policy
 from evoharness.train.rewards import trajectory_reward
 from evoharness.runtime.inprocess import TimedEnv, experience_consolidator
 

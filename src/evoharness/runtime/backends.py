@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 import httpx
 
-from evoharness.runtime.wire import ActionGrammarSpec, action_regex, parse_tool_calls
+from evoharness.runtime.wire import parse_tool_calls
+from evoharness.engines.grammar import ActionGrammarSpec, action_regex
 
 
 class BackendError(Exception):

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from evoharness.runtime.workload import SimConfig, load_trace
+from evoharness.runtime.workload import load_trace
+from evoharness.config.sim import SimConfig
 
 
 def _nnls2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -138,7 +139,7 @@ def sim_config_from_run(run: str | Path) -> SimConfig:
 
 def write_sim_toml(run: str | Path) -> Path:
     """``run/runtime/sim.toml``: `sim_config_from_run` for ``evoharness simulate --workload``."""
-    from evoharness.train.checkpoint import atomic_write_text
+    from evoharness.files import atomic_write_text
 
     sc = sim_config_from_run(run).model_dump(exclude_none=True)
 

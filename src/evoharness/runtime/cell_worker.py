@@ -90,7 +90,8 @@ def cell_main(cell: int, model_dir: str, work_dir: str, lr: float, inbox: Any, o
     from evoharness.engines.grammar import GenRequest
     from evoharness.engines.hf import Engine
     from evoharness.models.init import load_model, load_tokenizer
-    from evoharness.train.grpo import GRPOConfig, TokenMasks, TurnSample, lr_at, microbatch_loss, set_lr
+    from evoharness.train.grpo import TokenMasks, TurnSample, lr_at, microbatch_loss, set_lr
+    from evoharness.config.rl import GRPOConfig
 
     torch.set_num_threads(1)
     torch.manual_seed(cell)

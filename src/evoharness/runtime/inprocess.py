@@ -48,9 +48,8 @@ from evoharness.runtime.events import (Bind, Command, Dispatch, Event, Execution
                                        ExecutionStarted, MicroBatchDone, RoleSwitchDone, RunMicroBatch, SwitchRole,
                                        SyncWeights, WeightSyncDone)
 from evoharness.train.advantages import std_floor_active, turn_advantages, valid_members
-from evoharness.train.checkpoint import (atomic_dir, atomic_write_text, check_resume_config, failpoint,
-                                         get_rng_state, load_checkpoint, load_model_weights, load_trainer_state,
-                                         restore_metrics, set_rng_state, snapshot_metrics)
+from evoharness.train.checkpoint import (check_resume_config, get_rng_state, load_checkpoint, load_model_weights, load_trainer_state, restore_metrics, set_rng_state, snapshot_metrics)
+from evoharness.files import atomic_dir, atomic_write_text, failpoint
 from evoharness.train.grpo import TokenMasks, grpo_step, lr_at, make_optimizer, set_lr, turn_samples
 from evoharness.train.precision import autocast, compute_dtype, export_dtype, save_exported
 from evoharness.train.rewards import trajectory_reward

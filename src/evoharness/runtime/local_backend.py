@@ -40,7 +40,8 @@ from evoharness.runtime.cells import Role
 from evoharness.runtime.events import (Bind, CellLost, Command, Dispatch, Event, ExecutionDispatched,
                                        ExecutionFinished, ExecutionOrphaned, ExecutionStarted, MicroBatchDone,
                                        Migrate, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights, WeightSyncDone)
-from evoharness.runtime.workload import SimConfig, Workload
+from evoharness.runtime.workload import Workload
+from evoharness.config.sim import SimConfig
 
 
 class CellOutbox:

@@ -40,7 +40,7 @@ from evoharness.runtime.alfworld_backend import AlfworldBackend
 from evoharness.runtime.cells import Role
 from evoharness.runtime.local_backend import LocalBackend, LocalModelBackend
 from evoharness.runtime.replicas import AllReduceAlfworldBackend
-from evoharness.runtime.workload import SimConfig
+from evoharness.config.sim import SimConfig
 
 MAX_JOBS = 1024      # jobs one actor holds at once (each waits on an actor thread)
 _REMOTE: dict[type, Any] = {}

@@ -25,7 +25,7 @@ the model's window comes back as a context overflow, so the scaffold compacts
 Reward and data. Every call is kept as a `rollout.records.CallRecord` (prompt
 ids as the engine saw them, generated ids, behaviour log-probs, weights
 version, role). When the execution ends, its workspace is scored by the
-scaffold (`rollout.scoring`: scored / placeholder 0 / dropped, counted per
+scaffold (`envs.repo.scoring`: scored / placeholder 0 / dropped, counted per
 step); a dropped execution is left out of its group's baseline and trains
 nothing. When a GRPO group has finished, the advantages are
 `train.advantages.grpo_advantages` over its valid members, and each
@@ -65,7 +65,7 @@ from evoharness.runtime.cells import Role
 from evoharness.runtime.local_backend import LocalModelBackend
 from evoharness.runtime.replicas import AllReduceAlfworldBackend
 from evoharness.runtime.wire import parse_tool_calls
-from evoharness.runtime.workload import SimConfig
+from evoharness.config.sim import SimConfig
 from evoharness.train.advantages import grpo_advantages
 from evoharness.train.grpo import TurnSample
 

@@ -36,40 +36,18 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import Field
 
-from evoharness.config import Strict
 
 if TYPE_CHECKING:
-    from evoharness.runtime.workload import SimConfig
-    from evoharness.train.rl import RLConfig
-
-
-class RuntimeConfig(Strict):
-    """Where the RL steps run (``RLConfig.runtime``; CLI ``--schedule/--cells/--backend``)."""
-
-    schedule: Literal["inprocess", "colocate", "async", "elastic", "elastic-async"] = "inprocess"
-    cells: int = Field(1, ge=1)
-    backend: Literal["local", "ray"] = "local"
-    # executions one rollout cell hosts at once (C_e); None: a step's executions spread over all cells
-    capacity: int | None = Field(None, ge=1)
-    staleness: int = Field(1, ge=0)          # η of async / elastic-async
-    async_train_cells: int | None = Field(None, ge=1)
-    stall_s: float = Field(900.0, gt=0)      # no event for this long: the run fails (a dead backend)
-    ray_address: str | None = None          # backend "ray": a cluster to join (None: start a local head)
-    ray_num_cpus: float = Field(0.25, gt=0)  # CPUs each Ray cell actor reserves (fractions share a machine)
-    # rollout calls through the gateway (routed by execution; a switch drains the cell, re-issuing its calls)
-    via_gateway: bool = False
-    # colocate/async on the local backend: the fixed train cells all-reduce their gradients in a
-    # torch.distributed group (`runtime.replicas`); False: gradient files summed by the core, as elastic does
-    allreduce: bool = True
+    from evoharness.config.sim import SimConfig
+    from evoharness.config.rl import RLConfig
 
 
 def sim_config(cfg: "RLConfig") -> "SimConfig":
     """The scheduler's view of `cfg`: P groups of G executions per step on K cells."""
-    from evoharness.runtime.workload import SimConfig
+    from evoharness.config.sim import SimConfig
 
     rt, g = cfg.runtime, cfg.grpo
     n = g.prompts_per_step * g.group_size
@@ -111,7 +89,7 @@ class CellRuntime:
         from evoharness.runtime.cells import Role
         from evoharness.runtime.driver import Driver
         from evoharness.runtime.sim import build_scheduler
-        from evoharness.train.checkpoint import atomic_write_text
+        from evoharness.files import atomic_write_text
         from evoharness.train.rl import load_experience_fresh, train_tasks
 
         rt = cfg.runtime
@@ -214,7 +192,7 @@ class CellRuntime:
 
     def close(self) -> None:
         """Stop the cells; a finished run writes its measurements (``runtime.json``)."""
-        from evoharness.train.checkpoint import atomic_write_text
+        from evoharness.files import atomic_write_text
 
         try:
             if self.driver.sched.done:
@@ -238,7 +216,7 @@ class CellRuntime:
         from safetensors.torch import load_model as load_weights
 
         from evoharness.models.init import load_model, load_tokenizer
-        from evoharness.train.checkpoint import atomic_dir
+        from evoharness.files import atomic_dir
         from evoharness.train.precision import export_dtype, save_exported
 
         def write(tmp: Path) -> None:
@@ -272,7 +250,7 @@ def repo_tasks(cfg: "RLConfig") -> list:
 def _keep_steps(path: Path, steps: int) -> None:
     """Keep the JSONL records of steps 1..`steps` (their ``step`` field) of `path`
     (atomically; a torn last line goes too)."""
-    from evoharness.train.checkpoint import atomic_write_text
+    from evoharness.files import atomic_write_text
 
     if not path.exists():
         return

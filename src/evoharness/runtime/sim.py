@@ -62,7 +62,8 @@ from evoharness.runtime.events import (Bind, Dispatch, ExecutionDispatched, Exec
                                        ModelCallFinished, ModelCallStarted, RoleSwitchDone,
                                        RunMicroBatch, SwitchRole, SyncWeights, WeightSyncDone)
 from evoharness.runtime.schedulers import Scheduler, make_scheduler
-from evoharness.runtime.workload import SimConfig, Workload
+from evoharness.runtime.workload import Workload
+from evoharness.config.sim import SimConfig
 
 # accounting states of a cell
 S_ROLLOUT, S_TRAIN, S_SWITCH, S_SYNC = 0, 1, 2, 3

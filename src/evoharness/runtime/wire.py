@@ -33,8 +33,8 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from evoharness.engines.grammar import ActionGrammarSpec
 
-META_VERBS_DEFAULT = ("track", "commit", "recall", "note")
 
 
 class Message(BaseModel):
@@ -46,15 +46,6 @@ class Message(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
-
-
-class ActionGrammarSpec(BaseModel):
-    """The ``action_grammar`` extension: the constraint a turn was sampled under
-    (the shared ``constraint`` record minus ``max_new_tokens``, which is ``max_tokens``)."""
-
-    model_config = ConfigDict(extra="ignore")
-    commands: list[str] = Field(default_factory=list)
-    meta_verbs: list[str] = Field(default_factory=list)
 
 
 class ChatRequest(BaseModel):
@@ -113,20 +104,6 @@ class GatewayError(Exception):
 
 def new_call_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
-
-
-def action_regex(commands: list[str], meta_verbs: list[str] | tuple[str, ...]) -> str:
-    """A regex (vLLM ``structured_outputs.regex``) accepting the strings `engines.grammar.ActionGrammar` accepts:
-    ``<think>`` free text without ``<`` ``</think><action>`` then an admissible command, a meta verb
-    followed by free text holding a non-space character, or bare ``track``, then ``</action>``."""
-    alts = [re.escape(c) for c in commands]
-    if meta_verbs:
-        verbs = "|".join(re.escape(v) for v in meta_verbs)
-        alts.append(rf"(?:{verbs}) [^<]*[^<\s][^<]*")
-        if "track" in meta_verbs:
-            alts.append("track")
-    body = "|".join(alts) if alts else r"[^<]*"
-    return rf"<think>[^<]*</think><action>(?:{body})</action>"
 
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)

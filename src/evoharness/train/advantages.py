@@ -66,23 +66,11 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
-from typing import Literal
 
 import torch
-from pydantic import Field
 
-from evoharness.config import Strict
 from evoharness.rollout.records import Trajectory
-
-
-class AdvantageConfig(Strict):
-    estimator: Literal["grpo", "gigpo"] = "grpo"
-    normalize_std: bool = True
-    eps: float = 1e-6
-    std_floor: float = Field(1.0, ge=0.0, description="σ_min: the group std is clamped to at least this before "
-                                                      "dividing (0: the paper's rule)")
-    gigpo_omega: float = 1.0
-    gigpo_gamma: float = 0.95
+from evoharness.config.rl import AdvantageConfig
 
 
 def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6,

@@ -1,8 +1,7 @@
-"""Atomic files and directories, RNG state, resumable JSONL metrics: what every trainer checkpoints with.
+"""Trainer checkpoints: step directories, RNG state, resumable JSONL metrics.
 
-A checkpoint directory is written to a temporary sibling, fsynced, then
-swapped in with `os.replace`, so a crash leaves either the old or the new
-checkpoint, never a torn one. ``checkpoints/latest`` names the newest; writing
+A checkpoint directory is written atomically (`files.atomic_dir`), so a crash
+leaves either the old or the new checkpoint, never a torn one. ``checkpoints/latest`` names the newest; writing
 it is the commit point of a step.
 
 Step commit (metrics and checkpoint agree after any kill): a trainer appends
@@ -15,20 +14,14 @@ belongs to, and the step is redone.
 Loading: `load_checkpoint` tries the committed checkpoint, then older ones,
 saying why it falls back; only data this module wrote is read back (JSON,
 safetensors, and `torch.load(weights_only=True)`: no arbitrary unpickling).
-
-Crash tests: `failpoint` SIGKILLs the process at a named point of a step when
-``$EVOHARNESS_FAILPOINT`` is ``name:step`` (the idea of etcd's gofail).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import signal
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -36,61 +29,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from evoharness.jsonl import read_jsonl
+from evoharness.files import atomic_write_text, truncate_jsonl
 
 T = TypeVar("T")
-FAILPOINT_ENV = "EVOHARNESS_FAILPOINT"
 METRICS_COPY = "metrics.jsonl"
-
-
-def failpoint(name: str, step: int) -> None:
-    """SIGKILL this process here if ``$EVOHARNESS_FAILPOINT == f"{name}:{step}"``."""
-    if os.environ.get(FAILPOINT_ENV) == f"{name}:{step}":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")) + [path]:
-        _fsync(p)
-
-
-def atomic_dir(final: Path, write: Callable[[Path], None]) -> Path:
-    """Write a directory atomically: `write(tmp)`, fsync, `os.replace` onto `final`."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # left by a killed writer
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    tmp.mkdir()
-    write(tmp)
-    _fsync_tree(tmp)
-    if final.exists():
-        old = final.parent / f".old-{final.name}-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    _fsync(final.parent)
-    return final
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -241,30 +183,6 @@ def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
         raise KeyError(f"{ckpt}: weights do not fit the model: missing {missing[:5]}, unexpected {res.unexpected_keys[:5]}")
 
 
-def append_jsonl(path: Path, record: dict[str, Any], step: int | None = None) -> None:
-    """Append one JSON line and fsync it. With `step` given, the ``torn_metrics``
-    failpoint writes half the line and dies (a kill mid-write)."""
-    line = json.dumps(record) + "\n"
-    with open(path, "a") as f:
-        if step is not None and os.environ.get(FAILPOINT_ENV) == f"torn_metrics:{step}":
-            f.write(line[: len(line) // 2])
-            f.flush()
-            os.fsync(f.fileno())
-            failpoint("torn_metrics", step)
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """On resume, drop metric records logged after the checkpoint's step (and torn lines)."""
-    if path.is_file():
-        keep = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
-
-
 def snapshot_metrics(metrics: Path, ckpt_tmp: Path) -> None:
     """Copy the metrics file, as of this step's commit, into a checkpoint being written."""
     if metrics.is_file():
@@ -273,11 +191,11 @@ def snapshot_metrics(metrics: Path, ckpt_tmp: Path) -> None:
 
 def restore_metrics(metrics: Path, ckpt: Path, step: int) -> None:
     """Make ``metrics.jsonl`` exactly what it was when `ckpt` was committed
-    (its copy; older checkpoints without one: `truncate_metrics` to `step`)."""
+    (its copy; older checkpoints without one: `truncate_jsonl` to `step`)."""
     copy = ckpt / METRICS_COPY
     if copy.is_file():
         atomic_write_text(metrics, copy.read_text())
     else:
-        truncate_metrics(metrics, step)
+        truncate_jsonl(metrics, step)
 
 

@@ -86,9 +86,11 @@ from tqdm import tqdm
 from evoharness.envs.alfworld.wording import parse_place
 from evoharness.envs.base import StepResult, TaskSpec
 from evoharness.harness.base import META_VERBS, normalize_command, split_completion
-from evoharness.harness.factory import HarnessConfig, make_harness
-from evoharness.jsonl import read_jsonl
-from evoharness.policies.base import estimate_tokens, format_action
+from evoharness.harness.factory import make_harness
+from evoharness.config.harness import HarnessConfig
+from evoharness.files import read_jsonl
+from evoharness.policies.base import format_action
+from evoharness.models.tokenizer import estimate_tokens
 from evoharness.policies.teacher import current_subgoal, decide, parse_prompt
 from evoharness.rollout.collect import traces_to_sft, write_jsonl_atomic
 from evoharness.rollout.records import Trajectory, TurnRecord

@@ -60,82 +60,14 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 
-from evoharness.config import Strict
 from evoharness.rollout.records import Trajectory
-from evoharness.train.advantages import AdvantageConfig
-from evoharness.train.rewards import RewardConfig
 from evoharness.train.schedule import lr_lambda
-
-
-class GRPOConfig(Strict):
-    """Stage 2 settings; defaults are the paper's Table 4 (Qwen3-8B, 8x H200).
-
-    The run length (Table 4's 150 epochs) is ``RLConfig.steps``; the prompt and
-    response caps (12,288 / 512 tokens) are ``RLConfig.max_prompt_tokens`` /
-    ``max_new_tokens``, which the sampler applies and the trainer inherits.
-    """
-
-    group_size: int = 8
-    prompts_per_step: int = 16
-    lr: float = 1e-6
-    lr_schedule: Literal["constant", "cosine"] = Field(
-        "constant", description="per RL step (policy version): constant, or linear warm-up over lr_warmup_steps "
-                                "then cosine to min_lr_ratio x lr at lr_decay_steps (`lr_at`)")
-    lr_warmup_steps: int = Field(0, ge=0, description="cosine: RL steps of linear warm-up")
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: the floor lr / lr, reached at lr_decay_steps")
-    lr_decay_steps: int | None = Field(None, gt=0, description="cosine: RL steps the decay spans; None: the run's "
-                                                               "RLConfig.steps")
-    weight_decay: float = 0.0
-    kl_beta: float = 0.01
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    entropy_coef: float = 0.0
-    grad_clip: float = 1.0
-    temperature: float = Field(1.0, gt=0.0, description="sampling temperature the behaviour log-probs used")
-    micro_batch_size: int = Field(8, gt=0, description="turns (with packing: packed rows) per forward/backward")
-    mini_batches: int = Field(1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); "
-                                                    "groups are kept whole")
-    epochs: int = Field(1, gt=0, description="passes over the step batch, each of `mini_batches` updates "
-                                             "(verl ppo_epochs): from the second on the PPO clip bounds the move")
-    off_policy: Literal["auto", "ppo", "decoupled"] = Field(
-        "auto", description="ppo: clip the ratio to the behaviour policy; decoupled: decoupled PPO with a truncated "
-                            "behaviour importance weight (module docstring); auto: decoupled on the schedules that "
-                            "train stale samples (async, elastic-async with staleness > 0), ppo elsewhere")
-    behaviour_weight_cap: float = Field(2.0, gt=0.0, description="decoupled: cap c of the importance weight "
-                                                                 "π_prox / π_behaviour (truncated IS)")
-    max_train_turns: int | None = Field(None, gt=0, description="turns trained per trajectory (sampled); None: all")
-    packing: bool = Field(False, description="train on tree-packed trajectory trees (train/tree_loss.py): "
-                                             "shared prompt prefixes run once, QwenGyre dedup sampling")
-    j_max: int | None = Field(None, gt=0, description="trajectory trees (packing, the repository workload): "
-                                                      "root-to-leaf paths trained per trajectory "
-                                                      "(role-priority dedup sampling); None: all")
-    pack_tokens: int = Field(4096, gt=0, description="with packing: token budget of one packed row")
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
-
-    @model_validator(mode="after")
-    def _one_work_cap(self) -> "GRPOConfig":
-        if self.off_policy == "decoupled" and (self.mini_batches != 1 or self.epochs != 1):
-            raise ValueError("grpo.off_policy=decoupled takes π_prox as the weights the gradient is taken at: "
-                             "it needs grpo.mini_batches = 1 and grpo.epochs = 1")
-        if self.packing and self.max_train_turns is not None:
-            raise ValueError("grpo.max_train_turns samples turn rows; with grpo.packing cap the work with grpo.j_max")
-        return self
-
-
-def resolved_off_policy(g: GRPOConfig, stale: bool) -> GRPOConfig:
-    """`g` with ``off_policy = "auto"`` resolved: decoupled PPO where the schedule trains
-    samples older than the weights they update (`stale`: async, elastic-async with η > 0),
-    PPO elsewhere."""
-    if g.off_policy != "auto":
-        return g
-    return g.model_copy(update={"off_policy": "decoupled" if stale else "ppo"})
+from evoharness.config.rl import GRPOConfig
 
 
 @dataclass

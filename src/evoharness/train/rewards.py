@@ -53,33 +53,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
 
-from pydantic import Field
 
-from evoharness.config import Strict
 from evoharness.rollout.records import Trajectory
+from evoharness.config.rl import RewardConfig
 
 # Verbs that are the same action in different engine wordings.
 VERB_ALIASES = {"move": "put"}
-
-
-class RewardConfig(Strict):
-    """Weights of the trajectory reward (paper defaults; Eq. 5-6)."""
-
-    success_reward: float = 10.0
-    lambda_eff: float = 1.0
-    t_max: int = Field(70, gt=0, description="step budget T_max in the efficiency term")
-    lambda_div_max: float = 0.5
-    div_epochs: int = Field(150, gt=0, description="U: epochs over which λ_div decays to 0")
-    lambda_spam: float = 0.1
-    spam_cap: int = 10
-    lambda_inv: float = 0.1
-    # EXTENSION (not in the paper): per-episode completion-token budget.
-    token_penalty: Literal["none", "lcpo", "dapo"] = "none"
-    token_budget: int = Field(4096, gt=0, description="B: completion tokens per episode")
-    token_alpha: float = 1.0
-    token_cache_frac: float = Field(0.2, gt=0.0, le=1.0, description="DAPO soft window L_cache / B")
 
 
 @dataclass

@@ -49,61 +49,24 @@ import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from evoharness.config import Strict
-from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.models.init import load_model, load_tokenizer
-from evoharness.train.checkpoint import (append_jsonl, atomic_dir, atomic_write_text, check_resume_config,
-                                         get_rng_state, load_checkpoint,
-                                         load_model_weights, load_trainer_state, set_rng_state, truncate_metrics)
+from evoharness.train.checkpoint import (check_resume_config, get_rng_state, load_checkpoint, load_model_weights, load_trainer_state, set_rng_state)
+from evoharness.files import append_jsonl, atomic_dir, atomic_write_text, truncate_jsonl
 from evoharness.train.packing import packed_sft_micro
 from evoharness.train.precision import autocast as precision_autocast
 from evoharness.train.precision import check_master_weights, export_dtype, save_exported
 from evoharness.train.schedule import lr_lambda
+from evoharness.config.sft import SFTConfig
 
 IGNORE = -100
 # settings a resumed run may change: how long, where and in what memory it runs, not what it trains
 RESUME_FREE = ("max_minutes", "progress", "ckpt_every", "keep_checkpoints", "eval_every", "device",
                "micro_batch_tokens", "calibration_steps", "fit_schedule_to_budget")
-
-
-class SFTConfig(Strict):
-    """Supervised fine-tuning settings (TOML section ``[sft]``)."""
-
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1          # cosine decays to lr * min_lr_ratio
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.95)
-    epochs: int = 3
-    max_steps: int | None = None       # overrides epochs (cycles through epochs)
-    batch_tokens: int = 8192           # padded tokens per optimizer step
-    micro_batch_tokens: int | None = None  # split a step into micro-batches of this many padded tokens
-    packing: bool = False              # tree-pack each step's rows (micro_batch_tokens: row budget); a row
-                                       # duplicated within a step then trains once
-    warmup_steps: int = 10
-    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with rl and eval (harness.prompt)
-    max_completion_tokens: int = 256
-    # Weight of an auxiliary next-token loss on the prompt tokens (0: completion only). The
-    # prompt is ~95% of a row's tokens; predicting it (admissible commands from the observation,
-    # history lines from earlier turns) is the copying a from-scratch student needs to learn.
-    prompt_loss_weight: float = 0.0
-    grad_clip: float = 1.0             # <= 0: no clipping
-    seed: int = 0
-    device: str = "cpu"
-    # Forward compute dtype; parameters and AdamW state stay fp32 (pure-bf16 weights would
-    # round small updates away). auto: fp32 on CPU, bf16 autocast on CUDA.
-    precision: Literal["auto", "fp32", "bf16_autocast"] = "auto"
-    max_minutes: float | None = None   # time budget; stops after a checkpoint
-    fit_schedule_to_budget: bool = False  # shrink the cosine horizon to the steps the budget allows
-    calibration_steps: int = 10        # steps timed before fitting the horizon
-    ckpt_every: int = 50               # steps; 0: only at the end / budget
-    keep_checkpoints: int = 2
-    eval_every: int = 0                # steps; 0: only at the end (when eval examples are given)
-    progress: bool = True
 
 
 # ---------------------------------------------------------------- data
@@ -401,7 +364,7 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
         step = state["step"]
         total = state.get("total_steps", total)  # a horizon fitted to the budget stays fixed
         epoch_batches[state["epoch"]] = state["epoch_batches"]
-        truncate_metrics(out / "metrics.jsonl", step)
+        truncate_jsonl(out / "metrics.jsonl", step)
     (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
 
     def batches_of(epoch: int) -> list[list[int]]:

@@ -41,28 +41,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
 
-from evoharness.config import Strict
 from evoharness.harness.base import META_VERBS, split_completion
-from evoharness.harness.prompt import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.train.dagger import state_key, teacher_label
 from evoharness.train.sft import collate, completion_loss, load_examples, plan_epoch, tokenize_examples
-
-
-class SFTAnchorConfig(Strict):
-    """``RLConfig.sft_anchor``: the SFT examples (JSONL, `train.sft.load_examples`) and the weight."""
-
-    data_path: str = Field("", description="SFT examples JSONL (the main job sets its sft_examples.jsonl)")
-    coef: float = Field(1.0, gt=0.0, description="weight of the mean completion NLL beside the GRPO loss")
-    batch_tokens: int = Field(4096, gt=0, description="padded tokens per anchor batch")
-    max_prompt_tokens: int = Field(DEFAULT_MAX_PROMPT_TOKENS, gt=0, description="as `SFTConfig`'s")
-    max_completion_tokens: int = Field(256, gt=0, description="as `SFTConfig`'s")
-    on_policy_coef: float = Field(0.0, ge=0.0, description="weight of the NLL of the teacher's labels at the "
-                                  "step's rollout states where the policy acted otherwise (0: off)")
-    on_policy_states: int = Field(64, gt=0, description="most relabelled states per RL step (a seeded sample)")
-    on_policy_filter: Literal["lost_env", "all"] = Field(
-        "lost_env", description="which disagreements: lost episodes' where the teacher acts in the world, or all")
+from evoharness.config.sft import SFTAnchorConfig
 
 
 def relabel_states(trajectories: list, seed: int, step: int, limit: int,

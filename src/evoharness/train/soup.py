@@ -27,11 +27,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from evoharness.jsonl import read_jsonl
-from evoharness.train.checkpoint import atomic_dir, atomic_write_text, check_resume_config
+from evoharness.files import read_jsonl
+from evoharness.train.checkpoint import check_resume_config
+from evoharness.files import atomic_dir, atomic_write_text
 
 if TYPE_CHECKING:
-    from evoharness.train.rl import RLConfig
+    from evoharness.config.rl import RLConfig
 
 # checkpoint files that belong to one run's optimisation, not to the averaged model
 _RUN_STATE = {"trainer_state.pt", "state.json", "metrics.jsonl"}

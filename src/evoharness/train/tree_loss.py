@@ -26,7 +26,8 @@ import torch
 
 from evoharness.rollout.records import Trajectory
 from evoharness.rollout.tree import PathSelection, TrajectoryTree, all_paths, has_tokens, select_paths
-from evoharness.train.grpo import GRPOConfig, StepStats, TokenMasks, run_updates, token_terms
+from evoharness.train.grpo import StepStats, TokenMasks, run_updates, token_terms
+from evoharness.config.rl import GRPOConfig
 from evoharness.train.packing import PackedBatch, collate, linear_cost, pack_trees, target_logprobs
 
 

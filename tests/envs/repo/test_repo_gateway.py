@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from evoharness.envs.repo.policies import OpenAIChatPolicy
-from evoharness.envs.repo.scaffold import AgentConfig, run_repo_episode
+from evoharness.envs.repo.scaffold import run_repo_episode
+from evoharness.config.env import AgentConfig
 from evoharness.runtime.backends import HTTPBackend
 from evoharness.runtime.gateway import Gateway, GatewayServer
 

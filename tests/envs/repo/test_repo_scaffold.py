@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from evoharness.cli import app
 from evoharness.envs.repo.policies import ChatReply, EmptyPolicy, OpenAIChatPolicy, ReferencePolicy, ToolCall
-from evoharness.envs.repo.scaffold import AgentConfig, run_repo_episode
+from evoharness.envs.repo.scaffold import run_repo_episode
+from evoharness.config.env import AgentConfig
 from evoharness.envs.repo.trace import TraceWriter
 from evoharness.runtime.workload import load_trace
 
@@ -221,7 +222,7 @@ def test_one_execution_raising_loses_none_of_the_others(pack, tmp_path, monkeypa
     failed task, and a rerun retries only it."""
     import pytest
 
-    from evoharness.envs.repo import evaluate as ev
+    from evoharness.eval import repo_eval as ev
 
     real = ev.run_repo_episode
 

@@ -18,7 +18,8 @@ from evoharness.engines.hf import Engine
 from evoharness.models.init import load_model, load_tokenizer, save_model
 from evoharness.runtime.backends import Backend, HTTPBackend, LocalBackend
 from evoharness.runtime.gateway import Gateway
-from evoharness.runtime.wire import action_regex, parse_tool_calls
+from evoharness.runtime.wire import parse_tool_calls
+from evoharness.engines.grammar import action_regex
 
 MODEL = "micro"
 

@@ -7,7 +7,8 @@ import torch
 
 from evoharness.envs.alfworld import make_env
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
-from evoharness.policies.factory import PolicyConfig, make_policy
+from evoharness.policies.factory import make_policy
+from evoharness.config.policy import PolicyConfig
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.runtime.backends import LocalBackend
 from evoharness.runtime.gateway import Gateway
@@ -77,7 +78,8 @@ def test_rl_steps_through_the_gateway_equal_in_process(gw_model_dir, tmp_path):
 
     from safetensors.torch import load_file
 
-    from evoharness.train.rl import RLConfig, train_rl
+    from evoharness.train.rl import train_rl
+    from evoharness.config.rl import RLConfig
 
     def run(out, via):
         cfg = RLConfig(model_path=str(gw_model_dir), out_dir=str(out), steps=2, max_steps=3, max_new_tokens=12,

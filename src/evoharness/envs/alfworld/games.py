@@ -23,15 +23,8 @@ from importlib import resources
 from pathlib import Path
 
 from evoharness.envs.base import TaskSpec
+from evoharness.config.env import TASK_TYPES
 
-TASK_TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
 # Short names used in tables (the papers' Pick/Look/Clean/Heat/Cool/Pick2 columns).
 TASK_SHORT = dict(zip(TASK_TYPES, ("pick", "look", "clean", "heat", "cool", "pick2")))
 

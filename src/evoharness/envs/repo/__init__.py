@@ -8,16 +8,16 @@
 - `scorer`: hidden tests over a copy of the workspace, reward = passed / n_tests.
 - `policies`: reference replay, empty, any OpenAI-compatible endpoint (the gateway too).
 - `trace`: model/tool durations for ``evoharness simulate``.
-- `evaluate`: ``evoharness eval --env repo``.
+- `scoring`: scored / placeholder / dropped, the retry budget (QwenGyre partial scoring).
 """
 
 from evoharness.envs.repo.policies import EmptyPolicy, OpenAIChatPolicy, ReferencePolicy, make_chat_policy
 from evoharness.envs.repo.sandbox import Limits, RunResult, Sandbox, SandboxError, SandboxUnavailable
-from evoharness.envs.repo.scaffold import AgentConfig, RepoEpisode, run_repo_episode
+from evoharness.envs.repo.scaffold import RepoEpisode, run_repo_episode
 from evoharness.envs.repo.scorer import score_workspace
 from evoharness.envs.repo.task import PACK_DIR, RepoTask, TaskFormatError, load_task, load_tasks
 from evoharness.envs.repo.tools import ToolBox, tool_schemas
 
-__all__ = ["AgentConfig", "EmptyPolicy", "Limits", "OpenAIChatPolicy", "PACK_DIR", "ReferencePolicy", "RepoEpisode",
+__all__ = ["EmptyPolicy", "Limits", "OpenAIChatPolicy", "PACK_DIR", "ReferencePolicy", "RepoEpisode",
            "RepoTask", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable", "TaskFormatError", "ToolBox",
            "load_task", "load_tasks", "make_chat_policy", "run_repo_episode", "score_workspace", "tool_schemas"]

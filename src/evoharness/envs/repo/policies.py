@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from evoharness.envs.repo.task import RepoTask
-from evoharness.policies.base import estimate_tokens
+from evoharness.models.tokenizer import estimate_tokens
 
 
 @dataclass

@@ -32,7 +32,7 @@ marks the run tampered, and a tampered run scores no pass. Each phase that runs
 the agent's code (a module's import, a test's setup, call and teardown) is
 bounded by ``per_test_timeout_s``: a hang fails that item and the run goes on.
 
-Outcomes go through `rollout.scoring.score_with_retry`:
+Outcomes go through `envs.repo.scoring.score_with_retry`:
 
 - ``NothingToEvaluate`` (placeholder 0): the workspace has no regular file, or
   the task ships no hidden tests (NL2Repo-Bench's are not public).
@@ -71,7 +71,7 @@ from evoharness.envs.repo.sandbox import (
     WORKSPACE, Limits, Sandbox, SandboxError, WorkspaceFS, copy_tree, has_regular_file,
 )
 from evoharness.envs.repo.task import PACK_DIR, RepoTask
-from evoharness.rollout.scoring import EvaluationError, NothingToEvaluate, ScoreOutcome, score_with_retry
+from evoharness.envs.repo.scoring import EvaluationError, NothingToEvaluate, ScoreOutcome, score_with_retry
 
 PLUGIN = '''\
 """evoharness scoring plugin: one signed JSON line per event, written to an inherited pipe."""

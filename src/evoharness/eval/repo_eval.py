@@ -15,52 +15,20 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
 from tqdm import tqdm
 
-from evoharness.config import Strict
 from evoharness.envs.repo.policies import make_chat_policy
 from evoharness.envs.repo.sandbox import require_bwrap
-from evoharness.envs.repo.scaffold import AgentConfig, run_repo_episode
+from evoharness.envs.repo.scaffold import run_repo_episode
 from evoharness.envs.repo.task import load_tasks
 from evoharness.envs.repo.trace import TraceWriter
-from evoharness.jsonl import read_jsonl
+from evoharness.files import read_jsonl
+from evoharness.config.eval import RepoEvalConfig
 
 
 class RepoEvalError(RuntimeError):
     """Some executions raised (a harness fault); every other one is saved and reported."""
-
-
-class RepoPolicyConfig(Strict):
-    """Who plays: ``reference`` (scripted replay of the solution), ``empty``, or
-    ``openai`` (any OpenAI-compatible endpoint, the gateway included)."""
-
-    kind: Literal["reference", "empty", "openai"] = "reference"
-    base_url: str | None = None
-    model: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    timeout_s: float = 600.0
-    max_retries: int = 3
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 4096
-    seed: int | None = 0
-    tito: bool = False
-
-
-class RepoEvalConfig(Strict):
-    tasks: str = "pack"                   # "pack", a task directory, or a directory of tasks
-    task_ids: list[str] = []              # only these (default: all)
-    limit: int | None = Field(None, ge=1)
-    workers: int = Field(2, ge=1)
-    out_dir: str = "runs/eval_repo"
-    resume: bool = True
-    agent: AgentConfig = AgentConfig(keep_workspace=True)  # workspaces/<task_id>/workspace, for reading
-    policy: RepoPolicyConfig = RepoPolicyConfig()
-
-
 
 
 def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
@@ -142,7 +110,7 @@ def run_cli(config: Path | None, overrides: list[str]) -> str:
     Raises:
         ConfigError / TaskFormatError (ValueError), SandboxUnavailable (RuntimeError).
     """
-    from evoharness.config import load_config
+    from evoharness.config.base import load_config
     from evoharness.eval.repo_report import difficulty_table, repo_table
 
     cfg = load_config(RepoEvalConfig, config, overrides)

@@ -1,4 +1,4 @@
-"""Typed configuration: pydantic models loaded from TOML, overridable from the CLI.
+"""The config base: `Strict` models loaded from TOML, overridable from the CLI.
 
 Every section rejects unknown keys (``extra="forbid"``), so a typo in a TOML
 file or a ``--set`` override is an error that names the key, not a silent

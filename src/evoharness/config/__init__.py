@@ -1,0 +1,19 @@
+"""Every typed configuration of the project, in one place that imports nothing else of it.
+
+Sections are pydantic models (`Strict`: unknown keys are errors) loaded from TOML and
+overridden from the command line (`load_config`). One module per area:
+
+- `base`: `Strict`, `ConfigError`, `load_config` and the ``--set`` override syntax;
+- `harness`: `HarnessConfig` and the shared prompt budget;
+- `policy`: `PolicyConfig` (who plays an evaluation or a collection);
+- `env`: ALFWorld's `EnvConfig` and task types, the repository agent's `AgentConfig`;
+- `eval`: `EvalConfig` (the fixed panel), `RepoEvalConfig`;
+- `sft`: `SFTConfig`, `SFTAnchorConfig`;
+- `rl`: `RewardConfig`, `AdvantageConfig`, `GRPOConfig`, `RuntimeConfig`, `RLConfig`;
+- `sim`: the simulator's `SimConfig` (workload, cluster, schedule knobs);
+- `run`: `RunConfig`, the main job.
+"""
+
+from evoharness.config.base import ConfigError, Strict, apply_overrides, load_config, parse_override
+
+__all__ = ["ConfigError", "Strict", "apply_overrides", "load_config", "parse_override"]

@@ -1,0 +1,251 @@
+"""Stage 2: cost-aware GRPO (reward, advantage, loss) and where its steps run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from evoharness.config.base import Strict
+from evoharness.config.env import AgentConfig
+from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS, HarnessConfig
+from evoharness.config.sft import SFTAnchorConfig
+
+class RewardConfig(Strict):
+    """Weights of the trajectory reward (paper defaults; Eq. 5-6)."""
+
+    success_reward: float = 10.0
+    lambda_eff: float = 1.0
+    t_max: int = Field(70, gt=0, description="step budget T_max in the efficiency term")
+    lambda_div_max: float = 0.5
+    div_epochs: int = Field(150, gt=0, description="U: epochs over which λ_div decays to 0")
+    lambda_spam: float = 0.1
+    spam_cap: int = 10
+    lambda_inv: float = 0.1
+    # EXTENSION (not in the paper): per-episode completion-token budget.
+    token_penalty: Literal["none", "lcpo", "dapo"] = "none"
+    token_budget: int = Field(4096, gt=0, description="B: completion tokens per episode")
+    token_alpha: float = 1.0
+    token_cache_frac: float = Field(0.2, gt=0.0, le=1.0, description="DAPO soft window L_cache / B")
+
+
+
+class AdvantageConfig(Strict):
+    estimator: Literal["grpo", "gigpo"] = "grpo"
+    normalize_std: bool = True
+    eps: float = 1e-6
+    std_floor: float = Field(1.0, ge=0.0, description="σ_min: the group std is clamped to at least this before "
+                                                      "dividing (0: the paper's rule)")
+    gigpo_omega: float = 1.0
+    gigpo_gamma: float = 0.95
+
+
+
+class GRPOConfig(Strict):
+    """Stage 2 settings; defaults are the paper's Table 4 (Qwen3-8B, 8x H200).
+
+    The run length (Table 4's 150 epochs) is ``RLConfig.steps``; the prompt and
+    response caps (12,288 / 512 tokens) are ``RLConfig.max_prompt_tokens`` /
+    ``max_new_tokens``, which the sampler applies and the trainer inherits.
+    """
+
+    group_size: int = 8
+    prompts_per_step: int = 16
+    lr: float = 1e-6
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="per RL step (policy version): constant, or linear warm-up over lr_warmup_steps "
+                                "then cosine to min_lr_ratio x lr at lr_decay_steps (`lr_at`)")
+    lr_warmup_steps: int = Field(0, ge=0, description="cosine: RL steps of linear warm-up")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: the floor lr / lr, reached at lr_decay_steps")
+    lr_decay_steps: int | None = Field(None, gt=0, description="cosine: RL steps the decay spans; None: the run's "
+                                                               "RLConfig.steps")
+    weight_decay: float = 0.0
+    kl_beta: float = 0.01
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    entropy_coef: float = 0.0
+    grad_clip: float = 1.0
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature the behaviour log-probs used")
+    micro_batch_size: int = Field(8, gt=0, description="turns (with packing: packed rows) per forward/backward")
+    mini_batches: int = Field(1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); "
+                                                    "groups are kept whole")
+    epochs: int = Field(1, gt=0, description="passes over the step batch, each of `mini_batches` updates "
+                                             "(verl ppo_epochs): from the second on the PPO clip bounds the move")
+    off_policy: Literal["auto", "ppo", "decoupled"] = Field(
+        "auto", description="ppo: clip the ratio to the behaviour policy; decoupled: decoupled PPO with a truncated "
+                            "behaviour importance weight (module docstring); auto: decoupled on the schedules that "
+                            "train stale samples (async, elastic-async with staleness > 0), ppo elsewhere")
+    behaviour_weight_cap: float = Field(2.0, gt=0.0, description="decoupled: cap c of the importance weight "
+                                                                 "π_prox / π_behaviour (truncated IS)")
+    max_train_turns: int | None = Field(None, gt=0, description="turns trained per trajectory (sampled); None: all")
+    packing: bool = Field(False, description="train on tree-packed trajectory trees (train/tree_loss.py): "
+                                             "shared prompt prefixes run once, QwenGyre dedup sampling")
+    j_max: int | None = Field(None, gt=0, description="trajectory trees (packing, the repository workload): "
+                                                      "root-to-leaf paths trained per trajectory "
+                                                      "(role-priority dedup sampling); None: all")
+    pack_tokens: int = Field(4096, gt=0, description="with packing: token budget of one packed row")
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+
+    @model_validator(mode="after")
+    def _one_work_cap(self) -> "GRPOConfig":
+        if self.off_policy == "decoupled" and (self.mini_batches != 1 or self.epochs != 1):
+            raise ValueError("grpo.off_policy=decoupled takes π_prox as the weights the gradient is taken at: "
+                             "it needs grpo.mini_batches = 1 and grpo.epochs = 1")
+        if self.packing and self.max_train_turns is not None:
+            raise ValueError("grpo.max_train_turns samples turn rows; with grpo.packing cap the work with grpo.j_max")
+        return self
+
+
+def resolved_off_policy(g: GRPOConfig, stale: bool) -> GRPOConfig:
+    """`g` with ``off_policy = "auto"`` resolved: decoupled PPO where the schedule trains
+    samples older than the weights they update (`stale`: async, elastic-async with η > 0),
+    PPO elsewhere."""
+    if g.off_policy != "auto":
+        return g
+    return g.model_copy(update={"off_policy": "decoupled" if stale else "ppo"})
+
+
+
+class RuntimeConfig(Strict):
+    """Where the RL steps run (``RLConfig.runtime``; CLI ``--schedule/--cells/--backend``)."""
+
+    schedule: Literal["inprocess", "colocate", "async", "elastic", "elastic-async"] = "inprocess"
+    cells: int = Field(1, ge=1)
+    backend: Literal["local", "ray"] = "local"
+    # executions one rollout cell hosts at once (C_e); None: a step's executions spread over all cells
+    capacity: int | None = Field(None, ge=1)
+    staleness: int = Field(1, ge=0)          # η of async / elastic-async
+    async_train_cells: int | None = Field(None, ge=1)
+    stall_s: float = Field(900.0, gt=0)      # no event for this long: the run fails (a dead backend)
+    ray_address: str | None = None          # backend "ray": a cluster to join (None: start a local head)
+    ray_num_cpus: float = Field(0.25, gt=0)  # CPUs each Ray cell actor reserves (fractions share a machine)
+    # rollout calls through the gateway (routed by execution; a switch drains the cell, re-issuing its calls)
+    via_gateway: bool = False
+    # colocate/async on the local backend: the fixed train cells all-reduce their gradients in a
+    # torch.distributed group (`runtime.replicas`); False: gradient files summed by the core, as elastic does
+    allreduce: bool = True
+
+
+
+class LLMConsolidatorConfig(Strict):
+    """An OpenAI-compatible endpoint that consolidates the experience store's
+    notes (`harness.bpe.llm_consolidator`); unset: the rule consolidator."""
+
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 60.0
+    max_retries: int = 2
+
+
+class RepoRLConfig(Strict):
+    """``env = "repo"``: GRPO on repository tasks over the runtime cells (`runtime.repo_backend`;
+    docs/repo_env.md). Each execution's call records are trained as a trajectory tree
+    (``grpo.j_max`` paths per tree; None: every trainable token once)."""
+
+    tasks: str = "pack"                   # "pack", a task directory, or a directory of tasks
+    task_ids: list[str] = []              # only these (default: all of `tasks`)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+
+
+class Branch(Strict):
+    """A GRPO group's start state: game `task_id` after its first turns replay `prefix` (an
+    earlier episode's completions up to where it went wrong, `pipeline.screened_games`); the
+    group's samples share that state and only their own turns are trained (`grpo.turn_samples`).
+    Branching from the states where the SFT model loops puts the group's whole reward spread on
+    the decision it gets wrong, where a group started from the game's first turn reaches that
+    state in few samples and trains it in few of its drawn turns."""
+
+    task_id: str
+    prefix: list[str] = Field(min_length=1)
+
+
+class RLConfig(Strict):
+    """``evoharness rl`` settings. Defaults: the paper's Table 4 (``grpo``) on
+    ALFWorld train games with T_max = 70; the main job overrides the sizes for CPU."""
+
+    model_path: str = ""  # the SFT model directory (policy init and KL reference)
+    out_dir: str = "runs/rl"
+    steps: int = 150
+    split: str = "train"
+    task_types: list[str] | None = None  # train (and evaluate) on these ALFWorld task types only; None: all six
+    exclude_games: list[str] = []  # task ids never trained on (the main job's development set)
+    # train on these task ids only (the main job's screened games, `pipeline.screen_rl_games`); None: all
+    games: list[str] | None = Field(None, min_length=1)
+    # with branches, every other GRPO group starts from the next branch (in this order, cycling)
+    # instead of the next game's first turn (runtime.schedule = "inprocess" only)
+    branches: list[Branch] = []
+    # a branch episode ends after this many turns of its own (after its prefix; None: at the run's
+    # T_max): the decision it branches for comes first, so a short episode trains it at a fraction
+    # of a full one's cost
+    branch_turns: int | None = Field(None, gt=0)
+    # "positive": a branch group's negative advantages are set to 0, so its samples that stay in the
+    # loop are not pushed down (the loop action, e.g. tracking the lamp, is right in states no branch
+    # starts from). A lever, off by default (benchmarks/results/student/rl_levers_short_branch.md).
+    branch_advantage: Literal["both", "positive"] = "both"
+    data_path: str | None = None
+    engine: Literal["textworld", "fast"] = "fast"
+    # the placing-command wording played (envs/alfworld/wording.py): set it as the data it
+    # continues from (collect --wording, eval env.wording), or RL trains on a wording SFT never saw
+    wording: Literal["native", "put", "move"] = "native"
+    max_steps: int = 70
+    # T_max per GRPO group instead, cycling over the run's groups (group g of step u plays
+    # step_caps[(u·P + g) % len]): a step-cap mix gives long-tail episodes (benchmarks/rl_runtime.py)
+    step_caps: list[int] | None = Field(None, min_length=1)
+    harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe"))
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    # each GRPO update also descends the SFT loss on these teacher examples (PPO-ptx; train.sft_anchor)
+    sft_anchor: SFTAnchorConfig | None = None
+    device: str = "cpu"
+    # Forward compute dtype of rollouts and training (auto: bf16 on CUDA, fp32 on CPU). The
+    # policy's parameters and AdamW state are fp32 master weights whatever this says
+    # (`train.precision`); the frozen reference model is held in this dtype.
+    dtype: str = "auto"
+    ref_device: str | None = None  # the reference model's device (None: `device`), e.g. "cuda:1"
+    # Default on: the policy acts through the action grammar, and the trainer scores that
+    # masked distribution (forced tokens carry no gradient). Off: free decoding, where the
+    # reward's invalid-action term does the work of the grammar.
+    constrained: bool = True
+    max_new_tokens: int = 96
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with sft and eval (harness.prompt)
+    decode_threads: int | None = None  # torch CPU threads while sampling (1 suits tiny models)
+    threads: int | None = None  # torch CPU threads for the whole run (None: torch's default)
+    seed: int = 0
+    ckpt_every: int = Field(1, ge=1)  # a checkpoint every N steps (and at the last)
+    keep_checkpoints: int = 2
+    eval_every: int = 0  # 0: no periodic evaluation
+    eval_split: str = "valid_seen"
+    eval_limit: int | None = 42
+    max_minutes: float | None = None
+    llm_consolidator: LLMConsolidatorConfig | None = None
+    # consolidate the rollouts' notes, pickups and use counts into the experience store after each
+    # step (the paper's epoch boundary); False: they are dropped and the store RL starts from stays fixed
+    consolidate_experience: bool = True
+    # sample through a loopback OpenAI-compatible gateway on the live weights (`runtime.gateway.served_policy`):
+    # the same trajectories as in-process, plus the gateway's call records in out_dir/gateway
+    rollout_via_gateway: bool = False
+    # where the steps run: "inprocess" (this module's loop) or a runtime schedule on K cell
+    # processes (`runtime.rl_job`; colocate with 1 cell plays the same episodes and updates)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    # the RL workload: ALFWorld games, or repository tasks (`repo`; runtime schedules only)
+    env: Literal["alfworld", "repo"] = "alfworld"
+    repo: RepoRLConfig = Field(default_factory=RepoRLConfig)
+    # N > 1: the run once per seed (seed, seed + 1, ...) and the policy their weight average
+    # (`train.soup`); each seed's run in out_dir/seed<s>
+    soup_seeds: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _soup_needs_fixed_store(self) -> "RLConfig":
+        if self.soup_seeds > 1 and self.consolidate_experience:  # refused before any seed trains
+            raise ValueError("soup_seeds > 1 needs consolidate_experience = false: each seed would consolidate "
+                             "its own experience store, and stores have no average")
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_labels_need_bpe(self) -> "RLConfig":
+        if self.sft_anchor is not None and self.sft_anchor.on_policy_coef > 0 and self.harness.kind != "bpe":
+            raise ValueError("sft_anchor.on_policy_coef > 0 needs harness.kind = 'bpe': the scripted teacher "
+                             "labels BPE-harness prompts only")
+        return self
+

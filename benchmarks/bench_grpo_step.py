@@ -8,10 +8,15 @@ Usage:
 Without --model-path a 'mini' Qwen3 model is initialised from scratch with a
 tokenizer trained on real BPE-harness prompts (generation then runs to the
 token cap every turn: an upper bound on generation time). Prints one row per
-RL step and the mean split, from the loop's own ``timing_s/*`` metrics (wall
-seconds), then the same split in CPU seconds of this process (generation =
-inside the engine's ``generate``, training = inside the GRPO update): on a
-shared machine the CPU split is the robust one.
+RL step and the mean split of wall seconds (generation and environment: the
+run's ``timing_s/*`` metrics; training: wall time inside `train.trainer.Trainer`,
+the streamed micro-batches' forward/backward and the weight sync's update), then
+the same split in CPU seconds of this process (generation = inside the engine's
+``generate``, training = inside the Trainer's ``prepare``/``accumulate``/``apply``,
+the whole GRPO update): on a shared machine the CPU split is the robust one. The
+run is `recipes.rl.train_rl` with the default runtime (one cell in this process);
+with ``--set runtime.cells=K`` the cells' time is in their own processes and not
+in either split.
 """
 
 from __future__ import annotations
@@ -25,13 +30,13 @@ from pathlib import Path
 import torch
 
 from evoharness.config.base import load_config
+from evoharness.config.rl import RLConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.models.init import count_params, init_model
 from evoharness.models.tokenizer import build_tokenizer
-from evoharness.train.rl import train_rl
-from evoharness.config.rl import RLConfig
+from evoharness.recipes.rl import train_rl
 
 
 def scratch_model(out: Path, preset: str) -> Path:
@@ -75,20 +80,32 @@ def main() -> None:
     StaticEngine.__init__ = track
     cpu = {"gen": 0.0, "train": 0.0}  # CPU seconds of this process inside generation / the GRPO update
 
+    # wall seconds inside the Trainer, per RL step: the streamed micro-batches' and the sync's alike
+    train_wall = {"pending": 0.0, "by_step": {}}
+
     def cpu_timed(fn, key):
         def run(*a, **kw):
-            c = time.process_time()
+            c, w = time.process_time(), time.perf_counter()
             try:
                 return fn(*a, **kw)
             finally:
                 cpu[key] += time.process_time() - c
+                if key == "train":
+                    train_wall["pending"] += time.perf_counter() - w
+                    if fn.__name__ == "apply":      # an update ends: what trained since goes to its step
+                        step = kw["step"] + 1       # `apply(lr, step=...)`: 0-based; metrics count from 1
+                        train_wall["by_step"][step] = train_wall["by_step"].get(step, 0.0) + train_wall["pending"]
+                        train_wall["pending"] = 0.0
         return run
-    import evoharness.runtime.inprocess as inprocess
     from evoharness.engines.hf import Engine
+    from evoharness.train.trainer import Trainer
     for cls in (StaticEngine, Engine):
         cls.generate = cpu_timed(cls.generate, "gen")
-    inprocess.grpo_step = cpu_timed(inprocess.grpo_step, "train")
-    inprocess.tree_grpo_step = cpu_timed(inprocess.tree_grpo_step, "train")
+    # the whole policy update: streamed micro-batches' forward/backward (`accumulate`, also called by
+    # `train.step.run_updates` at the sync), decoupled PPO's π_prox pass (`prepare`), the anchor, clip
+    # and AdamW (`apply`); turn rows or tree-packed alike
+    for name in ("prepare", "accumulate", "apply"):
+        setattr(Trainer, name, cpu_timed(getattr(Trainer, name), "train"))
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model_path) if args.model_path else scratch_model(Path(tmp) / "model", args.preset)
         sizes = dict(model_path=str(model), out_dir=str(Path(tmp) / "rl"), steps=args.steps, engine=args.engine,
@@ -103,11 +120,14 @@ def main() -> None:
         train_rl(cfg, progress=False)
         cpu_total = time.process_time() - c0
         rows = [json.loads(ln) for ln in (Path(tmp) / "rl" / "metrics.jsonl").read_text().splitlines()]
+        for r in rows:
+            r["train_wall_s"] = train_wall["by_step"].get(r["step"], 0.0)
         from evoharness.models.init import load_model
 
         n_params = count_params(load_model(model))
     print(f"model {model.name} ({n_params / 1e6:.2f}M params), device {args.device}, threads {args.threads}, "
-          f"env engine {args.engine}, generation engine {args.gen_engine}; config {args.config or 'defaults'} {' '.join(args.overrides)}; "
+          f"env engine {args.engine}, generation engine {args.gen_engine}; "
+          f"config {args.config or 'defaults'} {' '.join(args.overrides)}; "
           f"{args.prompts} games x {args.group} samples, <= {args.max_steps} turns, "
           f"<= {args.max_new_tokens} new tokens/turn, {cfg.grpo.mini_batches} update(s)/step, "
           f"<= {cfg.grpo.max_train_turns or 'all'} trained turns/episode\n")
@@ -118,8 +138,9 @@ def main() -> None:
     for label, r in [(str(r["step"]), r) for r in rows] + [("mean", mean)]:
         tot = r["timing_s/step"]
         print(f"| {label} | {r['steps_per_episode'] * n:.0f} | {r['completion_tokens_per_episode'] * n:.0f} | "
-              f"{r['timing_s/gen']:.1f} | {r['timing_s/env']:.2f} | {r['timing_s/train']:.1f} | {tot:.1f} | "
-              f"{100 * r['timing_s/gen'] / tot:.0f} | {100 * r['timing_s/env'] / tot:.1f} | {100 * r['timing_s/train'] / tot:.0f} |")
+              f"{r['timing_s/gen']:.1f} | {r['timing_s/env']:.2f} | {r['train_wall_s']:.1f} | {tot:.1f} | "
+              f"{100 * r['timing_s/gen'] / tot:.0f} | {100 * r['timing_s/env'] / tot:.1f} | "
+              f"{100 * r['train_wall_s'] / tot:.0f} |")
     print(f"\nCPU seconds of this process (all {args.steps} step(s) of train_rl): total {cpu_total:.1f}, "
           f"generation {cpu['gen']:.1f} ({100 * cpu['gen'] / cpu_total:.0f}%), GRPO update {cpu['train']:.1f} "
           f"({100 * cpu['train'] / cpu_total:.0f}%), other {cpu_total - cpu['gen'] - cpu['train']:.1f}")

@@ -15,13 +15,19 @@ Workloads (one GRPO step batch each):
       summary. Random token ids; lengths drawn per call.
 
 Behaviour log-probs are the model's own (one no-grad pass), so ratios start at 1.
-Variants, all with the same per-token GRPO loss (kl_beta = 0: policy forward/backward only):
-  calls as rows  : the turn trainer (`grpo.accumulate_gradients`): every call = prompt + completion,
-                   micro-batches of 8 length-sorted rows (the trainer before trees).
-  paths as rows  : the J_max selected root-to-leaf paths, one row each (dedup loss masks).
-  packed         : the selected paths packed into tree rows of <= --max-tokens tokens; a path joins
-                   a row only when the FLOP cost model (`packing.linear_cost`) says sharing pays.
-Rows go 8 to a forward/backward, length-sorted, as the turn trainer's micro-batches.
+Every variant is the trainer RL runs (`train.trainer.Trainer.accumulate`, kl_beta = 0: policy
+forward/backward only), with the same per-token GRPO loss and token weights 1/(M·N_j):
+  calls as rows  : every call a turn row (prompt + completion), ``packing = false``: the turn
+                   trainer on the raw calls (no tree, shared prefixes run once per call).
+  turn rows      : the rows RL trains for J_max (`train.step.call_rows`: the J_max selected
+                   root-to-leaf paths, each run of generated tokens one row whose prompt is the
+                   path before it, a shared prefix trained once), ``packing = false``:
+                   ``micro_batch_size`` length-sorted rows per forward/backward.
+  packed         : the same rows, ``packing = true`` (`train.tree_loss.packed_rows_accumulate`):
+                   each execution's rows folded into one tree and laid into packed rows of
+                   <= --max-tokens tokens; a path joins a row only when the FLOP cost model
+                   (`packing.linear_cost`) says sharing pays; ``micro_batch_size`` packed rows per
+                   forward/backward.
 Time is this process's CPU time (1 thread), median of --repeats interleaved rounds after a warm-up
 (the machine is shared: wall time is printed too). The "8B" columns project the same rows to
 Qwen3-8B in FLOPs (see `packing.linear_cost`). QwenGyre (arXiv 2609.33848) reports
@@ -42,6 +48,7 @@ from types import SimpleNamespace
 
 import torch
 
+from evoharness.config.rl import GRPOConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import TASK_TYPES, discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
@@ -49,11 +56,13 @@ from evoharness.models.init import count_params, init_model
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
+from evoharness.rollout.records import CallRecord
 from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
-from evoharness.train.grpo import TurnSample, accumulate_gradients
-from evoharness.config.rl import GRPOConfig
+from evoharness.train.grpo import TurnSample
 from evoharness.train.packing import collate, linear_cost, pack_trees, target_logprobs
-from evoharness.train.tree_loss import tree_accumulate_gradients
+from evoharness.train.step import call_rows, set_token_weights
+from evoharness.train.trainer import Trainer
+from evoharness.train.tree_loss import row_trees
 
 QWENGYRE_SAVING = {1: "58.6%", 5: "25.2%", None: "0 (ref)"}
 
@@ -122,7 +131,7 @@ def fill_logprobs(model, trees, max_tokens: int) -> None:
 
 
 def call_samples(trees, advantages) -> list[TurnSample]:
-    """Every call as a (prompt, completion) turn row for the turn trainer."""
+    """Every call as a (prompt, completion) turn row, weighted 1/(M·N_j)."""
     out = []
     for tree, adv in zip(trees, advantages):
         for i, call in enumerate(tree.calls):
@@ -130,7 +139,27 @@ def call_samples(trees, advantages) -> list[TurnSample]:
             lps = [x for n in tree.path(call.node) for x in tree.nodes[n].logprobs]
             out.append(TurnSample(prompt, comp, lps[call.n_prompt:call.n_prompt + call.n_completion], adv,
                                   tree.execution_id))
+    set_token_weights(out)
     return out
+
+
+def call_records(tree: TrajectoryTree) -> list[CallRecord]:
+    """The tree's calls as the gateway records them (what `train.step.call_rows` reads)."""
+    out = []
+    for i, call in enumerate(tree.calls):
+        prompt, comp = tree.call_sequence(i)
+        lps = [x for n in tree.path(call.node) for x in tree.nodes[n].logprobs]
+        out.append(CallRecord(tree.execution_id, call.call_id or f"{tree.execution_id}#c{i}", call.role, "bench",
+                              prompt, comp, lps[call.n_prompt:call.n_prompt + call.n_completion], 0, "stop",
+                              float(i), float(i)))
+    return out
+
+
+def selected_rows(trees, advantages, cfg: GRPOConfig) -> list[TurnSample]:
+    """The rows RL trains at ``cfg.j_max`` (`train.step.call_rows`, step 0), weighted 1/(M·N_j)."""
+    rows = [r for tree, adv in zip(trees, advantages) for r in call_rows(call_records(tree), adv, cfg, 0)[0]]
+    set_token_weights(rows)
+    return rows
 
 
 # ---------------------------------------------------------------- timing
@@ -146,51 +175,62 @@ def flops_8b(lengths) -> float:
     return sum(alpha * n + n * n for n in lengths)
 
 
-def bench_workload(name: str, model, trees, repeats: int, max_tokens: int) -> list[dict]:
+def bench_workload(name: str, model, tok, trees, repeats: int, max_tokens: int) -> list[dict]:
     """Every variant, repeats interleaved round-robin. Time is this process's CPU time
     (one thread): on a shared machine wall time swings ±50% with other jobs' load."""
-    cfg = GRPOConfig(kl_beta=0.0, temperature=1.0, micro_batch_size=8)
+    cfg = GRPOConfig(kl_beta=0.0, temperature=1.0, micro_batch_size=8, pack_tokens=max_tokens)
+    turn, packed = Trainer(model, tok, cfg), Trainer(model, tok, cfg.model_copy(update={"packing": True}))
     rng = random.Random(0)
     adv = [rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5) for _ in trees]
     samples = call_samples(trees, adv)
-    base_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    variants = [("calls as rows", "all", lambda: accumulate_gradients(model, samples, cfg),
+
+    def run_tokens(rows):
+        return sum(len(s.prompt_ids) + len(s.completion_ids) for s in rows)
+
+    # (variant, J_max, paths, rows, train, 8B FLOPs)
+    variants = [("calls as rows", "all", len(samples), samples, turn.accumulate,
                  flops_8b([len(s.prompt_ids) + len(s.completion_ids) for s in samples]))]
     for j_max in (None, 5, 1):
-        sels = [select_paths(t, j_max, 0) if j_max is not None else all_paths(t) for t in trees]
-        for variant, budget in (("paths as rows", 1), ("packed", max_tokens)):
-            est = flops_8b([r.n_tokens for r in pack_trees(trees, sels, budget, linear_cost(QWEN3_8B))])
-            variants.append((variant, "all" if j_max is None else j_max,
-                             lambda b=budget, j=j_max: tree_accumulate_gradients(
-                                 model, trees, adv, cfg, j_max=j, seed=0, max_tokens=b,
-                                 rows_per_micro=cfg.micro_batch_size), est))
+        rows = selected_rows(trees, adv, cfg.model_copy(update={"j_max": j_max}))
+        paths = sum(len(select_paths(t, j_max, 0).leaves) for t in trees)
+        r_trees, _ = row_trees(rows)
+        label = "all" if j_max is None else j_max
+        variants.append(("turn rows", label, paths, rows, turn.accumulate,
+                         flops_8b([len(s.prompt_ids) + len(s.completion_ids) for s in rows])))
+        variants.append(("packed", label, paths, rows, packed.accumulate,
+                         flops_8b([r.n_tokens for r in pack_trees(r_trees, None, max_tokens,
+                                                                  linear_cost(QWEN3_8B))])))
     cpu: list[list[float]] = [[] for _ in variants]
     wall: list[list[float]] = [[] for _ in variants]
     metrics: list[dict] = [{} for _ in variants]
     for r in range(repeats + 1):  # round 0 is a warm-up
-        for i, (_, _, fn, _) in enumerate(variants):
+        for i, (_, _, _, rows, fn, _) in enumerate(variants):
             model.zero_grad(set_to_none=True)
             c0, w0 = time.process_time(), time.perf_counter()
-            metrics[i] = fn()
+            metrics[i] = fn(rows)
             if r:
                 cpu[i].append(time.process_time() - c0)
                 wall[i].append(time.perf_counter() - w0)
-    rows = []
-    for (variant, j_max, _, est), c, w, m in zip(variants, cpu, wall, metrics):
-        rows.append(dict(workload=name, variant=variant, j_max=j_max, paths=m.get("paths", len(samples)),
-                         trained=m["n_tokens"], run=m.get("packed_tokens", base_tokens), time=statistics.median(c),
-                         wall=statistics.median(w), est=est))
-    base, unc = rows[0], next(r for r in rows if r["variant"] == "packed" and r["j_max"] == "all")
-    for r in rows:
+    model.zero_grad(set_to_none=True)
+    for (variant, j_max, *_), m, (_, j0, *_), m0 in zip(variants, metrics, variants[1:], metrics[1:]):
+        if variant == "turn rows":      # the next variant packs the same rows: the same objective
+            assert j0 == j_max and abs(m["loss"] - m0["loss"]) <= 1e-3 * abs(m["loss"]) + 1e-6, (j_max, m, m0)
+    out = []
+    for (variant, j_max, paths, rows, _, est), c, w, m in zip(variants, cpu, wall, metrics):
+        out.append(dict(workload=name, variant=variant, j_max=j_max, paths=paths, rows=m.get("rows", len(rows)),
+                        trained=int(m["n_tokens"]), run=int(m.get("packed_tokens", run_tokens(rows))),
+                        time=statistics.median(c), wall=statistics.median(w), est=est))
+    base, unc = out[0], next(r for r in out if r["variant"] == "packed" and r["j_max"] == "all")
+    for r in out:
         r["save_base"] = 1 - r["time"] / base["time"]
         r["save_unc"] = 1 - r["time"] / unc["time"] if r["variant"] == "packed" else None
         r["est_base"] = 1 - r["est"] / base["est"]
         r["est_unc"] = 1 - r["est"] / unc["est"] if r["variant"] == "packed" else None
-    return rows
+    return out
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'workload':<10} {'variant':<14} {'J_max':>5} {'paths':>5} {'trained':>7} {'tok run':>7} "
+    head = (f"{'workload':<10} {'variant':<14} {'J_max':>5} {'paths':>5} {'rows':>5} {'trained':>7} {'tok run':>7} "
             f"{'cpu s':>6} {'wall s':>6} {'vs calls':>8} {'vs all':>7} {'8B vs calls':>11} {'8B vs all':>9} "
             f"{'QwenGyre':>8}")
     lines = [head, "-" * len(head)]
@@ -201,7 +241,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         packed = r["variant"] == "packed"
         qg = QWENGYRE_SAVING.get(None if r["j_max"] == "all" else r["j_max"], "") if packed else ""
-        lines.append(f"{r['workload']:<10} {r['variant']:<14} {r['j_max']!s:>5} {r['paths']:>5} {r['trained']:>7,} "
+        lines.append(f"{r['workload']:<10} {r['variant']:<14} {r['j_max']!s:>5} {r['paths']:>5} {r['rows']:>5} "
+                     f"{r['trained']:>7,} "
                      f"{r['run']:>7,} {r['time']:>6.2f} {r['wall']:>6.2f} {pct(r['save_base']):>8} "
                      f"{pct(r['save_unc']):>7} {pct(r['est_base']):>11} {pct(r['est_unc']):>9} {qg:>8}")
     return "\n".join(lines)
@@ -235,16 +276,18 @@ def main() -> None:
             fill_logprobs(model, trees, args.max_tokens)
             calls = sum(len(t.calls) for t in trees)
             out.append(f"{name}: {d}; {calls} calls; tokens as calls {sum(t.n_call_tokens() for t in trees):,}, "
-                       f"distinct in trees {sum(t.n_tokens for t in trees):,}, trainable {sum(t.n_trainable for t in trees):,}")
+                       f"distinct in trees {sum(t.n_tokens for t in trees):,}, "
+                       f"trainable {sum(t.n_trainable for t in trees):,}")
         print("\n".join(out), flush=True)
         rows = []
         for name, trees in (("alfworld", a_trees), ("synthetic", s_trees)):
-            rows += bench_workload(name, model, trees, args.repeats, args.max_tokens)
+            rows += bench_workload(name, model, tok, trees, args.repeats, args.max_tokens)
             print(table([r for r in rows if r["workload"] == name]), flush=True)
     out += ["", table(rows), "",
-            "cpu s: median CPU seconds of this process for one GRPO forward+backward over the batch (1 thread); "
-            "wall s: median wall seconds.",
-            "vs calls: CPU time saved vs the turn trainer (every call a row); vs all: vs tree-packed training "
+            "cpu s: median CPU seconds of this process for one GRPO forward+backward over the batch "
+            "(`Trainer.accumulate`, 1 thread); wall s: median wall seconds.",
+            "rows: turn rows, or packed rows (packed); tok run: tokens forwarded (padding excluded).",
+            "vs calls: CPU time saved vs the turn trainer on every call; vs all: vs tree-packed training "
             "of every path; QwenGyre: its reported saving at that J_max vs every path.",
             "8B vs calls / 8B vs all: the same comparisons in FLOPs projected for Qwen3-8B (rows packed with "
             "its cost model, Σ α·L + L², α = linear_cost(Qwen3-8B) ≈ 23,500): at that width a token's MLP "

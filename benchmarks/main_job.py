@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 
 from evoharness.config.base import load_config
-from evoharness.pipeline import RunConfig, run_pipeline
+from evoharness.config.run import RunConfig
+from evoharness.pipeline import run_pipeline
 
 FILES = ("report.md", "success.png", "learning_curve.png", "sft_loss.png", "rl_curves.png", "curve.json")
 

@@ -1,4 +1,4 @@
-"""The RL loop's periodic greedy evaluation (`train.rl.quick_eval`) for any
+"""The RL loop's periodic greedy evaluation (`recipes.rl.quick_eval`) for any
 model directory, e.g. the SFT checkpoint as the step-0 point of an RL run.
 
 Usage:
@@ -13,7 +13,7 @@ import json
 
 from evoharness.config.base import load_config
 from evoharness.policies.local import LocalHFPolicy
-from evoharness.train.rl import load_experience_fresh, quick_eval
+from evoharness.recipes.alfworld import load_experience_fresh, quick_eval
 from evoharness.config.rl import RLConfig
 
 

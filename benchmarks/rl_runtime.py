@@ -8,14 +8,18 @@ A micro Qwen3 model (tokenizer trained on real BPE-harness prompts, as the
 tests build it), P=4 games x G=2 samples per step with a step-cap mix (T_max
 3, 3, 3, 12 cycling over the groups: one long group in four gives each step a
 long tail), the BPE harness with the action grammar, GRPO (KL 0.01), seed 3.
-Rows: the in-process loop, then each schedule on K cell processes (colocate and
-async train cells all-reduce gradients in a gloo group, `runtime.replicas`;
-"colocate/files" is colocate with the elastic schedules' gradient files summed
-by the core instead).
+Every row is `recipes.rl.train_rl` with its ``runtime`` settings: "inprocess" is
+one cell in the driver process (``runtime.backend = "inprocess"``), then each
+schedule on K cell processes (``backend = "local"``; colocate and async train
+cells all-reduce gradients in a gloo group, ``runtime.trainer = "allreduce"``,
+`train.distributed`; "colocate/files" is colocate with ``trainer = "single"``:
+the elastic schedules' gradient files summed by the core instead).
 
 Measured (the run's ``runtime.json``): the driver's seconds per step (first
 command to last weight sync), idle ratio per role, role switches and their
-mean latency, aborted turns, max staleness. Simulated: the same run's own
+mean latency, aborted turns, max staleness (torch runs one thread per cell: with
+torch's default threads the in-process row ran 5-15x slower on 2 loaded cores,
+oversubscribed). Simulated: the same run's own
 trace replayed step by step in `runtime.sim` on a cluster fitted to that run
 (`runtime.calibrate`: decode, micro-batch, sync and switch costs), so the gap
 is what the simulator's model of the schedule leaves out. The machine is
@@ -55,15 +59,21 @@ def build_model(d: Path) -> None:
     init_model(MICRO, build_tokenizer(corpus, d, vocab_size=1024), out_dir=d, seed=0)
 
 
-def run(model: Path, out: Path, steps: int, schedule: str, cells: int, allreduce: bool = True) -> dict:
-    from evoharness.train.rl import train_rl
+# label -> (schedule, cells: 1 or K, other ``runtime`` settings); K cells without a backend: processes
+ROWS = {"inprocess": ("colocate", 1, {"backend": "inprocess"}), "colocate": ("colocate", None, {}),
+        "colocate/files": ("colocate", None, {"trainer": "single"}), "async": ("async", None, {}),
+        "elastic": ("elastic", None, {}), "elastic-async": ("elastic-async", None, {})}
+
+
+def run(model: Path, out: Path, steps: int, schedule: str, cells: int, **runtime) -> dict:
     from evoharness.config.rl import RLConfig
+    from evoharness.recipes.rl import train_rl
 
     cfg = RLConfig(model_path=str(model), out_dir=str(out), steps=steps, max_steps=12, step_caps=[3, 3, 3, 12],
-                   max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, seed=3)
+                   max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, seed=3,
+                   threads=1)   # one torch thread per cell, as cell processes get (in process: the driver's)
     cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 4, 1e-3
-    cfg.runtime.schedule, cfg.runtime.cells, cfg.runtime.stall_s = schedule, cells, 300
-    cfg.runtime.allreduce = allreduce
+    cfg.runtime = cfg.runtime.model_validate({"schedule": schedule, "cells": cells, "stall_s": 300, **runtime})
     t0 = time.perf_counter()
     try:
         train_rl(cfg, progress=False)
@@ -109,18 +119,12 @@ def main() -> None:
                  "| switches meas/sim | switch s to T/R | aborted | max stale meas/sim | success | reward |",
                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         fits = []
-        rows = [("inprocess", 1)] + [(s, k) for s in ("colocate", "colocate/files", "async", "elastic",
-                                                       "elastic-async")]
-        for label, cells in rows:
-            name = label.split("/")[0]
+        for label, (name, cells, runtime) in ROWS.items():
+            cells = cells or k
             out = tmp / f"{label.replace('/', '_')}{cells}"
-            r = (saved(out, steps) if resim else
-                 run(tmp / "model", out, steps, name, cells, allreduce="/files" not in label))
+            r = saved(out, steps) if resim else run(tmp / "model", out, steps, name, cells, **runtime)
             if "error" in r:
                 lines.append(f"| {label} | {cells} | {r['error']} |")
-            elif name == "inprocess":
-                lines.append(f"| inprocess | 1 | {r.get('step_s', float('nan')):.2f} (command) | - | - | - | - | - | - | - | - | "
-                             f"{r['success']:.2f} | {r['reward']:.3f} |")
             else:
                 sim = predict(out, name)
                 fits.append((label, sim["cluster"]))
@@ -131,7 +135,8 @@ def main() -> None:
                     f"{r['runtime/idle_train']:.2f}/{sim['idle_train']:.2f} | "
                     f"{r['runtime/switches']:.0f}/{sim['switches']:.0f} | "
                     f"{r['runtime/switch_to_train_s']:.2f}/{r['runtime/switch_to_rollout_s']:.2f} | "
-                    f"{r['runtime/aborted_turns']:.0f} | {r['runtime/staleness_max']:.0f}/{sim['staleness_max']:.0f} | "
+                    f"{r['runtime/aborted_turns']:.0f} | "
+                    f"{r['runtime/staleness_max']:.0f}/{sim['staleness_max']:.0f} | "
                     f"{r['success']:.2f} | {r['reward']:.3f} |")
             print(lines[-1], flush=True)
         lines.append("\nFitted clusters (runtime.calibrate): gen tok/s, concurrency exponent, prefill speedup, "

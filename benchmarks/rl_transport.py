@@ -3,9 +3,9 @@
     python benchmarks/rl_transport.py [steps] [cells] [schedule] [repeats]   # default 3, 3, elastic, 3: ~10 min
 
 The workload of `benchmarks/rl_runtime.py` (micro Qwen3, 4 games x 2 samples,
-T_max mix 3/3/3/12, BPE harness with the action grammar, seed 3), under one
-schedule, on ``runtime.backend`` local | ray and ``runtime.via_gateway``
-off | on. Per row (the run's ``runtime.json``): the driver's seconds per
+T_max mix 3/3/3/12, BPE harness with the action grammar, seed 3, one torch thread
+per cell), run by `recipes.rl.train_rl` under one schedule, on ``runtime.backend``
+local | ray and ``runtime.via_gateway`` off | on. Per row (the run's ``runtime.json``): the driver's seconds per
 step, idle ratio per role, role switches, migrations, calls re-issued, drains
 through the gateway and their latency (drain start until the last call that
 was in flight on the cell has its answer from another cell), aborted turns,
@@ -18,12 +18,10 @@ Results: benchmarks/results/rl_transport.txt.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,22 +30,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def run(model: Path, out: Path, steps: int, schedule: str, cells: int, backend: str, via_gateway: bool) -> dict:
-    from evoharness.train.rl import train_rl
-    from evoharness.config.rl import RLConfig
+    """`recipes.rl.train_rl` on `rl_runtime.run`'s workload with these ``runtime`` settings."""
+    from rl_runtime import run as run_rl
 
-    cfg = RLConfig(model_path=str(model), out_dir=str(out), steps=steps, max_steps=12, step_caps=[3, 3, 3, 12],
-                   max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, seed=3)
-    cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 4, 1e-3
-    rt = cfg.runtime
-    rt.schedule, rt.cells, rt.stall_s, rt.backend, rt.via_gateway = schedule, cells, 300, backend, via_gateway
-    t0 = time.perf_counter()
-    try:
-        train_rl(cfg, progress=False)
-    except Exception as e:  # noqa: BLE001 -- a transport that cannot run is a row, not a crash
-        return {"error": f"{type(e).__name__}: {str(e)[:100]}"}
-    last = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()][-1]
-    return {"wall": time.perf_counter() - t0, "success": last["success"], "reward": last["reward"],
-            **json.loads((out / "runtime.json").read_text())}
+    return run_rl(model, out, steps, schedule, cells, backend=backend, via_gateway=via_gateway)
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
-"""Measured vs simulated: the same schedulers on K cell processes (local backend) and in the simulator.
+"""Measured vs simulated: the same schedulers on K cell processes (the replay) and in the simulator.
 
     python benchmarks/sim_vs_local.py [time_scale ...]   # default 0.005 0.02: ~2 min on 2 shared cores
 
-The local backend (runtime/local_backend.py) replays the simulator's workload
-draw in real time (``time_scale`` real seconds per simulated second) on K
-cell processes; a cell serves its calls in parallel, so the simulator is run
+The replay (`runtime.synthetic.replay_backend`: a `CellBackend` of timed cells on a
+process each) plays the simulator's workload draw in real time (``time_scale`` real
+seconds per simulated second); a cell serves its calls in parallel, so the simulator is run
 with a linear decode curve (gen_concurrency_exponent = 1: each sequence
 decodes at gen_tps_single whatever the load) to model the same world. The
 gap between the two is what the real control plane adds (process messaging,
@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from evoharness.config.sim import SimConfig  # noqa: E402
 from evoharness.runtime.driver import Driver  # noqa: E402
-from evoharness.runtime.local_backend import LocalBackend  # noqa: E402
 from evoharness.runtime.sim import build_scheduler, simulate  # noqa: E402
-from evoharness.config.sim import SimConfig
+from evoharness.runtime.synthetic import replay_backend  # noqa: E402
 
 WORKLOAD = {
     "workload": {
@@ -52,7 +52,7 @@ def main() -> None:
 def table(SCALE: float) -> None:  # noqa: N803 - the module constant's name, per run
     cfg = SimConfig.model_validate(WORKLOAD)
     t0 = time.perf_counter()
-    print(f"# measured (local backend, {cfg.cluster.cells} cell processes) vs simulated, "
+    print(f"# measured (replay, {cfg.cluster.cells} cell processes) vs simulated, "
           f"{cfg.workload.groups_per_step}x{cfg.workload.group_size} executions/step, {cfg.steps} steps, "
           f"time_scale {SCALE} (simulated seconds shown)")
     print(f"  {'policy':>14} {'measured s':>10} {'simulated s':>11} {'sim/meas':>8} {'s/step':>7} "
@@ -61,7 +61,7 @@ def table(SCALE: float) -> None:  # noqa: N803 - the module constant's name, per
     for p in POLICIES:
         sim = simulate(cfg, p)
         sched = build_scheduler(p, cfg)
-        be = LocalBackend(cfg, sched.initial_roles(), time_scale=SCALE)
+        be = replay_backend(cfg, sched.initial_roles(), time_scale=SCALE, backend="local")
         try:
             st = Driver(sched, be, stall_s=60).run()
             idle = be.idle()

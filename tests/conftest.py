@@ -38,7 +38,7 @@ def rl_reference(model_dir, tmp_path_factory) -> RLReference:
     from rl_cells import metrics, rl_config
     from safetensors.torch import load_file
 
-    from evoharness.train.rl import train_rl
+    from evoharness.recipes.rl import train_rl
 
     out = tmp_path_factory.mktemp("rl_inprocess")
     final = train_rl(rl_config(model_dir, out), progress=False)

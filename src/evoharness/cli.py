@@ -86,20 +86,22 @@ def eval_cmd(
 
 @app.command("run")
 def run_cmd(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (RunConfig)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (RunConfig); default: the main "
+                                                                       "job, configs/main_job.toml of this checkout."),
     budget_minutes: Optional[float] = typer.Option(None, help="Optional wall-clock cap (minutes) on the training stages; the default step budgets give the same model on any machine."),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/main); a rerun resumes."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set sft.lr=1e-3"),
 ) -> None:
     """The main job: teacher traces, tokenizer + model, SFT, GRPO, evaluation, report."""
-    from evoharness.config.base import ConfigError, load_config
+    from evoharness.config.base import ConfigError
+    from evoharness.config.run import load_run_config
     from evoharness.envs.alfworld.games import GameDataError
-    from evoharness.pipeline import RunConfig, run_pipeline
+    from evoharness.pipeline import run_pipeline
 
     flags = {"budget_minutes": budget_minutes, "out_dir": out and str(out)}
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
     try:
-        cfg = load_config(RunConfig, config, overrides)
+        cfg = load_run_config(config, overrides)
         report = run_pipeline(cfg, log=lambda m: typer.secho(m, fg=typer.colors.CYAN))
     except (ConfigError, GameDataError, ValueError, FileNotFoundError) as e:
         fail(str(e))
@@ -136,33 +138,36 @@ def rl_cmd(
     model_path: Optional[Path] = typer.Option(None, help="The SFT model directory (policy init and KL reference)."),
     out: Optional[Path] = typer.Option(None, help="Output directory (resumes from its checkpoints)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set grpo.lr=1e-6"),
-    schedule: Optional[str] = typer.Option(None, help="inprocess (default) or a runtime schedule on cell processes: "
-                                                      "colocate, async, elastic, elastic-async."),
-    cells: Optional[int] = typer.Option(None, help="Runtime cells K (with --schedule)."),
-    backend: Optional[str] = typer.Option(None, help="Runtime backend: local (cell processes on this machine) or "
-                                                     "ray (Ray actors; needs the ray extra)."),
+    schedule: Optional[str] = typer.Option(None, help="colocate (default), async, elastic or elastic-async."),
+    cells: Optional[int] = typer.Option(None, help="Runtime cells K (default 1; more need --backend local or ray)."),
+    backend: Optional[str] = typer.Option(None, help="Where the cells run: inprocess (default: one cell, this "
+                                                     "process), local (a process per cell) or ray (Ray actors; "
+                                                     "needs the ray extra)."),
     ray_address: Optional[str] = typer.Option(None, help="With --backend ray: the Ray cluster to join "
                                                          "(default: start a local head on 127.0.0.1)."),
-    env: Optional[str] = typer.Option(None, "--env", help="alfworld (default) | repo (repository tasks; "
-                                                          "needs --schedule)."),
+    env: Optional[str] = typer.Option(None, "--env", help="alfworld (default) | repo (repository tasks)."),
     tasks: Optional[str] = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
 ) -> None:
     """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
     from evoharness.config.base import ConfigError, load_config
     from evoharness.envs.alfworld.games import GameDataError
-    from evoharness.train.rl import train_rl
+    from evoharness.recipes.rl import train_rl
     from evoharness.config.rl import RLConfig
 
+    if cells and cells > 1 and backend is None:
+        backend = "local"           # K cells and no backend named: a process per cell
     flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out),
              "runtime.schedule": schedule, "runtime.cells": cells, "runtime.backend": backend,
              "runtime.ray_address": ray_address, "env": env, "repo.tasks": tasks}
     if tasks is not None and env != "repo":
         fail("--tasks applies to --env repo only")
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
+    from evoharness.envs.repo.sandbox import SandboxUnavailable
+
     try:
         cfg = load_config(RLConfig, config, overrides)
         final = train_rl(cfg)
-    except (ConfigError, GameDataError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, GameDataError, ValueError, FileNotFoundError, SandboxUnavailable) as e:
         fail(str(e))
     typer.secho(f"model: {final}", bold=True)
 

@@ -14,187 +14,32 @@ when set, additionally caps their wall time (SFT, DAgger and RL shares).
 Data: ``dev_games`` train games (seeded, `dev_split`) are held out as the
 development set: never in the teacher traces, DAgger rollouts or GRPO; every
 choice (levers, the GRPO checkpoint) is made on it, valid_seen only reports.
+
+Settings: configs/main_job.toml (`evoharness.config.run.RunConfig`); why they are what they
+are: docs/main_job.md. `run_pipeline` lists the stages; each is a function below.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
-from pydantic import Field, model_validator
-
-from evoharness.config.base import Strict
-from evoharness.envs.alfworld.games import TASK_TYPES
-from evoharness.eval.evaluate import evaluate, evaluate_many
-from evoharness.config.env import EnvConfig
 from evoharness.config.eval import EvalConfig
-from evoharness.config.harness import HarnessConfig
-from evoharness.files import read_jsonl
 from evoharness.config.policy import PolicyConfig
+from evoharness.config.rl import Branch, RLConfig
+from evoharness.config.run import RESUME_FREE, RunConfig
+from evoharness.eval.evaluate import evaluate, evaluate_many
+from evoharness.files import read_jsonl
+from evoharness.recipes.alfworld import spread
+from evoharness.recipes.rl import train_rl
 from evoharness.rollout.episode import first_repeated_pair
 from evoharness.rollout.records import Trajectory
 from evoharness.train.rewards import spam_turns
-from evoharness.train.rl import spread, train_rl
-from evoharness.config.rl import Branch, RLConfig
-from evoharness.config.sft import SFTConfig
-from evoharness.config.sft import SFTAnchorConfig
 
-
-def _default_sft() -> SFTConfig:
-    # small batches, many steps (benchmarks/results/student/levers.md: at equal tokens 4K-token batches
-    # beat 16K ones on the dev set); the prompt tokens trained too, at weight 2 (levers.md: the largest
-    # lever measured); no packing: a 4K batch holds ~6 distinct states whose common prefix is 47 tokens
-    # (9% of its tokens), and the tree mask cost more than that saved; the step budget, not the clock,
-    # ends the stage. 2000 steps for the 45-minute job on the slower 2-core box (0.70-0.77 s/step: 23-26
-    # min; the job 29.4 min in a fast hour, 47.8 min in a slow one, benchmarks/results/main_job/machine.txt):
-    # 129/140 valid_seen and 54/60 dev, where 4000 steps (73.3 min) gave 137/140 and the same 54/60.
-    # On the 540 bundled train games 4000 steps beat 5000 (57.9% vs 49.3% valid_seen) and all 3,493
-    # ALFWorld train games at 4000 steps (33.6%): student/full_scale.md
-    return SFTConfig(lr=2e-3, max_steps=2000, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,
-                     max_completion_tokens=96, prompt_loss_weight=2.0, ckpt_every=1000, keep_checkpoints=100)
-
-
-def _default_rl() -> RLConfig:
-    """configs/rl_cpu.toml's settings (2 updates per batch) on every task type, at 4 groups (2 games and
-    2 branches, below) x 8 samples per step, sampled at T = 1.5 on the screened games
-    (`RunConfig.rl_screen_games`); 8 steps (354 s in all on the AMD 2-core box); the main job keeps
-    the checkpoint best on the development set (`select_rl_checkpoint`). The SFT policy is near-deterministic (entropy ~0.01
-    nats/token): at T = 0.6 on every game most groups had no success spread, at T = 1.0 its samples
-    carried 0.01-0.05 nats/token, at 1.5 0.33-0.72. The experience store stays the teacher's:
-    consolidating the student's own notes into it left every GRPO checkpoint below SFT on the
-    development games (benchmarks/results/student/full_scale.md). 16 steps at T = 1.0 cost 549 s, 8
-    at T = 1.5 479 s on the slower box. Measured from one SFT model (Intel box, 53/60 dev, 127/140
-    valid_seen; benchmarks/results/student/rl_levers_anchor.md), 8 steps, RL seeds 0 / 1: this recipe
-    54/60 (+1 / -0) and 54/60 (+2 / -1) dev, 129/140 (+2 / -0) and 127/140 (+3 / -3) valid_seen; with
-    the SFT anchor (`sft_anchor`, PPO-ptx) 55/60 (+2 / -0) and 51/60 (+0 / -2), 130/140 and 124/140:
-    not better, so off. The anchor does hold larger steps: lr 3e-4 alone 47/60 and 108/140 (+3 /
-    -22), with it 53/60 and 127/140 (+6 / -6), with KL β 0.1 instead 55/60, 127/140 (+3 / -3); two
-    PPO epochs 53/60, 130/140 (+5 / -2); RL on the lost games only 49/60, 118/140. From the AMD box's
-    SFT model (54/60, 129/140; rl_levers8.md) this recipe gave 56/60 (+2 / -0), 133/140 (+4 / -0).
-
-    The figures above are from 2 games per step without branches. Each step now plays 2 games and 2
-    branches (`RunConfig.rl_branches`), a branch episode ending after 4 turns of its own
-    (`branch_turns`). From another AMD SFT model (54/60 dev, 132/140 valid_seen;
-    benchmarks/results/student/rl_levers_short_branch.md), RL seeds 0 / 1: 58/60 (+4 / -0) and 56/60
-    (+2 / -0) dev, 132/140 (+3 / -3) and 136/140 (+5 / -1) valid_seen, where 2 games per step without
-    branches gave 56/60 (+3 / -1) and 132/140 (+1 / -1) (student/main_job_amd/).
-
-    Since then the run is a seed soup (`soup_seeds` 2, `train.soup`): RL seeds 0 and 1, each with the
-    SFT anchor, and the policy their weight average, at twice the RL time (685 s in the main job on
-    the AMD box, benchmarks/results/main_job/). From that SFT model (student/rl_levers_soup.md) it
-    wins 58/60 (+4 / -0) dev and 137/140 (+5 / -0) valid_seen; its two runs alone 57/60 and 56/60,
-    134/140 (+4 / -2) and 137/140. On the development games it ties the best arm of that table
-    (58/60: the positive-only soup and three single runs, among them the previous default, whose RL
-    seed 1 gave 56/60); across four recipes the soups lost 1 valid_seen game SFT won where their
-    eight single runs lost 8. The lr stays constant: a cosine decay over 16 steps (Intel box, three
-    seeds' SFT models) won 386/420 valid_seen against this recipe's 389/420, both 161/180 dev
-    (student/rl_levers_cos.md)."""
-    rl = RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
-                  task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False,
-                  branch_turns=4, sft_anchor=SFTAnchorConfig(coef=1.0), soup_seeds=2)
-    g = rl.grpo
-    g.group_size, g.prompts_per_step, g.max_train_turns, g.mini_batches = 8, 4, 8, 2
-    g.lr, g.temperature, g.micro_batch_size = 1e-4, 1.5, 16
-    g.reward.t_max, g.reward.div_epochs = 30, 30
-    return rl
-
-
-# settings a rerun may change (how long and on how many workers), not what the stages compute
-RESUME_FREE = ("out_dir", "budget_minutes", "threads", "eval_workers", "eval_batch", "sft.max_minutes",
-               "sft.progress", "rl.max_minutes", "rl.threads", "rl.decode_threads", "curve_games")
-
-
-class RunConfig(Strict):
-    """The whole pipeline. Defaults: the embedded CPU default (bundled games, a
-    from-scratch 'mini' model), budgeted in optimizer steps: evaluations included, 25.9 min on the
-    quiet 2-core Intel box of benchmarks/results/main_job/; 32.4 min on the slower 2-core AMD box
-    (git show de21ecc:benchmarks/results/main_job/), about 58 min at that box's slowest measured
-    SFT speed."""
-
-    out_dir: str = "runs/main"
-    seed: int = 0
-    # optional wall-clock cap (minutes) on the training stages (SFT, DAgger, RL; shares below);
-    # None: they run their step budgets, the same model on any machine
-    budget_minutes: float | None = None
-    dev_games: int = 60  # train games held out as the development set (seeded; never trained on)
-    # student rollouts labelled by the teacher, then more SFT (train/dagger.py). Off by default: at the
-    # scales measured (benchmarks/results/student/levers.md) it did not beat the same steps on teacher traces
-    dagger_rounds: int = 0
-    dagger_games: int = 100  # train games the student plays per round
-    dagger_beta: float = 0.0  # probability the teacher's action is executed instead of the student's
-    dagger_sft_steps: int = 300  # SFT steps per round on teacher + all DAgger examples so far
-    # peak lr of a round's SFT: about where the first SFT stage's cosine ended (sft.lr 2e-3 x 0.1). A
-    # round fine-tunes a converged model; re-warmed to sft.lr it lost games (50/60 dev against SFT's 53;
-    # at 2e-4 54/60: benchmarks/results/student/dagger90_lr2e3/, dagger90/)
-    dagger_lr: float = Field(2e-4, gt=0)
-    stop_repeats: int = 3  # evaluation/DAgger: end an episode whose (prompt, completion) repeats K times
-    curve_games: int = 20  # dev games each saved checkpoint plays for the learning curve (0: no curve)
-    # before RL the SFT model plays this many training games (greedy, once); RL then trains on the ones
-    # it lost, mixed 1:1 with ones it won (`rl_games.json`): a group of a game the near-deterministic
-    # SFT policy always wins has no success spread, so no GRPO signal (0: RL on every training game)
-    rl_screen_games: int = Field(160, ge=0)
-    # every other GRPO group starts from a state where a lost screened game began to loop
-    # (`rl_games.json` "branches", `train.rl.Branch`) instead of a game's first turn; with no
-    # branch found (no lost screened game repeated an action) every group plays a game
-    rl_branches: bool = True
-    # branches also from lost screened episodes that cycle through states (`screened_games` cycles).
-    # Off: as a seed soup it won 57/60 dev against 58/60 without (student/rl_levers_soup.md), and
-    # 161/180 like the default over the Intel box's three seeds (student/rl_levers_cyc_seeds.md)
-    rl_branch_cycles: bool = False
-    select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint best on the dev games (SFT if strictly better)
-    env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
-    harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))
-    teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(kind="teacher"))
-    train_split: str = "train"
-    train_games: int | None = None  # None: every train game available
-    teacher_samples: int = 1
-    # fraction of the teacher's goal-search steps that also get a minimal-pair twin: the goal object
-    # removed from / inserted into the observation, relabelled by the teacher (train/counterfactual.py)
-    counterfactual_rate: float = Field(0.0, ge=0.0, le=1.0)
-    # fraction of the teacher's examples replaced by a rewrite whose receptacle instances carry numbers
-    # shifted by up to `renumber_max_shift` per type, kept where the teacher labels it so (train/renumber.py).
-    # Off: at 0.5 SFT won 97/140 valid_seen against 127/140, at 0.1 128/140 (student/main_job_renumber*/)
-    renumber_rate: float = Field(0.0, ge=0.0, le=1.0)
-    renumber_max_shift: int = Field(10, ge=1)
-    max_steps: int = 50
-    model_path: str | None = None  # an existing HF model directory; None: a new one from scratch
-    model_preset: Literal["mini", "tiny", "small", "base"] = "mini"
-    # Qwen3Config fields over the preset's, e.g. --set model_overrides.head_dim=64 (misspelt fields are refused)
-    model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)
-    vocab_size: int = 2048
-    sft: SFTConfig = Field(default_factory=_default_sft)
-    rl: RLConfig = Field(default_factory=_default_rl)
-    skip_rl: bool = False
-    eval_teacher_only_sft: bool = False  # also evaluate the SFT model before DAgger (the DAgger comparison)
-    eval_split: str = "valid_seen"
-    eval_limit: int | None = None  # N eval_split games, round-robin across task types (smoke runs); None: all
-    dev_eval_limit: int | None = None  # first N development games for the dev evaluations (None: all)
-    eval_batch: int = 100  # episodes per lock-step batch: valid_seen + dev (200) in one batch per worker
-    eval_workers: int = 2  # evaluation processes (1 thread each): both cores of a quiet machine
-    constrained: bool = True
-    sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)
-    rl_budget_share: float = 0.12
-    # torch CPU threads for the whole job (evaluations run in `eval_workers` 1-thread processes).
-    # 2: SFT runs 1.7x faster than on 1 on a quiet 2-core machine (student/step_costs.md) (the setting the step budgets
-    # are sized for). With another busy process, OpenMP spin-waiting made 2 threads 2.5x slower
-    # than 1 (machine-notes.md): set 1 on a shared box.
-    threads: int | None = 2
-
-    @model_validator(mode="after")
-    def _one_prompt_recipe(self) -> "RunConfig":
-        # SFT trains on the prompts RL and evaluation show: one harness config
-        # (``harness``) and one prompt budget for every stage.
-        if self.rl.max_prompt_tokens != self.sft.max_prompt_tokens:
-            raise ValueError(f"rl.max_prompt_tokens ({self.rl.max_prompt_tokens}) must equal sft.max_prompt_tokens "
-                             f"({self.sft.max_prompt_tokens}): the student must see the prompts it was trained on")
-        if self.rl.harness != HarnessConfig(kind="bpe"):
-            raise ValueError("set the harness for every stage with `harness.*`, not `rl.harness.*`")
-        if self.rl_branches and self.rl.runtime.schedule != "inprocess":  # refused here, not after SFT
-            raise ValueError(f"rl_branches runs with rl.runtime.schedule = 'inprocess' only (got "
-                             f"{self.rl.runtime.schedule!r}): set rl_branches=false")
-        return self
+__all__ = ["RESUME_FREE", "RunConfig", "run_pipeline"]  # RunConfig lives in evoharness.config.run
 
 
 def dev_split(cfg: RunConfig) -> tuple[list, list]:
@@ -293,9 +138,9 @@ def screen_rl_games(cfg: RunConfig, run: Path, n: int, out: Path | None = None) 
 def screened_games(episodes: list[dict], cycles: bool = False) -> dict:
     """RL's games from the SFT model's screening episodes (one per game, panel order): every
     game it lost, then as many it won, evenly spaced over the panel so every task type keeps
-    some (`train.rl.spread`), so RL also rehearses what SFT already does right. When it lost
+    some (`recipes.alfworld.spread`), so RL also rehearses what SFT already does right. When it lost
     none: every screened game. Each lost episode that repeated an action with nothing changed
-    (`train.rewards.spam_turns`) also gives a branch (`train.rl.Branch`): its completions up to
+    (`train.rewards.spam_turns`) also gives a branch (`config.rl.Branch`): its completions up to
     that first repeat, the state where it started to loop. `cycles`: also a lost episode that
     cycles (`rollout.episode.first_repeated_pair`: a state met again and answered the same, e.g.
     ``go to shelf 7``, ``go to shelf 8``, ``go to shelf 7``), from whichever repeat comes first.
@@ -366,13 +211,76 @@ class Stage:
 
 
 def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
-    """Run (or resume) the main job; returns the report path."""
-    from evoharness.envs.alfworld import make_env
-    from evoharness.eval.run_report import write_run_report
-    from evoharness.harness.factory import make_harness
-    from evoharness.policies.factory import make_policy
-    from evoharness.rollout.collect import collect_traces, traces_to_sft, write_jsonl_atomic
+    """Run (or resume) the main job; returns the report path. Every stage is skipped when its
+    ``.done`` marker says it finished (`Stage`)."""
+    job = start_job(cfg, log)
+    stage = job.stage
+    stage("collect", lambda: collect(job))
+    if cfg.model_path is None:
+        stage("model", lambda: build_model(job))
+    stage("sft", lambda: sft(job, 0))
+    for r in range(1, cfg.dagger_rounds + 1):
+        stage(f"dagger{r}", lambda r=r: dagger(job, r))
+        stage(f"sft_dagger{r}", lambda r=r: sft(job, r))
+    if not cfg.skip_rl:
+        if cfg.rl_screen_games:
+            stage("rl_screen", lambda: rl_screen(job))
+        stage("rl", lambda: rl(job))
+    evaluate_system(job, "random", PolicyConfig(kind="random", seed=cfg.seed))
+    evaluate_system(job, "scripted_teacher", cfg.teacher)
+    if cfg.dagger_rounds and cfg.eval_teacher_only_sft:
+        evaluate_system(job, "sft_teacher_only", model_policy(cfg, job.sfts[0] / "final"))
+    evaluate_system(job, "sft", model_policy(cfg, job.sfts[-1] / "final"))
+    curve, grpo_eval = choose_sft_grpo(job)
+    return write_report(job, reported_systems(job, grpo_eval), curve, grpo_eval)
 
+
+@dataclass
+class Job:
+    """One invocation of the main job: what every stage shares."""
+
+    cfg: RunConfig
+    out: Path
+    log: Callable[[str], None]
+    stage: Stage
+    t0: float  # when this invocation's stages began (the report's wall time)
+    train_tasks: list  # the games to train on (`dev_split`)
+    dev_ids: list[str]  # the development games' task ids
+
+    @property
+    def traces(self) -> Path:
+        return self.out / "teacher_traces.jsonl"
+
+    @property
+    def sft_data(self) -> Path:
+        return self.out / "sft_examples.jsonl"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.out / "model_init"
+
+    @property
+    def rl_dir(self) -> Path:
+        return self.out / "rl"
+
+    @property
+    def experience(self) -> Path:
+        """The experience store the teacher built on the train games: the student starts from it."""
+        return self.out / "experience.json"
+
+    @property
+    def sfts(self) -> list[Path]:
+        return sft_dirs(self.cfg, self.out)
+
+    def make_game(self, task):
+        from evoharness.envs.alfworld import make_env
+
+        return make_env(task, engine=self.cfg.env.engine, wording=self.cfg.env.wording)
+
+
+def start_job(cfg: RunConfig, log: Callable[[str], None]) -> Job:
+    """Set the torch threads, create ``out_dir``, refuse a rerun with other settings (`RESUME_FREE`
+    may change), write ``run_config.json`` and the development games (``dev_games.json``)."""
     if cfg.threads:
         import torch
 
@@ -384,168 +292,184 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
 
         check_resume_config(out / "run_config.json", json.loads(cfg.model_dump_json()), RESUME_FREE)
     (out / "run_config.json").write_text(cfg.model_dump_json(indent=2))
-    stage = Stage(out, log)
-    t0 = time.perf_counter()
-    traces, sft_data = out / "teacher_traces.jsonl", out / "sft_examples.jsonl"
-    model_dir, rl_dir = out / "model_init", out / "rl"
-    sfts = sft_dirs(cfg, out)
-    # The experience store the teacher built on the train games: the student starts from it.
-    experience = out / "experience.json"
+    stage, t0 = Stage(out, log), time.perf_counter()
     train_tasks, dev_tasks = dev_split(cfg)
     dev_ids = [t.task_id for t in dev_tasks]
     (out / "dev_games.json").write_text(json.dumps(dev_ids, indent=1))
-    sft_minutes = None if cfg.budget_minutes is None else cfg.budget_minutes * cfg.sft_budget_share / (1 + cfg.dagger_rounds)
+    return Job(cfg, out, log, stage, t0, train_tasks, dev_ids)
 
-    def make_game(task):
-        return make_env(task, engine=cfg.env.engine, wording=cfg.env.wording)
 
-    def collect() -> None:
-        stats = collect_traces(train_tasks, make_policy(cfg.teacher), lambda store: make_harness(cfg.harness, experience=store),
-                               make_game, traces, samples=cfg.teacher_samples, max_steps=cfg.max_steps, batch_size=32,
-                               experience_path=experience, seed=cfg.seed, wording=cfg.env.wording)
-        examples = traces_to_sft(traces)
-        n_teacher = len(examples)
-        if cfg.renumber_rate:
-            from evoharness.train.renumber import renumber_examples
+def collect(job: Job) -> None:
+    """Stage ``collect``: the teacher plays the training games (building the experience store);
+    its turns become the SFT examples."""
+    from evoharness.harness.factory import make_harness
+    from evoharness.policies.factory import make_policy
+    from evoharness.rollout.collect import collect_traces, traces_to_sft, write_jsonl_atomic
 
-            examples, n_renumbered = renumber_examples(examples, cfg.renumber_rate, cfg.renumber_max_shift, cfg.seed)
-            log(f"  {n_renumbered} of {n_teacher} teacher examples renumbered")
-        if cfg.counterfactual_rate:
-            from evoharness.train.counterfactual import add_counterfactuals
+    cfg = job.cfg
+    stats = collect_traces(job.train_tasks, make_policy(cfg.teacher),
+                           lambda store: make_harness(cfg.harness, experience=store), job.make_game, job.traces,
+                           samples=cfg.teacher_samples, max_steps=cfg.max_steps, batch_size=32,
+                           experience_path=job.experience, seed=cfg.seed, wording=cfg.env.wording)
+    examples = traces_to_sft(job.traces)
+    write_jsonl_atomic(job.sft_data, examples)
+    job.log(f"  teacher won {stats.won}/{stats.played} train episodes; {len(examples)} SFT examples")
 
-            examples = add_counterfactuals(examples, cfg.counterfactual_rate, seed=cfg.seed)
-        write_jsonl_atomic(sft_data, examples)
-        log(f"  teacher won {stats.won}/{stats.played} train episodes; {n_teacher} SFT examples"
-            + (f" + {len(examples) - n_teacher} counterfactual twins" if len(examples) > n_teacher else ""))
 
-    def build_model() -> None:
-        from evoharness.models.init import PRESETS, count_params, init_model
-        from evoharness.models.tokenizer import build_tokenizer
+def build_model(job: Job) -> None:
+    """Stage ``model``: a tokenizer trained on the SFT examples and a new model of the preset."""
+    from evoharness.models.init import PRESETS, count_params, init_model
+    from evoharness.models.tokenizer import build_tokenizer
 
-        examples = read_jsonl(sft_data)
-        corpus = [m["content"] for ex in examples for m in ex["messages"]] + [ex["completion"] for ex in examples]
-        tok = build_tokenizer(corpus, model_dir, vocab_size=cfg.vocab_size)
-        arch = {**PRESETS[cfg.model_preset], **cfg.model_overrides}
-        model = init_model(arch, tok, out_dir=model_dir, seed=cfg.seed)
-        log(f"  tokenizer: {len(tok)} tokens; model: Qwen3 '{cfg.model_preset}', {count_params(model) / 1e6:.2f}M params")
+    cfg = job.cfg
+    examples = read_jsonl(job.sft_data)
+    corpus = [m["content"] for ex in examples for m in ex["messages"]] + [ex["completion"] for ex in examples]
+    tok = build_tokenizer(corpus, job.model_dir, vocab_size=cfg.vocab_size)
+    arch = {**PRESETS[cfg.model_preset], **cfg.model_overrides}
+    model = init_model(arch, tok, out_dir=job.model_dir, seed=cfg.seed)
+    job.log(f"  tokenizer: {len(tok)} tokens; model: Qwen3 '{cfg.model_preset}', "
+            f"{count_params(model) / 1e6:.2f}M params")
 
-    def sft(r: int) -> Callable[[], None]:
-        def run() -> None:
-            from evoharness.train.sft import train_sft
 
-            sft_cfg = cfg.sft.model_copy()
-            if r > 0:
-                sft_cfg.max_steps = cfg.dagger_sft_steps
-                sft_cfg.lr = cfg.dagger_lr
-            if sft_cfg.max_minutes is None:
-                sft_cfg.max_minutes = sft_minutes
-            data = read_jsonl(sft_data) + [ex for k in range(1, r + 1) for ex in read_jsonl(out / f"dagger{k}.jsonl")]
-            start = (cfg.model_path or model_dir) if r == 0 else sfts[r - 1] / "final"
-            train_sft(sft_cfg, data, start, sfts[r])
-        return run
+def sft(job: Job, r: int) -> None:
+    """Stage ``sft`` (r = 0: the teacher's examples, from the new or given model) or
+    ``sft_dagger<r>`` (the previous SFT model on them + DAgger rounds 1..r, at ``dagger_lr``)."""
+    from evoharness.train.sft import train_sft
 
-    def dagger(r: int) -> Callable[[], None]:
-        def run() -> None:
-            import random
+    cfg, sfts = job.cfg, job.sfts
+    sft_cfg = cfg.sft.model_copy()
+    if r > 0:
+        sft_cfg.max_steps = cfg.dagger_sft_steps
+        sft_cfg.lr = cfg.dagger_lr
+    if sft_cfg.max_minutes is None:  # the SFT share of budget_minutes, split over the SFT stages
+        sft_cfg.max_minutes = (None if cfg.budget_minutes is None
+                               else cfg.budget_minutes * cfg.sft_budget_share / (1 + cfg.dagger_rounds))
+    data = read_jsonl(job.sft_data) + [ex for k in range(1, r + 1) for ex in read_jsonl(job.out / f"dagger{k}.jsonl")]
+    start = (cfg.model_path or job.model_dir) if r == 0 else sfts[r - 1] / "final"
+    train_sft(sft_cfg, data, start, sfts[r])
 
-            from evoharness.harness.factory import load_experience
-            from evoharness.train.dagger import dagger_round
 
-            tasks = random.Random(f"dagger:{cfg.seed}:{r}").sample(train_tasks, min(cfg.dagger_games, len(train_tasks)))
-            store = load_experience(str(experience))
-            student = make_policy(model_policy(cfg, sfts[r - 1] / "final"))
-            try:
-                st = dagger_round(tasks, student, lambda: make_harness(cfg.harness, experience=store), make_game,
-                                  out / f"dagger{r}.jsonl", beta=cfg.dagger_beta, seed=cfg.seed + r,
-                                  max_steps=cfg.max_steps, batch_size=cfg.eval_batch, stop_repeats=cfg.stop_repeats,
-                                  episode_prefix=f"dagger{r}")
-            finally:
-                student.close()
-            log(f"  student won {st.won}/{st.played} train games; {st.examples} labelled states "
-                f"(agreement with the teacher {st.agreement:.0%})")
-        return run
+def dagger(job: Job, r: int) -> None:
+    """Stage ``dagger<r>``: the last SFT model plays ``dagger_games`` training games, the teacher
+    labels its states (``dagger<r>.jsonl``)."""
+    import random
 
-    def rl_screen() -> None:
-        from evoharness.files import atomic_write_text
+    from evoharness.harness.factory import load_experience, make_harness
+    from evoharness.policies.factory import make_policy
+    from evoharness.train.dagger import dagger_round
 
-        games = screen_rl_games(cfg, out, cfg.rl_screen_games)
-        atomic_write_text(out / "rl_games.json", json.dumps(games, indent=1))
-        log(f"  RL games: the {len(games['lost'])} of {games['screened']} screened training games the SFT model "
+    cfg = job.cfg
+    tasks = random.Random(f"dagger:{cfg.seed}:{r}").sample(job.train_tasks, min(cfg.dagger_games, len(job.train_tasks)))
+    store = load_experience(str(job.experience))
+    student = make_policy(model_policy(cfg, job.sfts[r - 1] / "final"))
+    try:
+        st = dagger_round(tasks, student, lambda: make_harness(cfg.harness, experience=store), job.make_game,
+                          job.out / f"dagger{r}.jsonl", beta=cfg.dagger_beta, seed=cfg.seed + r,
+                          max_steps=cfg.max_steps, batch_size=cfg.eval_batch, stop_repeats=cfg.stop_repeats,
+                          episode_prefix=f"dagger{r}")
+    finally:
+        student.close()
+    job.log(f"  student won {st.won}/{st.played} train games; {st.examples} labelled states "
+            f"(agreement with the teacher {st.agreement:.0%})")
+
+
+def rl_screen(job: Job) -> None:
+    """Stage ``rl_screen``: RL's games and branches (``rl_games.json``, `screen_rl_games`)."""
+    from evoharness.files import atomic_write_text
+
+    games = screen_rl_games(job.cfg, job.out, job.cfg.rl_screen_games)
+    atomic_write_text(job.out / "rl_games.json", json.dumps(games, indent=1))
+    job.log(f"  RL games: the {len(games['lost'])} of {games['screened']} screened training games the SFT model "
             f"lost + {len(games['games']) - len(games['lost'])} it won")
 
-    def rl() -> None:
-        rl_cfg = rl_config(cfg, out)
-        if cfg.rl_screen_games:  # the rl_screen stage's choice
-            screened = json.loads((out / "rl_games.json").read_text())
-            rl_cfg.games = screened["games"]
-            if cfg.rl_branches:
-                rl_cfg.branches = [Branch(**b) for b in screened["branches"]]
-        train_rl(rl_cfg)
 
-    dev_games = dev_ids[: cfg.dev_eval_limit]
+def rl(job: Job) -> None:
+    """Stage ``rl``: GRPO from the last SFT model (`rl_config`), on the screened games."""
+    cfg = job.cfg
+    rl_cfg = rl_config(cfg, job.out)
+    if cfg.rl_screen_games:  # the rl_screen stage's choice
+        screened = json.loads((job.out / "rl_games.json").read_text())
+        rl_cfg.games = screened["games"]
+        if cfg.rl_branches:
+            rl_cfg.branches = [Branch(**b) for b in screened["branches"]]
+    train_rl(rl_cfg)
 
-    def evaluate_system(name: str, policy: PolicyConfig, store: Path = experience) -> None:
-        """Stage ``eval_<name>``: the system on both panels in one pool of lock-step batches
-        (`evaluate_many`), into ``eval/<name>`` and ``eval/dev_<name>``."""
-        def run() -> None:
-            for s, panel in zip(evaluate_many([eval_config(cfg, out, name, policy, store),
-                                               eval_config(cfg, out, f"dev_{name}", policy, store, dev_games)]),
-                                (cfg.eval_split, "dev")):
-                log(f"  {name} {panel}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
+
+def evaluate_system(job: Job, name: str, policy: PolicyConfig, store: Path | None = None) -> None:
+    """Stage ``eval_<name>``: the system (with experience store `store`, default the teacher's) on
+    both panels in one pool of lock-step batches (`evaluate_many`), into ``eval/<name>`` and
+    ``eval/dev_<name>``."""
+    cfg, out = job.cfg, job.out
+    store = job.experience if store is None else store
+    dev_games = job.dev_ids[: cfg.dev_eval_limit]
+
+    def run() -> None:
+        for s, panel in zip(evaluate_many([eval_config(cfg, out, name, policy, store),
+                                           eval_config(cfg, out, f"dev_{name}", policy, store, dev_games)]),
+                            (cfg.eval_split, "dev")):
+            job.log(f"  {name} {panel}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
                     f" ({s['overall'].get('stopped_early', 0)} stopped early)")
-        stage(f"eval_{name}", run, (out / "eval" / name / "summary.json", out / "eval" / f"dev_{name}" / "summary.json"))
+    job.stage(f"eval_{name}", run,
+              (out / "eval" / name / "summary.json", out / "eval" / f"dev_{name}" / "summary.json"))
 
-    stage("collect", collect)
-    if cfg.model_path is None:
-        stage("model", build_model)
-    stage("sft", sft(0))
-    for r in range(1, cfg.dagger_rounds + 1):
-        stage(f"dagger{r}", dagger(r))
-        stage(f"sft_dagger{r}", sft(r))
-    sft_final = sfts[-1] / "final"
-    if not cfg.skip_rl:
-        if cfg.rl_screen_games:
-            stage("rl_screen", rl_screen)
-        stage("rl", rl)
-    evaluate_system("random", PolicyConfig(kind="random", seed=cfg.seed))
-    evaluate_system("scripted_teacher", cfg.teacher)
-    if cfg.dagger_rounds and cfg.eval_teacher_only_sft:
-        evaluate_system("sft_teacher_only", model_policy(cfg, sfts[0] / "final"))
-    evaluate_system("sft", model_policy(cfg, sft_final))
+
+def choose_sft_grpo(job: Job) -> tuple[dict | None, str]:
+    """The learning curve (None with ``curve_games`` 0) and the evaluation directory of the system
+    reported as SFT + GRPO: with `select_rl_checkpoint`, the checkpoint `chosen_rl` picks on the
+    development games (evaluated here when it is an earlier RL step); else RL's final model."""
+    cfg, out, rl_dir = job.cfg, job.out, job.rl_dir
     # The checkpoints the final models are (the SFT stage's last, RL's last) get their curve points
     # from these full development-set evaluations instead of playing the curve games again.
     reuse = {}
-    last_sft = _last_checkpoint(sfts[-1])
-    if last_sft is not None and _last_step(sfts[-1]) == int(last_sft.name.split("_")[1]):
+    last_sft = _last_checkpoint(job.sfts[-1])
+    if last_sft is not None and _last_step(job.sfts[-1]) == int(last_sft.name.split("_")[1]):
         reuse[last_sft] = out / "eval" / "dev_sft"  # final/ is this checkpoint's weights (in the model's dtype)
     select = bool(cfg.curve_games and cfg.select_rl_checkpoint and not cfg.skip_rl)
     last_rl = _last_checkpoint(rl_dir) if select else None
     if last_rl is not None:  # the usual choice: evaluated before the choice, both panels at once
-        evaluate_system("rl_last", model_policy(cfg, last_rl), last_rl / "experience.json")
+        evaluate_system(job, "rl_last", model_policy(cfg, last_rl), last_rl / "experience.json")
         reuse[last_rl] = out / "eval" / "dev_rl_last"
-    curve = learning_curve(cfg, out, stage, dev_ids[: cfg.curve_games], log, reuse) if cfg.curve_games else None
+    curve = (learning_curve(cfg, out, job.stage, job.dev_ids[: cfg.curve_games], job.log, reuse)
+             if cfg.curve_games else None)
     grpo_eval = "sft_grpo"  # the eval directory of the system reported as SFT + GRPO
     if select and curve:
         best, grpo_eval = chosen_rl(curve["points"], last_rl)
         curve["rl_selected"] = best
         # the games that chose it: a paired comparison on them is not a test (eval.run_report)
-        curve["chosen_on"] = dev_ids if selection_key(curve["points"]) == "dev_success" else curve["game_ids"]
+        curve["chosen_on"] = job.dev_ids if selection_key(curve["points"]) == "dev_success" else curve["game_ids"]
         (out / "curve.json").write_text(json.dumps(curve, indent=1))
         if grpo_eval.startswith("rl_step"):
-            evaluate_system(grpo_eval, model_policy(cfg, Path(best["path"])), Path(best["path"]) / "experience.json")
+            best_dir = Path(best["path"])
+            evaluate_system(job, grpo_eval, model_policy(cfg, best_dir), best_dir / "experience.json")
     elif not cfg.skip_rl and (rl_dir / "final").exists():
-        evaluate_system("sft_grpo", model_policy(cfg, rl_dir / "final"), rl_dir / "final" / "experience.json")
-    evals = {"random": "random", "scripted_teacher": "scripted_teacher"}  # display order; each model row is compared with the one above
+        evaluate_system(job, "sft_grpo", model_policy(cfg, rl_dir / "final"), rl_dir / "final" / "experience.json")
+    return curve, grpo_eval
+
+
+def reported_systems(job: Job, grpo_eval: str) -> dict[str, str]:
+    """The report's systems -> their evaluation directories (``eval/<dir>`` valid_seen,
+    ``eval/dev_<dir>`` development set), in display order (each model row is compared with
+    the one above); written to ``systems.json``."""
+    cfg = job.cfg
+    evals = {"random": "random", "scripted_teacher": "scripted_teacher"}
     if cfg.dagger_rounds and cfg.eval_teacher_only_sft:
         evals["sft_teacher_only"] = "sft_teacher_only"
     evals["sft"] = "sft"
-    if not cfg.skip_rl and (out / "eval" / grpo_eval / "summary.json").exists():
+    if not cfg.skip_rl and (job.out / "eval" / grpo_eval / "summary.json").exists():
         evals["sft_grpo"] = grpo_eval
-    # which evaluation each reported system is (eval/<dir> valid_seen, eval/dev_<dir> development set)
-    (out / "systems.json").write_text(json.dumps(evals, indent=1))
+    (job.out / "systems.json").write_text(json.dumps(evals, indent=1))
+    return evals
+
+
+def write_report(job: Job, evals: dict[str, str], curve: dict | None, grpo_eval: str) -> Path:
+    """``report.md`` (`eval.run_report.write_run_report`): the systems' tables, the training
+    curves and the notes on how the job ran; returns its path."""
+    from evoharness.eval.run_report import write_run_report
+
+    cfg, out, stage = job.cfg, job.out, job.stage
+    sft_label = "SFT" + (" + DAgger" if cfg.dagger_rounds else "")
     labels = {"random": "random", "scripted_teacher": "scripted teacher (non-privileged)",
-              "sft_teacher_only": "SFT on teacher traces only", "sft": "SFT" + (" + DAgger" if cfg.dagger_rounds else ""),
-              "sft_grpo": "SFT" + (" + DAgger" if cfg.dagger_rounds else "") + " + GRPO"}
+              "sft_teacher_only": "SFT on teacher traces only", "sft": sft_label, "sft_grpo": sft_label + " + GRPO"}
     summaries = {labels[n]: out / "eval" / e for n, e in evals.items()}
     dev = {labels[n]: out / "eval" / f"dev_{e}" for n, e in evals.items()}
     rl_note = ""
@@ -570,15 +494,14 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
         + (f" x {cfg.rl.soup_seeds} RL seeds (the policy their weight average)" if cfg.rl.soup_seeds > 1 else "")
         + (f"; wall cap {cfg.budget_minutes:.0f} min" if cfg.budget_minutes else "; no wall cap")
         + f". The stages took {sum(stage.times().values()) / 60:.1f} min in all (table below); this invocation "
-        f"{(time.perf_counter() - t0) / 60:.1f} min (a rerun resumes: finished stages are not redone).",
-        f"Development set: {len(dev_ids)} train games held out (seed {cfg.seed}; `dev_games.json`), never trained on.",
+        f"{(time.perf_counter() - job.t0) / 60:.1f} min (a rerun resumes: finished stages are not redone).",
+        f"Development set: {len(job.dev_ids)} train games held out (seed {cfg.seed}; `dev_games.json`), never trained on.",
         f"Engine `{cfg.env.engine}`, step cap {cfg.max_steps}, eval split `{cfg.eval_split}`"
         + (f" ({cfg.eval_limit} games, round-robin across types)" if cfg.eval_limit else " (full panel)")
         + f"; an episode whose (prompt, completion) repeats {cfg.stop_repeats} times is stopped early and counts as a failure.",
     ] + ([rl_note] if rl_note else [])
-    return write_run_report(out, summaries, dev, [d / "metrics.jsonl" for d in sfts],
-                            None if cfg.skip_rl else rl_dir / "metrics.jsonl", notes, stage.times(), curve)
-
+    return write_run_report(out, summaries, dev, [d / "metrics.jsonl" for d in job.sfts],
+                            None if cfg.skip_rl else job.rl_dir / "metrics.jsonl", notes, stage.times(), curve)
 
 def unchosen_last_rl(out: Path, grpo_eval: str) -> str:
     """What the GRPO stage's last checkpoint did when the development games chose another model as

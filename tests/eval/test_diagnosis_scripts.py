@@ -1,18 +1,15 @@
 """The student diagnoses under benchmarks/ on real inputs: the pick-two move classifier and the
 search-fault counts on real teacher episodes (benchmarks/pick_two_faults.py,
-benchmarks/search_faults.py) and the GRPO weight extrapolation on a real model directory that
-transformers loads (benchmarks/rl_extrapolate.py)."""
+benchmarks/search_faults.py), and the seed-paired comparisons (benchmarks/pair_runs.py,
+benchmarks/main_job_seeds.py)."""
 
 from __future__ import annotations
 
 import copy
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from evoharness.envs.alfworld import make_env
 from evoharness.eval.run_report import wasted_steps
@@ -25,7 +22,6 @@ from engines import pick_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from pick_two_faults import second_search  # noqa: E402
-from rl_extrapolate import extrapolate  # noqa: E402
 from main_job_seeds import summarise  # noqa: E402
 from pair_runs import main as pair_runs_main  # noqa: E402
 from search_faults import panel_row  # noqa: E402
@@ -128,23 +124,3 @@ def test_main_job_seeds_pools_grpo_against_sft_and_lists_every_game_lost_in_some
     ids = [e["task_id"] for e in pick_two_episodes]
     assert out["lost_games"] == {ids[0]: {"0": [False, True]}, ids[1]: {"0": [False, False]},
                                  ids[2]: {"0": [True, False]}, ids[4]: {"3": [False, True]}}
-
-
-def test_extrapolation_is_sft_at_0_rl_at_1_and_loads_in_transformers(model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    rl = tmp_path / "rl"
-    shutil.copytree(model_dir, rl)
-    w = load_file(str(rl / "model.safetensors"))
-    g = torch.Generator().manual_seed(0)
-    moved = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in w.items()}
-    save_file(moved, str(rl / "model.safetensors"), metadata={"format": "pt"})
-    base = load_file(str(Path(model_dir) / "model.safetensors"))
-    for alpha, want in ((0.0, base), (1.0, moved), (2.0, {k: 2 * moved[k] - base[k] for k in base})):
-        out = extrapolate(Path(model_dir), rl, alpha, tmp_path / f"a{alpha:g}")
-        got = load_file(str(out / "model.safetensors"))
-        assert got.keys() == base.keys()
-        assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in base), alpha
-        assert (out / "config.json").read_text() == (rl / "config.json").read_text()
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "a2")
-    assert torch.equal(model.model.embed_tokens.weight.detach(), got["model.embed_tokens.weight"])

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 from engines import pick_engine
 
+from evoharness.config.harness import HarnessConfig
+from evoharness.config.rl import GRPOConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.harness.factory import make_harness
-from evoharness.config.harness import HarnessConfig
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.records import Trajectory, TurnRecord
-from evoharness.train.grpo import turn_samples
+from evoharness.train.step import turn_rows
 
 
 class Counting:
@@ -68,8 +69,9 @@ def test_grpo_never_draws_a_replayed_turn():
                         prompt_token_ids=[1, 2], completion_token_ids=[3 + i], logprobs=[-0.5]) for i in range(10)]
     traj = Trajectory(episode_id="e#0", task_id="t", task_type="pick_and_place_simple", split="train",
                       harness="bpe", policy="p", turns=turns, info={"replayed_turns": 6})
-    adv = [[1.0] * 10]
-    assert [s.completion_ids[0] for s in turn_samples([traj], adv)] == [9, 10, 11, 12]
-    for seed in range(8):
-        drawn = [s.completion_ids[0] for s in turn_samples([traj], adv, max_turns=3, seed=seed)]
-        assert len(drawn) == 3 and min(drawn) >= 9
+    adv = [1.0] * 10
+    assert [s.completion_ids[0] for s in turn_rows(traj, adv, GRPOConfig(), step=0)] == [9, 10, 11, 12]
+    for sampled, n in ((GRPOConfig(max_train_turns=3), 3), (GRPOConfig(j_max=2), 2)):   # drawn turns / tree paths
+        for step in range(8):
+            drawn = [s.completion_ids[0] for s in turn_rows(traj, adv, sampled, step=step)]
+            assert len(drawn) == n and min(drawn) >= 9

@@ -6,29 +6,28 @@ micro-batch is claimed again. Either way every execution finishes and trains
 exactly once, no agent turn is aborted, the loss is counted, and the
 replacement process serves the schedule. The core (cell 0, the only optimizer
 state) failing fails the job with a message that names the resume, and the job
-resumes from its last checkpoint.
+resumes from its last checkpoint. The cells replay a simulator workload (`runtime.synthetic`:
+timed jobs on cell processes); the slow tests play ALFWorld with a real model (`recipes.rl.RLJob`).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
-from rl_cells import RAY_STALL_S, KillOnCommand
+from rl_cells import RAY_STALL_S
+from synthetic_agents import KillOnCommand
 
 from evoharness.runtime.cells import Role
 from evoharness.runtime.driver import Driver
 from evoharness.runtime.events import (Bind, CellLost, ExecutionDispatched, ExecutionFinished, ExecutionStarted,
                                        MicroBatchDone, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
                                        WeightSyncDone)
-from evoharness.runtime.local_backend import LocalBackend
 from evoharness.runtime.sim import build_scheduler
+from evoharness.runtime.synthetic import replay_backend
 
 SCALE = 0.002   # real seconds per simulated second (the long-tail workload's 2 steps: ~1-3 s)
 
 
-class Killer(KillOnCommand, LocalBackend):
+class Killer(KillOnCommand):
     """Kills the cell of the first command `kill_on` picks (``killed_pid``: its
     process); ``after``: the commands to that cell since."""
 
@@ -40,7 +39,7 @@ class Killer(KillOnCommand, LocalBackend):
         cell = getattr(c, "cell", None)
         if self.killed and cell == self.killed[0]:
             self.after.append(c)
-        pid = self.procs[cell].pid if cell is not None else None
+        pid = self.transport.pid(cell) if cell is not None else None
         super().apply(c)
         if self.killed and self.killed_pid is None:
             self.killed_pid = pid
@@ -58,7 +57,7 @@ def _cfg(make_cfg, policy):
 
 
 def _run(cfg, sched, kill_on, checkpoint=None):
-    be = Killer(cfg, sched.initial_roles(), time_scale=SCALE, kill_on=kill_on)
+    be = Killer(replay_backend(cfg, sched.initial_roles(), time_scale=SCALE), kill_on)
     try:
         stats = Driver(sched, be, stall_s=30, checkpoint=checkpoint).run()
     finally:
@@ -74,7 +73,7 @@ def _exactly_once(cfg, sched, be, stats):
     assert stats.aborted_turns == 0 and be.counts["aborted_turns"] == 0
     assert be.killed and stats.cells_lost == 1 == be.counts["cells_lost"] == sched.cells_lost
     lost = be.killed[0]                                  # a new process, and it answered
-    assert be.procs[lost].pid != be.killed_pid and be.procs[lost].pid in be.pids_seen[lost]
+    assert be.transport.pid(lost) != be.killed_pid and be.transport.pid(lost) in be.pids_seen[lost]
     assert not sched.replacing and not sched.rejoining and not sched.sync_held
 
 
@@ -127,8 +126,8 @@ def test_losing_the_core_fails_the_job_and_it_resumes_from_its_checkpoint(make_c
 
 def _resume(cfg, ckpt) -> Driver:
     """The job resumed from `ckpt` on fresh local cells, in the roles the checkpoint holds."""
-    return Driver.resume(ckpt, lambda s, st: LocalBackend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE,
-                                                          state=st), stall_s=30)
+    return Driver.resume(ckpt, lambda s, st: replay_backend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE,
+                                                            state=st), stall_s=30)
 
 
 def _finish_exactly_once(cfg, d: Driver):
@@ -143,18 +142,17 @@ def _finish_exactly_once(cfg, d: Driver):
     return stats
 
 
-class SyncKiller(LocalBackend):
-    """SIGKILLs cell `victim` as the first weight sync is commanded."""
+class SyncKiller(KillOnCommand):
+    """Kills cell `victim` as the first weight sync is commanded."""
 
-    def __init__(self, *a, victim, **kw):
-        super().__init__(*a, **kw)
-        self.victim, self.killed = victim, []
+    def __init__(self, be, victim):
+        super().__init__(be, lambda c: isinstance(c, SyncWeights))
+        self.victim = victim
 
     def apply(self, c):
-        super().apply(c)
-        if isinstance(c, SyncWeights) and not self.killed:
-            os.kill(self.procs[self.victim].pid, signal.SIGKILL)
-            self.procs[self.victim].join()
+        self.backend.apply(c)
+        if not self.killed and self.kill_on(c):
+            self.backend.transport.kill(self.victim)
             self.killed.append(self.victim)
 
 
@@ -168,7 +166,7 @@ def test_a_checkpoint_taken_while_a_replacement_is_on_its_way_resumes(make_cfg, 
     cfg = _cfg(make_cfg, policy)
     sched = build_scheduler(policy, cfg)
     victim = 1 if policy == "async" else 2
-    be = SyncKiller(cfg, sched.initial_roles(), time_scale=SCALE, victim=victim)
+    be = SyncKiller(replay_backend(cfg, sched.initial_roles(), time_scale=SCALE), victim)
     d, ckpt = Driver(sched, be, stall_s=30), tmp_path / "job.ckpt"
     try:
         for version in d.steps():
@@ -222,10 +220,23 @@ def test_scheduler_refuses_the_core_clearly(make_cfg):
             sched.handle(CellLost(0))
 
 
+def _run_job_with_killer(job, killer):
+    """Run an `RLJob`'s driver to the end with `killer` on a thread of its own; stop the cells."""
+    import threading
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        return job.driver.run()
+    finally:
+        job.backend.close()
+        t.join(timeout=1)
+
+
 @pytest.mark.slow
 def test_elastic_real_model_rollout_cell_killed_plays_the_inprocess_run(model_dir, tmp_path, rl_reference):
-    """Elastic on 3 cell processes with the micro model and real ALFWorld games: SIGKILL a
-    satellite while a policy call runs on it. Its calls are re-issued elsewhere (the same
+    """Elastic on 3 cell processes with the micro model and real ALFWorld games (`recipes.rl.RLJob`):
+    SIGKILL a satellite while a policy call runs on it. Its calls are re-issued elsewhere (the same
     per-(episode, turn) sampling seed gives the same completion), and the run reproduces the
     in-process loop's per-step metrics (30 s on the shared 2-core machine under load: 3 processes
     load torch and the model)."""
@@ -233,14 +244,12 @@ def test_elastic_real_model_rollout_cell_killed_plays_the_inprocess_run(model_di
     import signal
     import time
 
-    from rl_cells import assert_same_steps, drive_with_killer, job_parts, rl_config
+    from rl_cells import assert_same_steps, rl_config
 
-    from evoharness.harness.bpe import ExperienceStore
-    from evoharness.runtime.alfworld_backend import AlfworldBackend
+    from evoharness.recipes.rl import RLJob
 
-    cfg = rl_config(model_dir, tmp_path, schedule="elastic", cells=3)
-    sim, sched, tasks, order = job_parts(cfg)
-    be = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"))
+    job = RLJob(rl_config(model_dir, tmp_path, schedule="elastic", cells=3, backend="local"))
+    be, sched = job.backend, job.driver.sched
     killed = []
 
     def killer():
@@ -251,10 +260,10 @@ def test_elastic_real_model_rollout_cell_killed_plays_the_inprocess_run(model_di
                 cells = {j[1] for j in list(be._jobs.values()) if j[0] == "call"} - {0}
             except RuntimeError:                 # the driver thread changed the dict meanwhile
                 cells = set()
-        os.kill(be.procs[min(cells)].pid, signal.SIGKILL)
+        os.kill(be.transport.pid(min(cells)), signal.SIGKILL)
         killed.append(min(cells))
 
-    stats = drive_with_killer(sched, be, killer)
+    stats = _run_job_with_killer(job, killer)
     assert killed and stats.cells_lost == 1 == be.counts["cells_lost"] == sched.cells_lost
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0
     assert max(stats.staleness) == 0 and sum(stats.staleness.values()) == 8
@@ -263,36 +272,34 @@ def test_elastic_real_model_rollout_cell_killed_plays_the_inprocess_run(model_di
 
 @pytest.mark.slow
 def test_a_lost_all_reduce_member_fails_the_job_naming_the_resume(model_dir, tmp_path):
-    """Colocate on 2 real-model cells that all-reduce their gradients (`runtime.replicas`):
-    SIGKILL cell 1 in step 2, once the group has formed and stepped. The group cannot
-    continue, so the run fails at once (no collective left hanging) with a message that
-    names the resume."""
+    """Colocate on 2 real-model cells that all-reduce their gradients (``runtime.trainer =
+    allreduce``, `runtime.cell_backend.ModelTraining`): SIGKILL cell 1 in step 2 while it serves
+    calls, once the group has formed and stepped. The group cannot continue, so the run fails at
+    once (no collective left hanging) with a message that names the resume."""
     import os
     import signal
     import time
 
-    from rl_cells import drive_with_killer, job_parts, rl_config
+    from rl_cells import rl_config
 
-    from evoharness.harness.bpe import ExperienceStore
-    from evoharness.runtime.replicas import AllReduceAlfworldBackend
+    from evoharness.recipes.rl import RLJob
 
-    cfg = rl_config(model_dir, tmp_path, schedule="colocate", cells=2)
-    sim, sched, tasks, order = job_parts(cfg)
-    be = AllReduceAlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(),
-                                  str(tmp_path / "rt"), members=[0, 1])
+    job = RLJob(rl_config(model_dir, tmp_path, schedule="colocate", cells=2, backend="local"))
+    be = job.backend
+    assert be.training.mode == "allreduce" and be.training.members == [0, 1]
 
     def killer():
-        while not be.step_stats:                 # step 1's all-reduce done: the group exists
+        while not be.records:                    # step 1's all-reduce done: the group exists
             time.sleep(0.002)
         calls = be.counts["calls"]
         while be.counts["calls"] < calls + 2:
             time.sleep(0.002)
-        os.kill(be.procs[1].pid, signal.SIGKILL)
+        os.kill(be.transport.pid(1), signal.SIGKILL)
 
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match=r"cell 1 of the all-reduce group \[0, 1\] failed.*resume the job"):
-        drive_with_killer(sched, be, killer)
-    assert time.monotonic() - t0 < 90 and len(be.step_stats) == 1   # failed in step 2, not after a stall
+        _run_job_with_killer(job, killer)
+    assert time.monotonic() - t0 < 90 and len(be.records) == 1   # failed in step 2, not after a stall
 
 
 def test_a_restored_scheduler_switches_a_replacement_that_was_going_to_train(make_cfg):
@@ -315,23 +322,13 @@ def test_a_restored_scheduler_switches_a_replacement_that_was_going_to_train(mak
 
 
 def test_colocate_on_ray_reclaims_a_killed_train_actors_micro_batch(make_cfg, ray_head):
-    """The same scheduler objects on Ray actors (`runtime.ray_backend`, a local head on
-    127.0.0.1; skipped without Ray): colocate's satellite actor killed while it trains a
+    """The same scheduler objects on Ray actors (`runtime.ray_transport.RayTransport`, a local head
+    on 127.0.0.1; skipped without Ray): colocate's satellite actor killed while it trains a
     micro-batch; the micro-batch is claimed again and every execution trains exactly once."""
-    from evoharness.runtime.ray_backend import RayBackend
-
-    class Killer(RayBackend):
-        killed: list = []
-
-        def apply(self, c):
-            super().apply(c)
-            if isinstance(c, RunMicroBatch) and c.cell != 0 and not self.killed:
-                self.kill_cell(c.cell)
-                self.killed = [c.cell]
-
     cfg = _cfg(make_cfg, "colocate")
     sched = build_scheduler("colocate", cfg)
-    be = Killer(cfg, sched.initial_roles(), time_scale=SCALE)
+    be = KillOnCommand(replay_backend(cfg, sched.initial_roles(), time_scale=SCALE, backend="ray"),
+                       lambda c: isinstance(c, RunMicroBatch) and c.cell != 0)
     try:
         stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
@@ -339,3 +336,5 @@ def test_colocate_on_ray_reclaims_a_killed_train_actors_micro_batch(make_cfg, ra
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert be.killed and stats.cells_lost == 1 == sched.cells_lost and stats.micro_batches_reclaimed == 1
     assert sched.done and sum(stats.staleness.values()) == n and stats.aborted_turns == 0
+    lost = be.killed[0]                         # a new actor process, and it answered
+    assert len(be.pids_seen[lost]) == 2 and be.transport.pid(lost) in be.pids_seen[lost]

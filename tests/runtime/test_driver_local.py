@@ -1,26 +1,26 @@
-"""The schedulers drive real worker processes through the driver (local backend, real time)."""
+"""The schedulers drive real worker processes through the driver: the timed replay of a simulator
+workload (`runtime.synthetic`) on a process per cell (`runtime.transport.ProcessTransport`), real time."""
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
-from rl_cells import KillOnCommand
+from synthetic_agents import DIE, DiesMidReply, KillOnCommand
 
 from evoharness.runtime.driver import Driver
 from evoharness.runtime.events import Bind, RunMicroBatch
-from evoharness.runtime.local_backend import LocalBackend
 from evoharness.runtime.sim import build_scheduler, simulate
+from evoharness.runtime.synthetic import replay_backend
 
 SCALE = 0.002   # real seconds per simulated second: the long-tail workload's 2 steps take ~1-2 s
 
 
-def drive(cfg, policy):
+def drive(cfg, policy, work_dir=None):
     sched = build_scheduler(policy, cfg)
-    backend = LocalBackend(cfg, sched.initial_roles(), time_scale=SCALE)
+    backend = replay_backend(cfg, sched.initial_roles(), time_scale=SCALE, work_dir=work_dir)
     try:
         stats = Driver(sched, backend, stall_s=30).run()
     finally:
@@ -29,9 +29,9 @@ def drive(cfg, policy):
 
 
 @pytest.mark.parametrize("policy", ["colocate", "async", "elastic", "elastic-async"])
-def test_every_schedule_runs_on_processes_exactly_once(make_cfg, policy):
+def test_every_schedule_runs_on_processes_exactly_once(make_cfg, policy, tmp_path):
     cfg = make_cfg(steps=2, cluster={"cells": 3}, policy={"staleness": 1})
-    sched, backend, stats = drive(cfg, policy)
+    sched, backend, stats = drive(cfg, policy, tmp_path)
     idle = backend.idle()
     assert 0.0 <= idle["idle_rollout"] < 1.0 and 0.0 < idle["idle_train"] <= 1.0   # trainers wait for groups
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
@@ -48,6 +48,16 @@ def test_every_schedule_runs_on_processes_exactly_once(make_cfg, policy):
     predicted = simulate(cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
         update={"gen_concurrency_exponent": 1.0})}), policy).wall_s * SCALE
     assert stats.wall_s > 0.5 * predicted
+    # the run's call trace (`trace.jsonl`) is the workload it replayed: the simulator reads it back
+    from evoharness.runtime.workload import Workload, load_trace, trace_grouping
+
+    played = load_trace(tmp_path / "trace.jsonl")
+    assert trace_grouping(played) == (cfg.steps * cfg.workload.groups_per_step, cfg.workload.group_size)
+    drawn = [Workload(cfg.workload, cfg.seed).sample_step(u) for u in range(cfg.steps)]
+    turns = lambda p, c: (tuple(p.round().tolist()), tuple(c.round().tolist()))    # noqa: E731
+    assert sorted(turns(t.prompt, t.completion) for t in played) == sorted(
+        turns(b.prompt[b.offsets[i]:b.offsets[i + 1]], b.completion[b.offsets[i]:b.offsets[i + 1]])
+        for b in drawn for i in range(len(b.n_turns)))
 
 
 def _group_bound_to(be, cell: int) -> list[int]:
@@ -68,7 +78,7 @@ def test_a_blunt_switch_aborts_the_calls_in_flight_and_counts_them(make_cfg):
     from evoharness.runtime.cells import Role
     from evoharness.runtime.events import ExecutionOrphaned, SwitchRole
     cfg = make_cfg(cluster={"cells": 2})
-    be = LocalBackend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
+    be = replay_backend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
     try:
         members = _group_bound_to(be, 1)
         be.apply(SwitchRole(1, Role.TRAIN))
@@ -77,10 +87,6 @@ def test_a_blunt_switch_aborts_the_calls_in_flight_and_counts_them(make_cfg):
         be.close()
     assert sorted(o.execution for o in orphans) == members and all(o.aborted for o in orphans)
     assert be.counts["aborted_turns"] == len(members) == cfg.workload.group_size
-
-
-class Killer(KillOnCommand, LocalBackend):
-    """SIGKILLs a satellite cell's process right after a chosen command reaches it."""
 
 
 @pytest.mark.parametrize("what", ["rollout", "train"])
@@ -97,7 +103,7 @@ def test_a_killed_cell_is_replaced_and_nothing_is_lost_or_repeated(make_cfg, wha
         kill_on = lambda c: isinstance(c, Bind) and c.cell == 2 and next(binds) == 2   # noqa: E731
     else:
         kill_on = lambda c: isinstance(c, RunMicroBatch) and c.cell != 0               # noqa: E731
-    backend = Killer(cfg, sched.initial_roles(), time_scale=SCALE, kill_on=kill_on)
+    backend = KillOnCommand(replay_backend(cfg, sched.initial_roles(), time_scale=SCALE), kill_on)
     try:
         stats = Driver(sched, backend, stall_s=30).run()
     finally:
@@ -112,38 +118,26 @@ def test_a_killed_cell_is_replaced_and_nothing_is_lost_or_repeated(make_cfg, wha
         assert stats.micro_batches_reclaimed == 1
 
 
-def _dies_mid_reply(cell, inbox, outbox):
-    """A cell process that dies half-way through writing a reply larger than its
-    pipe holds (nobody reads it yet), as a SIGKILL or the OOM killer can land."""
-    threading.Thread(target=outbox.put, args=((cell, os.getpid(), "call", 0, b"x" * (1 << 20)),),
-                     daemon=True).start()
-    time.sleep(0.5)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-class DiesMidReply(LocalBackend):
-    """Cell 1's first process is `_dies_mid_reply`; its replacement is a normal cell."""
-
-    def _process(self, cell):
-        if cell == 1 and not getattr(self, "_died", False):
-            self._died = True
-            return _dies_mid_reply, (cell, self.inboxes[cell], self.outboxes[cell])
-        return super()._process(cell)
-
-
-def test_a_cell_killed_mid_reply_does_not_silence_the_others(make_cfg):
+def test_a_cell_killed_mid_reply_does_not_silence_the_others(make_cfg, tmp_path):
     """Regression: the cells shared one reply queue, whose writers share a lock;
     a cell killed while its reply was being written held it for good and no
     other cell was heard again (the killed-cell test stalled now and then). Each
-    cell now replies on a pipe of its own: after cell 1 died mid-reply, cells 0
-    and 2 still answer, and cell 1 is reported lost and its replacement answers."""
+    cell now replies on a pipe of its own (`runtime.transport.ProcessTransport`): after
+    cell 1 died mid-reply, cells 0 and 2 still answer, and cell 1 is reported lost and its
+    replacement answers."""
+    from evoharness.runtime.cell_backend import CellBackend
     from evoharness.runtime.cells import Role
     from evoharness.runtime.events import CellLost, RoleSwitchDone, SwitchRole
+    from evoharness.runtime.synthetic import ReplayWorkload, TimedTraining
+    from evoharness.runtime.transport import ProcessTransport
     cfg = make_cfg(cluster={"cells": 3})
-    be = DiesMidReply(cfg, [Role.ROLLOUT] * 3, time_scale=SCALE)
+    be = CellBackend(cfg, [Role.ROLLOUT] * 3, ProcessTransport(), DiesMidReply, ReplayWorkload(cfg, SCALE),
+                     TimedTraining(cfg, SCALE), tmp_path)
     try:
-        be.procs[1].join(timeout=60)
-        assert be.procs[1].exitcode == -signal.SIGKILL     # died with its reply half in the pipe
+        be.transport.post(1, ("call", 10**6, DIE, 0.0))    # a job of no execution: its reply is dropped
+        proc = be.transport.procs[1]
+        proc.join(timeout=60)
+        assert proc.exitcode == -signal.SIGKILL            # died with its reply half in the pipe
         be.apply(SwitchRole(0, Role.TRAIN))
         be.apply(SwitchRole(2, Role.TRAIN))
         want = {CellLost(1), RoleSwitchDone(0, Role.TRAIN), RoleSwitchDone(2, Role.TRAIN),
@@ -167,7 +161,7 @@ def test_a_migrate_or_bind_of_an_execution_that_just_finished_is_ignored(make_cf
     from evoharness.runtime.cells import Role
     from evoharness.runtime.events import ExecutionFinished, ExecutionOrphaned, Migrate, SwitchRole
     cfg = make_cfg(cluster={"cells": 2})
-    be = LocalBackend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
+    be = replay_backend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
     try:
         _group_bound_to(be, 0)
         done = None
@@ -187,15 +181,15 @@ def test_a_migrate_or_bind_of_an_execution_that_just_finished_is_ignored(make_cf
 
 JOB = """
 import json, sys
+from evoharness.config.sim import SimConfig
 from evoharness.runtime.driver import Driver
-from evoharness.runtime.local_backend import LocalBackend
 from evoharness.runtime.sim import build_scheduler
-from evoharness.runtime.workload import SimConfig
+from evoharness.runtime.synthetic import replay_backend
 
 if __name__ == "__main__":
     cfg = SimConfig.model_validate(json.loads(sys.argv[1]))
     sched = build_scheduler("elastic-async", cfg)
-    backend = LocalBackend(cfg, sched.initial_roles(), time_scale=float(sys.argv[3]))
+    backend = replay_backend(cfg, sched.initial_roles(), time_scale=float(sys.argv[3]), work_dir=sys.argv[4])
     Driver(sched, backend, checkpoint=sys.argv[2]).run()
     backend.close()
 """
@@ -213,15 +207,17 @@ def test_sigkill_of_the_job_resumes_from_its_checkpoint(make_cfg, tmp_path):
     ckpt = tmp_path / "job.ckpt"
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    proc = subprocess.Popen([sys.executable, str(script), cfg.model_dump_json(), str(ckpt), "0.01"])
+    proc = subprocess.Popen([sys.executable, str(script), cfg.model_dump_json(), str(ckpt), "0.01",
+                             str(tmp_path / "job")])
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ckpt.exists() and proc.poll() is None, "the job ended before its first checkpoint"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    d = Driver.resume(ckpt, lambda sched, st: LocalBackend(cfg, [c.role for c in sched.pool.cells],
-                                                            time_scale=SCALE, state=st))
+    d = Driver.resume(ckpt, lambda sched, st: replay_backend(cfg, [c.role for c in sched.pool.cells],
+                                                              time_scale=SCALE, work_dir=tmp_path / "job",
+                                                              state=st))
     steps_before = d.sched.steps_done
     try:
         stats = d.run()
@@ -231,3 +227,36 @@ def test_sigkill_of_the_job_resumes_from_its_checkpoint(make_cfg, tmp_path):
     assert 0 <= steps_before < cfg.steps and len(stats.step_end_s) == cfg.steps and d.sched.done
     assert sum(stats.staleness.values()) == n and max(stats.staleness) <= 1
     assert len(d._finished) == n and stats.aborted_turns == 0
+
+
+def test_the_replay_through_the_gateway_drains_switching_cells(make_cfg):
+    """elastic on 3 cell processes with the calls routed by the gateway (`runtime.gateway_cells`):
+    cells leaving rollout are drained (their calls re-issued where their executions go next), no
+    turn is aborted, every execution trains once."""
+    from evoharness.runtime.gateway_cells import CellGateway
+
+    cfg = make_cfg(steps=2, cluster={"cells": 3})
+    sched = build_scheduler("elastic", cfg)
+    be = replay_backend(cfg, sched.initial_roles(), time_scale=SCALE, gateway=CellGateway(3))
+    try:
+        stats = Driver(sched, be, stall_s=30).run()
+    finally:
+        be.close()
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert sum(stats.staleness.values()) == n and len(stats.step_end_s) == cfg.steps
+    assert stats.switches > 0 and be.counts["drains"] > 0
+    assert stats.aborted_turns == 0 == be.counts["aborted_turns"]
+
+
+def test_the_replay_on_one_in_process_cell(make_cfg):
+    """colocate on one cell that is the driver process itself (`runtime.transport.InProcessTransport`)."""
+    cfg = make_cfg(steps=2, cluster={"cells": 1})
+    sched = build_scheduler("colocate", cfg)
+    be = replay_backend(cfg, sched.initial_roles(), time_scale=SCALE, backend="inprocess")
+    try:
+        stats = Driver(sched, be, stall_s=30).run()
+    finally:
+        be.close()
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert sum(stats.staleness.values()) == n and len(stats.step_end_s) == cfg.steps
+    assert be.pids_seen == {0: {os.getpid()}} and be.counts["calls"] > n

@@ -4,15 +4,17 @@ Qwen3 model, a local Ray head on 127.0.0.1 (runs when Ray is installed)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 
 import pytest
-from rl_cells import (RAY_STALL_S, assert_micro_batch_reclaimed, assert_same_steps, assert_same_update,
-                      drive_with_killer, job_parts, metrics, rl_config)
+from rl_cells import RAY_STALL_S, assert_same_steps, assert_same_update, metrics, rl_config
 from typer.testing import CliRunner
 
 from evoharness.cli import app
-from evoharness.train.rl import train_rl
+from evoharness.recipes.rl import RLJob, train_rl
 
 pytest.importorskip("ray")
 
@@ -44,60 +46,65 @@ def test_rl_on_ray_actors_trains_each_episode_once_as_the_inprocess_loop(model_d
 
 
 def test_a_killed_rollout_actor_mid_step_loses_nothing(model_dir, ray_head, tmp_path, rl_reference):
-    """Kill the rollout cell's actor while it serves calls (elastic-async, which replaces a
-    lost cell): its calls are re-issued on the new actor, the step completes, and the run
-    plays and trains exactly the in-process episodes (~20 s)."""
-    from evoharness.harness.bpe import ExperienceStore
-    from evoharness.runtime.ray_backend import RayAlfworldBackend
+    """SIGKILL of the rollout cell's actor while it serves calls (`RLJob` on Ray, elastic-async,
+    which replaces a lost cell): its calls are re-issued on the new actor, the step completes, and
+    the run plays and trains exactly the in-process episodes (~20 s)."""
+    job = RLJob(rl_config(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4,
+                          backend="ray", stall_s=RAY_STALL_S))
+    be, killed = job.backend, []
 
-    cfg = rl_config(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4)
-    sim, sched, tasks, order = job_parts(cfg)
-    be = RayAlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"))
-    killed = []
-
-    def killer():      # kill cell 1 (a satellite) while calls run on it
+    def killer():      # kill cell 1 (a satellite) while calls run on it, after 5 calls
         while not killed:
             try:
                 busy = any(j[0] == "call" and j[1] == 1 for j in list(be._jobs.values()))
             except RuntimeError:                        # the driver thread changed the dict meanwhile
                 busy = False
             if busy and be.counts["calls"] >= 5:
-                be.kill_cell(1)
+                os.kill(be.transport.pid(1), signal.SIGKILL)
                 killed.append(1)
             time.sleep(0.002)
 
-    stats = drive_with_killer(sched, be, killer)
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        records = list(job.steps())
+    finally:
+        job.close()
+    t.join(timeout=1)
+    stats = job.driver.stats
     assert killed and stats.cells_lost == 1 == be.counts["cells_lost"]
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0
-    assert_same_steps(be.records, rl_reference.metrics)
+    assert len(set().union(*be.pids_seen.values())) == 3             # the replacement is a new actor process
+    assert_same_steps(records, rl_reference.metrics)
 
 
 def test_a_killed_train_actor_has_its_micro_batch_reclaimed(model_dir, ray_head, tmp_path, make_cfg):
     """elastic-async on 3 Ray model cells with calls through the gateway; kill a satellite
     actor right after it is sent a micro-batch: the micro-batch is re-claimed, and each
     step's update sums exactly one micro-batch per execution (~15 s)."""
+    from synthetic_agents import KillOnCommand, token_backend
+
     from evoharness.runtime.driver import Driver
     from evoharness.runtime.events import RunMicroBatch
-    from evoharness.runtime.ray_backend import RayModelBackend
     from evoharness.runtime.sim import build_scheduler
-
-    class Killer(RayModelBackend):
-        killed: list = []
-
-        def apply(self, c):
-            super().apply(c)
-            if not self.killed and isinstance(c, RunMicroBatch) and c.cell != 0:
-                self.kill_cell(c.cell)
-                self.killed = [c.cell]
 
     cfg = make_cfg(steps=2, cluster={"cells": 3}, workload={"groups_per_step": 2}, policy={"staleness": 1})
     sched = build_scheduler("elastic-async", cfg)
-    be = Killer(cfg, sched.initial_roles(), model_dir, tmp_path, lr=1e-2, time_scale=1e-3, via_gateway=True)
+    be = KillOnCommand(token_backend(cfg, sched.initial_roles(), model_dir, tmp_path, backend="ray",
+                                     via_gateway=True),
+                       lambda c: isinstance(c, RunMicroBatch) and c.cell != 0)
     try:
         stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
         be.close()
-    assert_micro_batch_reclaimed(be, stats, cfg)
+    n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+    assert be.killed and stats.cells_lost == 1 == be.counts["cells_lost"]
+    assert stats.micro_batches_reclaimed >= 1 and stats.aborted_turns == 0 == be.counts["aborted_turns"]
+    assert sum(stats.staleness.values()) == n
+    recs = be.workload.records
+    assert [r["step"] for r in recs] == [1, 2]
+    assert [r["micro_batches"] for r in recs] == [n // cfg.steps] * cfg.steps
+    assert all(r["train/n_tokens"] == r["completion_tokens"] > 0 for r in recs)    # every token trained once
 
 
 def test_colocate_on_ray_actors_all_reduces_to_the_inprocess_update(model_dir, ray_head, tmp_path, rl_reference):

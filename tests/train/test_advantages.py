@@ -209,9 +209,9 @@ def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
     from evoharness.policies.scripted import ExpertPolicy, RandomPolicy
     from evoharness.rollout.episode import EpisodeSpec, run_episodes
     from evoharness.train.advantages import std_floor_active, valid_members
-    from evoharness.train.grpo import turn_samples
     from evoharness.train.rewards import trajectory_reward
-    from evoharness.config.rl import RewardConfig
+    from evoharness.config.rl import GRPOConfig, RewardConfig
+    from evoharness.train.step import turn_rows
 
     task = discover_games("valid_seen")[0]
     win = _play(task, ExpertPolicy(), 1)[0]
@@ -246,5 +246,14 @@ def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
             turn.prompt_token_ids, turn.completion_token_ids, turn.logprobs = [1, 2], [3], [-0.5]
     sizes = [t.steps for t in groups[0]]
     per_traj = [flat[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(4)]
-    samples = turn_samples(groups[0], per_traj, group_size=4)
+    samples = [s for t, a in zip(groups[0], per_traj) for s in turn_rows(t, a, GRPOConfig(), step=0, group=0)]
     assert {s.episode_id for s in samples} == {win.episode_id, fail.episode_id}
+    # the step's scoring of the group (`train.step.score_group`) is the same: errors invalid, left out
+    from evoharness.train.step import group_metrics, score_group
+
+    cfg = GRPOConfig(reward=rc)
+    score = score_group(groups[0], 0, cfg)
+    assert score.valid == [True, False, True, False] and score.has_signal
+    assert score.rewards == pytest.approx(r[0].tolist())
+    assert score.advantages == turn_advantages(groups, r, cfg.advantage)[0]
+    assert group_metrics([score], cfg)["rollout/env_errors"] == 2

@@ -16,8 +16,9 @@ from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.grpo import TokenMasks, logprobs_of, microbatch_loss, set_token_weights, turn_samples
 from evoharness.config.rl import GRPOConfig
+from evoharness.train.grpo import TokenMasks, logprobs_of, microbatch_loss
+from evoharness.train.step import set_token_weights, turn_rows
 
 TEMP = 0.7
 
@@ -31,7 +32,7 @@ def _rollout(model_dir, constrained: bool):
     trajs = run_episodes([EpisodeSpec(t, f"{t.task_id}#{k}", 0) for t in tasks for k in range(2)],
                          make_env=lambda task: make_env(task, engine="fast"),
                          make_harness=lambda: BPEHarness(store), policy=policy, max_steps=3)
-    samples = turn_samples(trajs, [[1.0] * t.steps for t in trajs])
+    samples = [s for t in trajs for s in turn_rows(t, [1.0] * t.steps, GRPOConfig(temperature=TEMP), step=0)]
     masks = TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
     return policy, trajs, samples, masks
 
@@ -70,6 +71,15 @@ def test_constrained_sample_recomputes_to_the_behaviour_logprob(model_dir):
 
     with pytest.raises(ValueError, match="TokenMasks"):
         microbatch_loss(policy.model, samples, cfg)
+
+    # tree-packed rows (the trainer's grpo.packing) rebuild the same distribution: ratio 1
+    from evoharness.train.trainer import Trainer
+
+    packed = Trainer(policy.model, policy.tokenizer, cfg.model_copy(update={"packing": True})).accumulate(samples)
+    assert packed["n_tokens"] == st["n_tokens"] and packed["n_forced"] == st["n_forced"]
+    assert packed["ratio_sum"] / packed["n_tokens"] == pytest.approx(1.0, abs=1e-5)
+    assert packed["ratio_max"] == pytest.approx(1.0, abs=1e-5) and packed["n_clipped"] == 0
+    policy.model.zero_grad(set_to_none=True)
 
 
 def test_forced_tokens_have_logprob_zero_and_no_gradient(model_dir):

@@ -121,6 +121,23 @@ def test_checkpoint_state_is_never_unpickled_arbitrarily(tmp_path):
         load_trainer_state(path)
 
 
+def test_job_checkpoint_names_only_the_projects_classes(tmp_path):
+    """A job file (`checkpoints/step_N/job.pkl`) from elsewhere cannot run code when a run resumes:
+    only the project's classes, plain containers and enum members / project methods are looked up."""
+    import pickle
+
+    from evoharness.runtime.cells import Role
+    from evoharness.runtime.driver import load_job
+
+    path = tmp_path / "job.pkl"
+    path.write_bytes(pickle.dumps({"roles": [Role.TRAIN], "ok": {1, 2}}))
+    assert load_job(path) == {"roles": [Role.TRAIN], "ok": {1, 2}}
+    for evil in (_Evil(), os.system, pickle.loads):
+        path.write_bytes(pickle.dumps({"x": evil}))
+        with pytest.raises(pickle.UnpicklingError):
+            load_job(path)
+
+
 class _nothing:
     def __enter__(self):
         return self

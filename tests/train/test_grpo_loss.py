@@ -6,16 +6,33 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from evoharness.rollout.records import Trajectory, TurnRecord
-from evoharness.train.grpo import (TurnSample, accumulate_gradients, grpo_step, logprobs_of, microbatch_loss, set_token_weights, turn_samples)
 from evoharness.config.rl import GRPOConfig
+from evoharness.rollout.records import Trajectory, TurnRecord
+from evoharness.train.grpo import TurnSample, logprobs_of, microbatch_loss
+from evoharness.train.step import (mini_batch_slices, plan_updates, run_updates, set_token_weights, step_stats, turn_rows,
+                                   update_metrics)
+from evoharness.train.trainer import Trainer
+
+VOCAB = 64
 
 
 def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
     return Qwen3ForCausalLM(cfg).float()
+
+
+def trainer(model, cfg: GRPOConfig, **kw) -> Trainer:
+    """A `Trainer` of the tiny model; its "tokenizer" has every output row (nothing masked)."""
+    return Trainer(model, range(VOCAB), cfg, **kw)
+
+
+def step(model, samples, cfg: GRPOConfig, **kw) -> tuple[dict, Trainer]:
+    """One RL step (`plan_updates` + `run_updates`) on a fresh trainer: its ``train/*`` metrics and the trainer."""
+    t = trainer(model, cfg, **kw)
+    runs = run_updates(t, plan_updates(samples, cfg), cfg.lr, step=0)
+    return update_metrics(step_stats(runs)), t
 
 
 def behaviour(model, prompt, comp, temperature=1.0) -> list[float]:
@@ -54,50 +71,77 @@ def test_logprobs_of_matches_full_forward_and_ignores_padding():
 
 
 def test_one_update_moves_bandit_towards_positive_completion():
+    """One step of rows without GRPO group ids (one mini-batch needs none)."""
     model = tiny_model()
     ref = copy.deepcopy(model).eval()
     prompt, good, bad = [1, 2, 3, 4, 5], [10, 11, 12, 13], [20, 21, 22, 23]
     samples = samples_for(model, [(prompt, good, 1.0, "g"), (prompt, bad, -1.0, "b")])
     before = logprobs_of(model, [prompt, prompt], [good, bad]).detach().sum(-1)
-    cfg = GRPOConfig(lr=1e-2)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    m = grpo_step(model, opt, samples, cfg, ref_model=ref)
+    m, _ = step(model, samples, GRPOConfig(lr=1e-2), ref_model=ref)
     after = logprobs_of(model, [prompt, prompt], [good, bad]).detach().sum(-1)
     assert after[0] > before[0] + 0.1
     assert after[1] < before[1] - 0.1
-    assert m["n_tokens"] == 8 and m["kl"] == 0.0 and m["clip_fraction"] == 0.0
-    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["grad_norm"] > 0
-    assert m["pg_loss"] == pytest.approx(0.0, abs=1e-6)  # ratio 1: -(+1 - 1)/2
-    assert m["entropy"] > 0
+    assert m["train/n_tokens"] == 8 and m["train/kl"] == 0.0 and m["train/clip_fraction"] == 0.0
+    assert m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["train/grad_norm"] > 0
+    assert m["train/pg_loss"] == pytest.approx(0.0, abs=1e-6)  # ratio 1: -(+1 - 1)/2
+    assert m["train/entropy"] > 0 and m["train/updates"] == 1 and m["train/lr"] == 1e-2
+
+
+def test_trainer_refuses_kl_without_a_reference_and_bf16_masters():
+    with pytest.raises(ValueError, match="reference"):
+        trainer(tiny_model(), GRPOConfig(kl_beta=0.01))
+    with pytest.raises(ValueError, match="fp32 master weights"):
+        trainer(tiny_model().to(torch.bfloat16), GRPOConfig(kl_beta=0.0))
 
 
 def _tight_clip_step(model, samples, updates: int, **grpo) -> dict:
-    """One `grpo_step` (groups of 2) at a large lr and a 1% clip, checking it took `updates` AdamW steps."""
+    """One step at a large lr and a 1% clip, checking it took `updates` AdamW steps."""
     cfg = GRPOConfig(lr=1e-1, kl_beta=0.0, clip_low=0.01, clip_high=0.01, **grpo)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    m = grpo_step(model, opt, samples, cfg, group_size=2)
-    assert m["updates"] == updates and all(st["step"] == updates for st in opt.state.values())
+    m, t = step(model, samples, cfg)
+    assert m["train/updates"] == updates and all(st["step"] == updates for st in t.optimizer.state.values())
     return m
+
+
+def _grouped(samples, group_size: int) -> list[TurnSample]:
+    for i, s in enumerate(samples):
+        s.group = i // group_size
+    return samples
 
 
 def test_mini_batches_take_one_step_per_slice_and_the_clip_acts_after_the_first():
     model = tiny_model()
     prompt = [1, 2, 3, 4, 5]
     spec = [(prompt, [10 + i, 11, 12], a, f"e{i}") for i, a in enumerate([1.0, -1.0, 1.0, -1.0])]
-    samples = samples_for(model, spec)
-    one = copy.deepcopy(model)
-    single = grpo_step(one, torch.optim.AdamW(one.parameters(), lr=1e-1), samples, GRPOConfig(lr=1e-1, kl_beta=0.0),
-                       group_size=2)
-    assert single["updates"] == 1 and single["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    samples = _grouped(samples_for(model, spec), 2)
+    single, _ = step(copy.deepcopy(model), samples, GRPOConfig(lr=1e-1, kl_beta=0.0))
+    assert single["train/updates"] == 1 and single["train/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     m = _tight_clip_step(model, samples, updates=2, mini_batches=2)
-    assert m["n_tokens"] == 12
+    assert m["train/n_tokens"] == 12
     # slice 2 is scored by the policy slice 1 moved: ratios leave 1 and the tight clip bites
-    assert m["ratio_max"] > 1.0 + 1e-3 and m["clip_fraction"] > 0
+    assert m["train/ratio_max"] > 1.0 + 1e-3 and m["train/clip_fraction"] > 0
     # more slices than groups: one step per group
-    other = copy.deepcopy(model)
-    few = grpo_step(other, torch.optim.AdamW(other.parameters(), lr=1e-3), samples,
-                    GRPOConfig(kl_beta=0.0, mini_batches=5), group_size=2)
-    assert few["updates"] == 2
+    few, _ = step(copy.deepcopy(model), samples, GRPOConfig(kl_beta=0.0, lr=1e-3, mini_batches=5))
+    assert few["train/updates"] == 2
+
+
+def test_mini_batch_slices_keep_groups_whole_and_weight_each_slice():
+    model = tiny_model()
+    spec = [([1, 2, 3], [10 + i] * (1 + i), 1.0, f"e{i}") for i in range(5)]
+    rows = samples_for(model, spec)
+    # one mini-batch: every row, group ids or not
+    assert mini_batch_slices(rows, 1) == [rows]
+    with pytest.raises(ValueError, match="group"):
+        mini_batch_slices(rows, 2)
+    for s, g in zip(rows, [7, 3, 7, 5, 3]):
+        s.group = g
+    slices = mini_batch_slices(rows, 2)  # groups 7, 3, 5 in order of first appearance, dealt round-robin
+    assert [[s.episode_id for s in sl] for sl in slices] == [["e0", "e2", "e3"], ["e1", "e4"]]
+    updates = plan_updates(rows, GRPOConfig(mini_batches=2, epochs=2))
+    assert [[s.episode_id for s in u] for u in updates] == [["e0", "e2", "e3"], ["e1", "e4"]] * 2
+    # token weights 1/(M·N_j) over each slice: M = 3 and 2 executions
+    assert [s.weight for s in updates[0]] == pytest.approx([1 / (3 * 1), 1 / (3 * 3), 1 / (3 * 4)])
+    assert [s.weight for s in updates[1]] == pytest.approx([1 / (2 * 2), 1 / (2 * 5)])
+    assert plan_updates([], GRPOConfig()) == []
 
 
 def test_epochs_repeat_the_slices_and_the_clip_acts_on_the_second_pass():
@@ -105,29 +149,40 @@ def test_epochs_repeat_the_slices_and_the_clip_acts_on_the_second_pass():
     prompt = [1, 2, 3, 4, 5]
     samples = samples_for(model, [(prompt, [10, 11, 12], 1.0, "a"), (prompt, [20, 21, 22], -1.0, "b")])
     m = _tight_clip_step(model, samples, updates=3, epochs=3)
-    assert m["n_tokens"] == 18
-    assert m["ratio_max"] > 1.0 + 1e-3 and m["clip_fraction"] > 0
-    with pytest.raises(ValueError, match="epochs = 1"):
-        GRPOConfig(off_policy="decoupled", epochs=2)
+    assert m["train/n_tokens"] == 18
+    assert m["train/ratio_max"] > 1.0 + 1e-3 and m["train/clip_fraction"] > 0
+
+
+class _Anchor:
+    """An SFT anchor (`train.sft_anchor.SFTAnchor`'s interface): update j of step `step` adds the
+    gradient of the completion NLL of `target` and logs (step, j)."""
+
+    def __init__(self, target):
+        self.target, self.calls = target, []
+
+    def for_step(self, model, step, amp=None):
+        def anchor(j):
+            self.calls.append((step, j))
+            logp = logprobs_of(model, *self.target)
+            (-logp.sum()).backward()
+            return {"anchor_nll": float(-logp.detach().sum())}
+        return anchor
 
 
 def test_an_anchor_adds_its_gradient_to_every_update_before_the_clip():
     model = tiny_model()
-    samples = samples_for(model, [([1, 2, 3], [10, 11], 0.0, "a"), ([1, 2, 3], [20, 21], 0.0, "b")])
-    calls = []
-
-    def anchor(j):  # advantages are 0: the update is the anchor's alone
-        calls.append(j)
-        logp = logprobs_of(model, [[1, 2, 3]], [[30, 31]])
-        (-logp.sum()).backward()
-        return {"anchor_nll": float(-logp.detach().sum())}
-
-    before = float(logprobs_of(model, [[1, 2, 3]], [[30, 31]]).detach().sum())
+    samples = _grouped(samples_for(model, [([1, 2, 3], [10, 11], 0.0, "a"), ([1, 2, 3], [20, 21], 0.0, "b")]), 1)
+    target = ([[1, 2, 3]], [[30, 31]])
+    anchor = _Anchor(target)
+    before = float(logprobs_of(model, *target).detach().sum())
     cfg = GRPOConfig(lr=1e-2, kl_beta=0.0, mini_batches=2)
-    m = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=cfg.lr), samples, cfg, group_size=1,
-                  anchor=anchor)
-    assert calls == [0, 1] and m["updates"] == 2 and m["grad_norm"] > 0 and "anchor_nll" in m
-    assert float(logprobs_of(model, [[1, 2, 3]], [[30, 31]]).detach().sum()) > before + 0.05
+    t = trainer(model, cfg, anchor=anchor)
+    runs = run_updates(t, plan_updates(samples, cfg), cfg.lr, step=4)
+    m = update_metrics(step_stats(runs))
+    # advantages are 0: each update is the anchor's alone
+    assert anchor.calls == [(4, 0), (4, 1)] and m["train/updates"] == 2 and m["train/grad_norm"] > 0
+    assert "train/anchor_nll" in m
+    assert float(logprobs_of(model, *target).detach().sum()) > before + 0.05
 
 
 def test_no_gradient_reaches_prompt_or_padding_positions():
@@ -184,10 +239,12 @@ def test_token_mean_per_trajectory_then_mean_over_trajectories():
     set_token_weights(samples)
     # a: 3 + 2 tokens, b: 5, c: 1; M = 3 trajectories.
     assert [s.weight for s in samples] == pytest.approx([1 / 15, 1 / 15, 1 / 15, 1 / 3])
-    m = accumulate_gradients(model, samples, GRPOConfig(kl_beta=0.0))
+    m = trainer(model, GRPOConfig(kl_beta=0.0)).accumulate(samples)
     # ratio == 1, so per-token pg = -A and L = -(1/M) Σ_j A_j
     assert m["loss"] == pytest.approx(-(1.0 - 0.5 + 2.0) / 3, abs=1e-5)
     assert m["n_tokens"] == 11
+    # the gradient stays in .grad for `apply` (or a satellite's `gradients`)
+    assert all(p.grad is not None for p in model.lm_head.parameters())
 
 
 def test_micro_batch_size_does_not_change_loss_or_gradients():
@@ -198,13 +255,14 @@ def test_micro_batch_size_does_not_change_loss_or_gradients():
         samples = samples_for(model, SPEC)
         for s in samples:
             s.logprobs = [x + 0.3 * ((k % 3) - 1) for k, x in enumerate(s.logprobs)]  # some clipped tokens
-        m = accumulate_gradients(model, samples, GRPOConfig(kl_beta=0.05, entropy_coef=0.01, micro_batch_size=mbs),
-                                 ref_model=ref)
+        set_token_weights(samples)
+        m = trainer(model, GRPOConfig(kl_beta=0.05, entropy_coef=0.01, micro_batch_size=mbs),
+                    ref_model=ref).accumulate(samples)
         results.append((m, {n: p.grad.clone() for n, p in model.named_parameters()}))
     (m0, g0) = results[0]
-    assert m0["clip_fraction"] > 0
+    assert m0["n_clipped"] > 0
     for m, g in results[1:]:
-        for k in ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "ratio_mean", "ratio_max", "n_tokens"):
+        for k in ("loss", "pg_loss", "kl", "entropy", "n_clipped", "ratio_sum", "ratio_max", "n_tokens"):
             assert m[k] == pytest.approx(m0[k], rel=1e-5, abs=1e-7), k
         for n in g0:
             assert torch.allclose(g[n], g0[n], rtol=1e-4, atol=1e-7), n
@@ -226,36 +284,46 @@ def test_clip_stops_gradient_only_on_the_clipped_side():
         assert st["ratio_max"] == pytest.approx(torch.e, rel=1e-4)
 
 
-def test_turn_samples_from_trajectory_records():
-    def rec(i, prompt, comp, kind="env"):
-        return TurnRecord(turn=i, messages=[], completion="x", kind=kind, action="look", feedback="",
-                          prompt_token_ids=prompt, completion_token_ids=comp,
-                          logprobs=[-1.0] * len(comp) if comp is not None else None)
+def _rec(i, prompt, comp, kind="env"):
+    return TurnRecord(turn=i, messages=[], completion="x", kind=kind, action="look", feedback="",
+                      prompt_token_ids=prompt, completion_token_ids=comp,
+                      logprobs=[-1.0] * len(comp) if comp is not None else None)
 
-    t = Trajectory(episode_id="task#0", task_id="task", task_type="pick", split="train", harness="bpe",
-                   policy="local", turns=[rec(0, [1, 2], [3, 4]), rec(1, [1, 2, 3], None), rec(2, [5], [6], "invalid")])
-    out = turn_samples([t], [[0.5, 0.5, 0.5]])
-    assert [(s.prompt_ids, s.completion_ids, s.advantage, s.episode_id) for s in out] == [
-        ([1, 2], [3, 4], 0.5, "task#0"), ([5], [6], 0.5, "task#0")]
+
+def _traj(turns, episode_id="task#0", **kw):
+    return Trajectory(episode_id=episode_id, task_id="task", task_type="pick_and_place_simple", split="train",
+                      harness="bpe", policy="local", turns=turns, **kw)
+
+
+def test_turn_rows_from_trajectory_records():
+    t = _traj([_rec(0, [1, 2], [3, 4]), _rec(1, [1, 2, 3], None), _rec(2, [5], [6], "invalid")])
+    out = turn_rows(t, [0.5, 0.25, -0.5], GRPOConfig(), step=0, group=3)
+    assert [(s.prompt_ids, s.completion_ids, s.advantage, s.episode_id, s.group) for s in out] == [
+        ([1, 2], [3, 4], 0.5, "task#0", 3), ([5], [6], -0.5, "task#0", 3)]
+    # an episode an environment error ended trains nothing; a branch's replayed prefix is not drawn
+    assert turn_rows(_traj(t.turns, stop_reason="error"), [0.5] * 3, GRPOConfig(), 0) == []
+    replayed = _traj(t.turns, info={"replayed_turns": 1})
+    assert [s.completion_ids for s in turn_rows(replayed, [0.5] * 3, GRPOConfig(), 0)] == [[6]]
+    bad = _traj([TurnRecord(turn=0, messages=[], completion="x", kind="env", action="look", feedback="",
+                            prompt_token_ids=[1], completion_token_ids=[2, 3], logprobs=[-1.0])])
+    with pytest.raises(ValueError, match="length mismatch"):
+        turn_rows(bad, [1.0], GRPOConfig(), 0)
 
 
 def test_turn_subsampling_is_bounded_and_seeded():
-    from evoharness.rollout.records import Trajectory, TurnRecord
-    from evoharness.train.grpo import turn_samples
-
     turns = [TurnRecord(turn=i, messages=[], completion="x", kind="env", action="look", feedback="",
                         prompt_token_ids=[1, 2], completion_token_ids=[3 + i], logprobs=[-0.5]) for i in range(10)]
-    traj = Trajectory(episode_id="e#0", task_id="t", task_type="pick_and_place_simple", split="train",
-                      harness="bpe", policy="p", turns=turns)
-    adv = [[float(i) for i in range(10)]]
-    assert len(turn_samples([traj], adv)) == 10
-    a = turn_samples([traj], adv, max_turns=3, seed=1)
-    b = turn_samples([traj], adv, max_turns=3, seed=1)
+    traj = _traj(turns, episode_id="e#0")
+    adv = [float(i) for i in range(10)]
+    assert len(turn_rows(traj, adv, GRPOConfig(), step=1)) == 10
+    capped = GRPOConfig(max_train_turns=3)
+    a = turn_rows(traj, adv, capped, step=1)
+    b = turn_rows(traj, adv, capped, step=1)
     assert len(a) == 3 and [s.completion_ids for s in a] == [s.completion_ids for s in b]
     # each kept turn keeps its own advantage, in turn order
     assert all(s.advantage == s.completion_ids[0] - 3 for s in a)
     assert [s.completion_ids[0] for s in a] == sorted(s.completion_ids[0] for s in a)
-    draws = {tuple(s.completion_ids[0] for s in turn_samples([traj], adv, max_turns=3, seed=k)) for k in range(8)}
+    draws = {tuple(s.completion_ids[0] for s in turn_rows(traj, adv, capped, step=k)) for k in range(8)}
     assert len(draws) > 1
 
 
@@ -292,17 +360,19 @@ def test_decoupled_ppo_keeps_stale_tokens_with_a_truncated_importance_weight():
         loss.backward()
         grads[(mode, cap, shift)] = _grads(model)
         assert st["ratio_max"] == pytest.approx(torch.e ** shift, rel=1e-4)
+        # the weight e hits the cap 2 (not 10); PPO caps nothing
+        assert st["n_capped"] == (3 if (mode, cap, shift) == ("decoupled", 2.0, 1.0) else 0)
     fresh = grads[("decoupled", 2.0, 0.0)]
     assert float(grads[("ppo", 2.0, 1.0)].abs().sum()) == 0.0
     torch.testing.assert_close(grads[("decoupled", 2.0, 1.0)], 2.0 * fresh, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(grads[("decoupled", 10.0, 1.0)], torch.e * fresh, rtol=1e-4, atol=1e-6)
 
 
-def test_decoupled_ppo_needs_one_update_per_batch_and_auto_resolves_by_staleness():
+def test_decoupled_ppo_takes_several_updates_and_auto_resolves_by_staleness():
     from evoharness.config.rl import resolved_off_policy
 
-    with pytest.raises(ValueError, match="mini_batches = 1"):
-        GRPOConfig(off_policy="decoupled", mini_batches=2)
+    # several updates per step record π_prox first (`Trainer.prepare`; tests/train/test_trainer.py)
+    assert GRPOConfig(off_policy="decoupled", mini_batches=2, epochs=2).mini_batches == 2
     g = GRPOConfig()
     assert g.off_policy == "auto"
     assert resolved_off_policy(g, stale=True).off_policy == "decoupled"

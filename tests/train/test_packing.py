@@ -12,16 +12,18 @@ import torch
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
-from evoharness.models.init import load_model
+from evoharness.models.init import load_model, load_tokenizer
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
-from evoharness.train.grpo import TokenMasks, accumulate_gradients, grpo_step, logprobs_of, turn_samples
 from evoharness.config.rl import GRPOConfig
+from evoharness.train.grpo import TokenMasks, logprobs_of
 from evoharness.train.packing import collate, pack_trees, packed_sft_loss, sft_trees, target_logprobs
 from evoharness.train.sft import collate as sft_collate
 from evoharness.train.sft import completion_loss
-from evoharness.train.tree_loss import trajectory_trees, tree_accumulate_gradients, tree_grpo_step
+from evoharness.train.step import plan_updates, run_updates, set_token_weights, step_stats, turn_rows, update_metrics
+from evoharness.train.trainer import Trainer
+from evoharness.train.tree_loss import packed_rows_accumulate
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +66,11 @@ def _assert_grads_close(a, b, rtol=1e-4):
     for n in a:
         scale = b[n].abs().max().clamp(min=1e-8)
         assert float((a[n] - b[n]).abs().max() / scale) < rtol, n
+
+
+def _rows(episodes, adv, cfg=None, step=0):
+    """The step's turn rows (`train.step.turn_rows`), trajectory i in GRPO group i."""
+    return [r for i, (t, a) in enumerate(zip(episodes, adv)) for r in turn_rows(t, a, cfg or GRPOConfig(), step, group=i)]
 
 
 def test_alfworld_episodes_share_their_prompt_prefix(episodes):
@@ -132,42 +139,43 @@ def test_packed_sft_loss_and_gradients_equal_unpacked(model_dir, episodes):
     assert batch.input_ids.numel() < sum(len(r[0]) for r in rows)  # shared prefixes ran once
 
 
-@pytest.mark.parametrize("max_tokens,rows_per_micro,cost_model", [(None, 1, False), (900, 1, False), (900, 3, True)])
-def test_tree_grpo_equals_turn_rows(model_dir, constrained, max_tokens, rows_per_micro, cost_model):
-    """Uncapped J_max: the tree loss (per-turn advantages, KL to a reference, entropy, the
-    constrained sampler's masks replayed) and its gradient equal the turn-row loss, however
-    the trees are cut into rows and micro-batches."""
+@pytest.mark.parametrize("pack_tokens,micro_batch_size", [(100_000, 1), (900, 1), (900, 3)])
+def test_packed_trainer_equals_turn_rows(model_dir, constrained, pack_tokens, micro_batch_size):
+    """The trainer's tree-packed rows (per-turn advantages, KL to a reference, entropy, the
+    constrained sampler's masks replayed) give the turn-row loss and gradient, however the trees
+    are cut into packed rows and micro-batches."""
     episodes, masks = constrained
     model = load_model(model_dir)
-    model.train()
     ref_model = copy.deepcopy(model).eval()
     with torch.no_grad():
         for p in ref_model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    cfg = GRPOConfig(kl_beta=0.05, entropy_coef=0.01, temperature=1.0, micro_batch_size=3)
+    cfg = GRPOConfig(kl_beta=0.05, entropy_coef=0.01, temperature=1.0, micro_batch_size=micro_batch_size,
+                     pack_tokens=pack_tokens)
     episodes = copy.deepcopy(episodes)
     for traj in episodes:  # make the ratio move off 1 so the clip is exercised
         for t in traj.turns:
             t.logprobs = [x + 0.3 * ((i % 3) - 1) for i, x in enumerate(t.logprobs)]
     adv = [[1.5 - 0.1 * k for k in range(4)], [-0.5] * 4, [0.25, 0.0, -0.25, 1.0]]
-    samples = turn_samples(episodes, adv)
-    want = accumulate_gradients(model, samples, cfg, ref_model, masks)
+    samples = _rows(episodes, adv)
+    assert len(samples) == 12
+    set_token_weights(samples)
+    want = Trainer(model, masks.tokenizer, cfg, ref_model=ref_model).accumulate(samples)
     want_grads = _grads(model)
     model.zero_grad(set_to_none=True)
-    trees, call_adv = trajectory_trees(episodes, adv)
-    assert all(len(t.calls) == 4 for t in trees)
-    got = tree_accumulate_gradients(model, trees, call_adv, cfg, j_max=None, max_tokens=max_tokens,
-                                    rows_per_micro=rows_per_micro, cost_model=cost_model, ref_model=ref_model,
-                                    masks=masks)
-    assert want["forced_fraction"] > 0 and got["forced_fraction"] == pytest.approx(want["forced_fraction"])
+    packed = cfg.model_copy(update={"packing": True})
+    got = Trainer(model, masks.tokenizer, packed, ref_model=ref_model).accumulate(samples)
+    assert want["n_forced"] > 0 and got["n_forced"] == want["n_forced"]
     with pytest.raises(ValueError, match="TokenMasks"):
-        tree_accumulate_gradients(model, trees, call_adv, cfg, ref_model=ref_model)
-    for key in ("loss", "pg_loss", "kl", "entropy", "ratio_mean"):
+        packed_rows_accumulate(model, samples, packed, ref_model)
+    for key in ("loss", "pg_loss", "kl", "entropy", "ratio_sum"):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
-    assert got["n_tokens"] == want["n_tokens"] and want["clip_fraction"] > 0
-    assert got["clip_fraction"] == pytest.approx(want["clip_fraction"])
+    assert got["n_tokens"] == want["n_tokens"] and want["n_clipped"] > 0
+    assert got["n_clipped"] == want["n_clipped"]
     _assert_grads_close(_grads(model), want_grads)
-    assert (got["rows"] > 1) == (max_tokens is not None)
+    # 3 executions that share nothing: 3 packed rows or more (the cost model and the budget cut
+    # trees where sharing does not pay), shared prefixes run once
+    assert got["rows"] >= 3
     assert got["packed_tokens"] < sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
 
 
@@ -199,58 +207,70 @@ def test_cost_model_packs_only_what_shares_enough():
     assert batch.n_targets == 5  # the shared "1" is context in both rows; every completion token once
 
 
-def _l2_anchor(model, calls: list[int]):
-    """An anchor adding the gradient of a small L2 term, logging the update it was called for."""
-    def anchor(j: int) -> dict[str, float]:
-        calls.append(j)
-        (1e-3 * sum((p ** 2).sum() for p in model.parameters())).backward()
-        return {"anchor_nll": 0.0}
-    return anchor
+class _L2Anchor:
+    """An SFT anchor (`train.sft_anchor.SFTAnchor`'s interface) adding the gradient of a small L2
+    term, logging the update it was called for."""
+
+    def __init__(self):
+        self.calls = []
+
+    def for_step(self, model, step, amp=None):
+        def anchor(j: int) -> dict[str, float]:
+            self.calls.append(j)
+            (1e-3 * sum((p ** 2).sum() for p in model.parameters())).backward()
+            return {"anchor_nll": 0.0}
+        return anchor
 
 
 @pytest.mark.parametrize("epochs", [1, 2])
-def test_tree_grpo_step_equals_grpo_step_with_mini_batches(model_dir, constrained, epochs):
+def test_packed_step_equals_turn_row_step_with_mini_batches(model_dir, constrained, epochs):
     """Two updates (mini-batches of whole groups) per epoch, each with the anchor's gradient: the
-    weights after a tree step equal a turn step's (SGD: Adam's g/sqrt(v) would blow float noise in
-    near-zero gradients up to a full step)."""
+    weights after a packed step equal a turn-row step's (SGD: Adam's g/sqrt(v) would blow float
+    noise in near-zero gradients up to a full step)."""
     episodes, masks = constrained
     cfg = GRPOConfig(lr=0.5, kl_beta=0.0, mini_batches=2, epochs=epochs, clip_low=0.05, clip_high=0.05)
     adv = [[1.0] * 4, [-1.0] * 4, [0.5] * 4]
-    a, b = load_model(model_dir), load_model(model_dir)
-    a.train(), b.train()
-    calls_a, calls_b = [], []
-    want = grpo_step(a, torch.optim.SGD(a.parameters(), lr=cfg.lr), turn_samples(episodes, adv, group_size=1),
-                     cfg, group_size=1, masks=masks, anchor=_l2_anchor(a, calls_a))
-    trees, call_adv = trajectory_trees(episodes, adv)
-    got = tree_grpo_step(b, torch.optim.SGD(b.parameters(), lr=cfg.lr), trees, call_adv, cfg, group_size=1,
-                         masks=masks, seed=0, anchor=_l2_anchor(b, calls_b))
-    assert got["updates"] == want["updates"] == 2 * epochs and got["n_tokens"] == want["n_tokens"]
+    out = {}
+    for packing in (False, True):
+        model = load_model(model_dir)
+        anchor = _L2Anchor()
+        trainer = Trainer(model, masks.tokenizer, cfg.model_copy(update={"packing": packing}), anchor=anchor)
+        trainer.optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        updates = plan_updates(_rows(episodes, adv), cfg)
+        runs = run_updates(trainer, updates, cfg.lr, step=0)
+        out[packing] = (update_metrics(step_stats(runs)), model, anchor.calls)
+    (want, a, calls_a), (got, b, calls_b) = out[False], out[True]
+    assert got["train/updates"] == want["train/updates"] == 2 * epochs
+    assert got["train/n_tokens"] == want["train/n_tokens"]
     assert calls_a == calls_b == list(range(2 * epochs))
-    assert got["clip_fraction"] == pytest.approx(want["clip_fraction"]) and want["clip_fraction"] > 0
-    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    assert got["train/clip_fraction"] == pytest.approx(want["train/clip_fraction"]) and want["train/clip_fraction"] > 0
+    assert got["train/grad_norm"] == pytest.approx(want["train/grad_norm"], rel=1e-4)
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(p, q, atol=1e-6, rtol=1e-4), n
 
 
-def test_j_max_loss_equals_turn_rows_of_the_selected_calls(model_dir, episodes):
-    """ALFWorld trees are stars (each turn re-renders its prompt): a selected path is one call, so the
-    dedup-sampled tree loss equals the turn-row loss over exactly the selected calls."""
+def test_j_max_rows_are_the_selected_calls_and_pack_to_their_loss(model_dir, episodes):
+    """ALFWorld trees are stars (each turn re-renders its prompt): a selected path is one call, so
+    `turn_rows` with J_max keeps exactly the turns whose calls the dedup sampling selected, and
+    their packed loss equals their turn-row loss."""
     model = load_model(model_dir)
-    model.train()
-    cfg = GRPOConfig(kl_beta=0.0, entropy_coef=0.0)
+    cfg = GRPOConfig(kl_beta=0.0, entropy_coef=0.0, j_max=2)
     adv = [[1.0] * 4, [-2.0] * 4, [0.5] * 4]
-    trees, call_adv = trajectory_trees(episodes, adv)
+    samples = _rows(episodes, adv, cfg, step=11)
+    trees = [TrajectoryTree.from_trajectory(t) for t in episodes]
     sels = [select_paths(t, 2, seed=11) for t in trees]
-    picked = {t.calls[t.nodes[leaf].ends[0]].call_id for t, s in zip(trees, sels) for leaf in s.leaves}
-    call_ids = [f"{tr.episode_id}#t{t.turn}" for tr in episodes for t in tr.turns]  # from_trajectory's ids
-    samples = [s for s, cid in zip(turn_samples(episodes, adv), call_ids, strict=True) if cid in picked]
+    picked = [t.call_sequence(c) for t, s in zip(trees, sels) for leaf in s.leaves for c in t.nodes[leaf].ends]
     assert len(samples) == 6
-    want = accumulate_gradients(model, samples, cfg)
+    assert sorted((s.prompt_ids, s.completion_ids) for s in samples) == sorted(picked)
+    assert len(_rows(episodes, adv, cfg, step=12)) == 6 and len(_rows(episodes, adv)) == 12
+    set_token_weights(samples)
+    tok = load_tokenizer(model_dir)
+    unpacked = Trainer(model, tok, cfg).accumulate(samples)
     want_grads = _grads(model)
     model.zero_grad(set_to_none=True)
-    got = tree_accumulate_gradients(model, trees, call_adv, cfg, j_max=2, seed=11)
-    assert got["paths"] == 6 and got["n_tokens"] == want["n_tokens"]
-    assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-7)
+    got = Trainer(model, tok, cfg.model_copy(update={"packing": True})).accumulate(samples)
+    assert got["n_tokens"] == unpacked["n_tokens"]
+    assert got["loss"] == pytest.approx(unpacked["loss"], rel=1e-4, abs=1e-7)
     _assert_grads_close(_grads(model), want_grads)
 
 
@@ -288,6 +308,25 @@ def test_chat_history_tree_logprobs_equal_each_calls_own_row(model_dir):
             assert torch.allclose(packed[sel], own[pos], atol=1e-5)
 
 
+def test_packed_sft_trains_repeated_and_alike_completions_as_unpacked_rows(model_dir, episodes):
+    """SFT rows repeated in a batch, or whose completions start alike, share their positions in
+    the tree; each row's completion tokens still count (one target per row), as unpacked."""
+    rows = [(t.prompt_token_ids + t.completion_token_ids, len(t.prompt_token_ids)) for t in episodes[0].turns]
+    ids, n_prompt = rows[0]
+    rows += [rows[0], rows[1], (ids[:-2], n_prompt), (ids[:-1] + [ids[-1] + 1], n_prompt)]
+    model = load_model(model_dir)
+    loss, n = completion_loss(model, *sft_collate(rows, pad_id=0))
+    loss.backward()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    tree = sft_trees(rows)
+    batch = collate([tree], pack_trees([tree]))
+    ploss, pn = packed_sft_loss(model, batch)
+    ploss.backward()
+    assert pn == n and float(ploss.detach()) == pytest.approx(float(loss.detach()), rel=1e-5)
+    _assert_grads_close(_grads(model), want)
+
+
 def test_packed_sft_micro_batches_match_one_unpacked_step(model_dir, episodes):
     from evoharness.train.packing import packed_sft_micro
 
@@ -307,11 +346,11 @@ def test_packed_sft_micro_batches_match_one_unpacked_step(model_dir, episodes):
 
 
 def test_rl_with_packing_makes_the_turn_trainers_update(model_dir, tmp_path):
-    """`evoharness rl` with grpo.packing (J_max uncapped) takes the same step as turn rows; with
-    J_max it trains fewer paths; packing refuses the turn sampler's cap and the cell runtime."""
+    """`evoharness rl` with grpo.packing takes the same step as turn rows, also with the turn
+    sampler's cap (packing only saves forward/backward work)."""
     from safetensors.torch import load_file
 
-    from evoharness.train.rl import train_rl
+    from evoharness.recipes.rl import train_rl
     from evoharness.config.rl import RLConfig
 
     def cfg(out, **grpo):
@@ -323,20 +362,19 @@ def test_rl_with_packing_makes_the_turn_trainers_update(model_dir, tmp_path):
         return c
 
     runs = {name: train_rl(cfg(tmp_path / name, **kw), progress=False)
-            for name, kw in (("rows", {}), ("packed", {"packing": True}))}
-    a, b = load_file(str(runs["rows"] / "model.safetensors")), load_file(str(runs["packed"] / "model.safetensors"))
-    assert any(not torch.equal(a[k], load_file(str(model_dir / "model.safetensors"))[k]) for k in a)  # it moved
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5), k
-    rows, packed = (json.loads((tmp_path / n / "metrics.jsonl").read_text().splitlines()[0]) for n in ("rows", "packed"))
-    assert packed["train/paths"] == 6 and packed["train/n_tokens"] == rows["train/n_tokens"] > 0
-    assert packed["train/loss"] == pytest.approx(rows["train/loss"], rel=1e-4, abs=1e-7)
-    with pytest.raises(ValueError, match="j_max"):
-        GRPOConfig(packing=True, max_train_turns=2)
-    bad = cfg(tmp_path / "cells", packing=True)
-    bad.runtime.schedule = "colocate"
-    with pytest.raises(ValueError, match="inprocess"):
-        train_rl(bad, progress=False)
+            for name, kw in (("rows", {}), ("packed", {"packing": True}),
+                             ("rows2", {"max_train_turns": 2}), ("packed2", {"packing": True, "max_train_turns": 2}))}
+    start = load_file(str(model_dir / "model.safetensors"))
+    recs = {n: json.loads((tmp_path / n / "metrics.jsonl").read_text().splitlines()[0]) for n in runs}
+    for rows, packed in (("rows", "packed"), ("rows2", "packed2")):
+        a, b = load_file(str(runs[rows] / "model.safetensors")), load_file(str(runs[packed] / "model.safetensors"))
+        assert any(not torch.equal(a[k], start[k]) for k in a)  # it moved
+        for k in a:
+            assert torch.allclose(a[k], b[k], atol=1e-5), k
+        assert recs[packed]["train/rows"] >= 1 and "train/rows" not in recs[rows]
+        assert recs[packed]["train/n_tokens"] == recs[rows]["train/n_tokens"] > 0
+        assert recs[packed]["train/loss"] == pytest.approx(recs[rows]["train/loss"], rel=1e-4, abs=1e-7)
+    assert recs["rows2"]["train/n_tokens"] < recs["rows"]["train/n_tokens"]  # at most 2 of 3 turns each
 
 
 def test_sft_with_packing_reaches_the_same_weights(model_dir, episodes, tmp_path):

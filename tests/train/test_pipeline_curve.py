@@ -5,13 +5,14 @@ import json
 from pathlib import Path
 
 from evoharness.config.base import load_config
+from evoharness.config.run import RunConfig
 from evoharness.files import read_jsonl
-from evoharness.pipeline import RunConfig, chosen_rl, run_pipeline, selection_key
+from evoharness.pipeline import chosen_rl, run_pipeline, selection_key
 
 RUN = ["train_games=6", "dev_games=2", "max_steps=10", "eval_limit=1", "dev_eval_limit=2", "curve_games=1",
        "sft.max_steps=2", "sft.ckpt_every=1", "sft.progress=false", "vocab_size=300", "model_overrides.head_dim=16",
-       "rl_screen_games=0", "rl.steps=2", "rl.ckpt_every=1", "rl.max_steps=4", "rl.grpo.group_size=2",
-       "rl.grpo.prompts_per_step=1", "rl.grpo.mini_batches=1", "eval_workers=1"]
+       "rl_screen_games=0", "rl.steps=2", "rl.ckpt_every=1", "rl.max_steps=4", "rl.grpo.reward.t_max=4",
+       "rl.grpo.group_size=2", "rl.grpo.prompts_per_step=1", "rl.grpo.mini_batches=1", "eval_workers=1"]
 
 
 def test_curve_points_of_the_final_checkpoints_come_from_their_dev_evaluations(tmp_path):

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from evoharness.config.base import load_config
-from evoharness.pipeline import RunConfig, run_pipeline
+from evoharness.config.run import RunConfig
+from evoharness.pipeline import run_pipeline
 
 TINY = ["train_games=2", "budget_minutes=0.02", "skip_rl=true", "eval_limit=1", "max_steps=30",
         "sft.max_steps=2", "sft.ckpt_every=0", "sft.progress=false", "vocab_size=300",
@@ -42,7 +43,7 @@ def test_a_partial_section_keeps_the_main_jobs_defaults():
 
 
 def test_dev_teacher_examples_play_only_development_games_and_leave_the_store_alone(tmp_path):
-    """Probes of the student (benchmarks/student_grounding.py, student_levers.py) read the teacher's
+    """Probes of the student (experiments/grounding/student_grounding.py, student_levers/) read the teacher's
     turns on games the student never trained on, without changing the run's experience store."""
     from evoharness.harness.bpe import ExperienceStore
     from evoharness.pipeline import dev_split, dev_teacher_examples

@@ -2,18 +2,17 @@
 
 import json
 
-import pytest
-
 from evoharness.config.base import load_config
+from evoharness.config.run import RunConfig
 from evoharness.files import read_jsonl
-from evoharness.pipeline import RunConfig, dev_split, run_pipeline, screened_games
+from evoharness.pipeline import dev_split, run_pipeline, screened_games
 from evoharness.rollout.episode import first_repeated_pair
 from evoharness.rollout.records import Trajectory
 
 RUN = ["train_games=6", "dev_games=2", "max_steps=8", "eval_limit=1", "dev_eval_limit=1", "curve_games=0",
        "sft.max_steps=2", "sft.ckpt_every=0", "sft.progress=false", "vocab_size=300", "model_overrides.head_dim=16",
-       "rl_screen_games=9", "rl.steps=1", "rl.max_steps=4", "rl.grpo.group_size=2", "rl.grpo.prompts_per_step=1",
-       "rl.grpo.mini_batches=1", "eval_workers=1"]
+       "rl_screen_games=9", "rl.steps=1", "rl.max_steps=4", "rl.grpo.reward.t_max=4",
+       "rl.grpo.group_size=2", "rl.grpo.prompts_per_step=1", "rl.grpo.mini_batches=1", "eval_workers=1"]
 
 
 def test_rl_trains_on_the_screened_games_the_sft_model_lost(tmp_path):
@@ -86,8 +85,9 @@ def test_with_cycles_a_lost_episode_that_revisits_a_state_gives_a_branch_there()
                    {"task_id": "spin", "prefix": ["<action>look</action>"]}]
 
 
-def test_branches_with_a_cell_schedule_are_refused_before_any_stage_runs():
-    with pytest.raises(ValueError, match="rl_branches runs with rl.runtime.schedule = 'inprocess' only"):
-        load_config(RunConfig, overrides=["rl.runtime.schedule=\"colocate\""])
-    cfg = load_config(RunConfig, overrides=["rl.runtime.schedule=\"colocate\"", "rl_branches=false"])
-    assert cfg.rl.runtime.schedule == "colocate" and not cfg.rl_branches
+def test_branches_run_on_every_schedule():
+    """Every runtime schedule honours branches: the main job no longer refuses them off the
+    in-process loop."""
+    for schedule in ("colocate", "async", "elastic", "elastic-async"):
+        cfg = load_config(RunConfig, overrides=[f'rl.runtime.schedule="{schedule}"'])
+        assert cfg.rl.runtime.schedule == schedule and cfg.rl_branches

@@ -28,9 +28,11 @@ from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.models.init import load_model
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.grpo import TokenMasks, grpo_step, make_optimizer, turn_samples
 from evoharness.config.rl import GRPOConfig
+from evoharness.train.grpo import TokenMasks, microbatch_loss
 from evoharness.train.precision import autocast, check_master_weights
+from evoharness.train.step import plan_updates, run_updates, set_token_weights, turn_rows
+from evoharness.train.trainer import Trainer
 
 STEPS, LR = 5, 1e-6
 
@@ -44,24 +46,46 @@ def samples_and_masks(model_dir):
     task = discover_games("train")[0]
     trajs = run_episodes([EpisodeSpec(task, f"{task.task_id}#{k}", 0) for k in range(2)],
                          lambda t: make_env(t, engine="fast"), lambda: BPEHarness(store), policy, max_steps=2)
-    samples = turn_samples(trajs, [[1.0] * trajs[0].steps, [-1.0] * trajs[1].steps], group_size=2)
-    return samples, TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
+    samples = [s for t, a in zip(trajs, (1.0, -1.0)) for s in turn_rows(t, [a] * t.steps, GRPOConfig(), 0, group=0)]
+    return samples, policy.tokenizer, TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
 
 
-def _update(model, samples, masks, amp=None, optimizer=None):
-    start = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
-    opt = optimizer or make_optimizer(model, GRPOConfig(lr=LR))
-    cfg = GRPOConfig(lr=LR, kl_beta=0.0, micro_batch_size=32)
-    for _ in range(STEPS):
-        grpo_step(model, opt, samples, cfg, masks=masks, **({"amp": amp} if amp else {}))
+CFG = GRPOConfig(lr=LR, kl_beta=0.0, micro_batch_size=32)
+
+
+def _delta(model, start) -> torch.Tensor:
     return torch.cat([(v.detach().float() - start[k]).flatten() for k, v in model.state_dict().items()])
 
 
+def _update(model, samples, tokenizer, amp=None):
+    """`STEPS` RL steps of a `Trainer` (fp32 masters; `amp`: bf16 autocast compute) on `samples`."""
+    start = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(model, tokenizer, CFG, **({"amp": amp} if amp else {}))
+    for step in range(STEPS):
+        run_updates(trainer, plan_updates(samples, CFG), LR, step)
+    return _delta(model, start)
+
+
+def _pure_bf16_update(model, samples, masks):
+    """The old code path the trainer refuses: the same steps with AdamW on bf16 weights."""
+    start = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    for _ in range(STEPS):
+        set_token_weights(samples)
+        loss, _ = microbatch_loss(model, samples, CFG, masks=masks)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CFG.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return _delta(model, start)
+
+
 def test_bf16_compute_moves_fp32_master_weights_like_fp32(model_dir, samples_and_masks):
-    samples, masks = samples_and_masks
+    samples, tokenizer, masks = samples_and_masks
+    assert len(samples) <= CFG.micro_batch_size  # one micro-batch, as the pure-bf16 contrast takes
     base = load_model(model_dir).train()
-    ref = _update(copy.deepcopy(base), samples, masks)
-    amp = _update(copy.deepcopy(base), samples, masks, amp=lambda: autocast("cpu", torch.bfloat16))
+    ref = _update(copy.deepcopy(base), samples, tokenizer)
+    amp = _update(copy.deepcopy(base), samples, tokenizer, amp=lambda: autocast("cpu", torch.bfloat16))
     # most weights move (embedding rows of tokens the samples never show get no gradient), and the
     # bf16-configured update moves the same ones
     moved = ref != 0
@@ -70,13 +94,13 @@ def test_bf16_compute_moves_fp32_master_weights_like_fp32(model_dir, samples_and
 
     pure = copy.deepcopy(base).to(torch.bfloat16)
     with pytest.raises(ValueError, match="fp32 master weights"):
-        make_optimizer(pure, GRPOConfig())
-    old = _update(pure, samples, masks, optimizer=torch.optim.AdamW(pure.parameters(), lr=LR, weight_decay=0.0))
+        Trainer(pure, tokenizer, CFG)
+    old = _pure_bf16_update(pure, samples, masks)
     assert (old != 0).float().mean() < 0.10  # the fault: most updates round away in bf16
 
 
 def test_rl_in_bf16_keeps_fp32_weights_and_optimizer_state(model_dir, tmp_path):
-    from evoharness.train.rl import train_rl
+    from evoharness.recipes.rl import train_rl
     from evoharness.config.rl import RLConfig
 
     cfg = RLConfig(model_path=str(model_dir), out_dir=str(tmp_path / "rl"), steps=1, max_steps=2, max_new_tokens=12,
@@ -165,7 +189,7 @@ def test_rl_from_a_bf16_model_exports_bf16_and_checkpoints_fp32_masters(model_di
     from safetensors.torch import load_file
 
     from evoharness.models.init import load_tokenizer
-    from evoharness.train.rl import train_rl
+    from evoharness.recipes.rl import train_rl
     from evoharness.config.rl import RLConfig
 
     src = tmp_path / "bf16_src"

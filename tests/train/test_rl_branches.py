@@ -1,4 +1,4 @@
-"""RL groups that branch from a recorded state (`train.rl.Branch`): the schedule alternates games and
+"""RL groups that branch from a recorded state (`config.rl.Branch`): the schedule alternates games and
 branches, the policy is first asked at the branch's state, and bad branches are refused."""
 
 from __future__ import annotations
@@ -12,29 +12,33 @@ from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.factory import make_harness
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.runtime.inprocess import InProcessBackend
-from evoharness.runtime.record_store import RecordStore
-from evoharness.train.rl import branch_starts, train_rl
 from evoharness.config.rl import Branch
+from evoharness.harness.bpe import ExperienceStore
+from evoharness.recipes import alfworld
+from evoharness.recipes.alfworld import AlfworldWorkload, branch_starts
+from evoharness.recipes.rl import train_rl
+from evoharness.runtime.record_store import RecordStore
 
 
 def test_every_other_group_starts_from_the_next_branch(model_dir, tmp_path):
     cfg = rl_config(model_dir, tmp_path)  # 2 games x 2 samples per step
     a, b, c = discover_games("train")[:3]
     branches = [(a, ("x",)), (b, ("y", "z"))]
-    be = InProcessBackend(cfg, [a, b, c], [2, 0, 1], None, None, None, None, None, branches=branches)
-    specs = [be._spec(e) for e in range(12)]  # 3 steps x 2 groups x 2 samples
+    be = AlfworldWorkload(cfg, [a, b, c], [2, 0, 1], ExperienceStore(), branches=branches)
+    specs = [be.spec(e) for e in range(12)]  # 3 steps x 2 groups x 2 samples
     got = [(s.task.task_id, s.prefix) for s in specs[::2]]  # one per group
     assert got == [(c.task_id, ()), (a.task_id, ("x",)), (a.task_id, ()), (b.task_id, ("y", "z")),
                    (b.task_id, ()), (a.task_id, ("x",))]
     assert specs[3].episode_id == f"{a.task_id}@1#u0g1"  # a group's samples share the state, not the id
-    plain = InProcessBackend(cfg, [a, b, c], [2, 0, 1], None, None, None, None, None)
-    assert [plain._spec(e).task.task_id for e in range(0, 12, 2)] == [c.task_id, a.task_id, b.task_id] * 2
+    plain = AlfworldWorkload(cfg, [a, b, c], [2, 0, 1], ExperienceStore())
+    assert [plain.spec(e).task.task_id for e in range(0, 12, 2)] == [c.task_id, a.task_id, b.task_id] * 2
 
 
-def test_rl_asks_the_policy_first_at_the_branch_state_for_its_own_turns_only(model_dir, tmp_path):
-    cfg = rl_config(model_dir, tmp_path / "rl", steps=1)
-    cfg.rollout_via_gateway, cfg.branch_turns = True, 1
+@pytest.mark.parametrize("cells", [1, 2])
+def test_rl_asks_the_policy_first_at_the_branch_state_for_its_own_turns_only(model_dir, tmp_path, cells):
+    """In process and on 2 local cells, through the gateway (whose records show what the policy saw)."""
+    cfg = rl_config(model_dir, tmp_path / "rl", steps=1, cells=cells, via_gateway=True)
+    cfg.branch_turns = 1
     task = discover_games("train")[0]
     (teacher,) = run_episodes([EpisodeSpec(task, "t")], lambda t: make_env(t, engine=pick_engine(t)),
                               lambda: make_harness(cfg.harness), TeacherPolicy(), max_steps=8)
@@ -54,7 +58,7 @@ def test_rl_asks_the_policy_first_at_the_branch_state_for_its_own_turns_only(mod
     assert len(games) == 2 and all(len(records.read(e)) == cfg.max_steps for e in games)  # the games play on
 
 
-def test_branches_are_refused_off_the_training_games_and_on_cells(model_dir, tmp_path):
+def test_branches_are_refused_off_the_training_games(model_dir, tmp_path):
     cfg = rl_config(model_dir, tmp_path)
     dev = discover_games("train")[0].task_id
     cfg.exclude_games = [dev]
@@ -66,15 +70,11 @@ def test_branches_are_refused_off_the_training_games_and_on_cells(model_dir, tmp
         branch_starts(cfg)
     with pytest.raises(ValueError):
         Branch(task_id=dev, prefix=[])  # a branch without a prefix is a plain game
-    cells = rl_config(model_dir, tmp_path / "cells", schedule="colocate")
-    cells.branches = [Branch(task_id=discover_games("train")[1].task_id, prefix=["<action>look</action>"])]
-    with pytest.raises(ValueError, match="branches run with runtime.schedule = 'inprocess' only"):
-        train_rl(cells, progress=False)
 
 
 @pytest.mark.parametrize("mode", ["both", "positive"])
 def test_positive_branch_advantage_zeroes_only_branch_groups_negatives(model_dir, tmp_path, monkeypatch, mode):
-    import evoharness.runtime.inprocess as inprocess
+    import evoharness.train.step as step
 
     cfg = rl_config(model_dir, tmp_path / mode, steps=1)  # 1 game group, then 1 branch group, 2 samples each
     cfg.branch_turns, cfg.branch_advantage, cfg.grpo.packing = 1, mode, False
@@ -84,16 +84,16 @@ def test_positive_branch_advantage_zeroes_only_branch_groups_negatives(model_dir
     cfg.games = [game.task_id]
     cfg.branches = [Branch(task_id=task.task_id, prefix=[t.completion for t in teacher.turns[:2]])]
     # the estimator's output fixed to -1 / +1 per group, so the test sees what the branch rule does to it
-    monkeypatch.setattr(inprocess, "turn_advantages", lambda groups, *a, **k: [
+    monkeypatch.setattr(step, "turn_advantages", lambda groups, *a, **k: [
         [[-1.0 if i == 0 else 1.0] * t.steps for i, t in enumerate(grp)] for grp in groups])
-    seen = []
+    seen = {}
 
-    def capture(trajs, flat_adv, **kw):
-        seen.append((trajs, flat_adv))
+    def capture(traj, advantages, *a, **kw):
+        seen[traj.episode_id] = (traj, list(advantages))
         return []
-    monkeypatch.setattr(inprocess, "turn_samples", capture)
+    monkeypatch.setattr(alfworld, "turn_rows", capture)
     train_rl(cfg, progress=False)
-    ((trajs, adv),) = seen
+    trajs, adv = zip(*(seen[k] for k in sorted(seen, key=lambda k: ("@" in k, k))))  # the game group first
     assert [t.task_id for t in trajs] == [game.task_id] * 2 + [task.task_id] * 2
     assert adv[0][0] == -1.0 and adv[1][0] == 1.0  # a game group's advantages are the estimator's
     assert adv[2] == [-1.0 if mode == "both" else 0.0] * trajs[2].steps  # the branch sample set below 0

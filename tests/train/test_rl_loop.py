@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from evoharness.envs.alfworld.games import discover_games
-from evoharness.runtime import inprocess
-from evoharness.train import rl as rl_mod
-from evoharness.train.rl import train_rl
 from evoharness.config.rl import RLConfig
+from evoharness.recipes import alfworld as rl_mod
+from evoharness.recipes.rl import train_rl
+
 
 def _cfg(model_dir, out, steps):
     cfg = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=steps, max_steps=4, max_new_tokens=12,
@@ -43,20 +43,20 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
     assert "3 steps. Training success" in report and (tmp_path / "a" / "rl_curves.png").stat().st_size > 1000
 
     # Crash inside step 3, after its rollout and before its update.
-    real_step, calls = inprocess.grpo_step, []
+    real_step, calls = rl_mod.run_updates, []
 
     def crashing(*a, **kw):
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 3:       # step 3's update
             raise RuntimeError("killed mid-step")
         return real_step(*a, **kw)
 
-    monkeypatch.setattr(inprocess, "grpo_step", crashing)
+    monkeypatch.setattr(rl_mod, "run_updates", crashing)
     with pytest.raises(RuntimeError, match="killed mid-step"):
         train_rl(_cfg(model_dir, tmp_path / "b", 3), progress=False)
     before = [json.loads(ln) for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in before] == [1, 2]  # completed steps are kept
-    monkeypatch.setattr(inprocess, "grpo_step", real_step)
+    monkeypatch.setattr(rl_mod, "run_updates", real_step)
     resumed = train_rl(_cfg(model_dir, tmp_path / "b", 3), progress=False)
 
     after = [json.loads(ln) for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
@@ -147,8 +147,7 @@ def test_rl_and_its_evaluation_play_the_configured_wording(model_dir, tmp_path, 
         played.append(env.wording)
         return env
 
-    monkeypatch.setattr(inprocess, "make_env", make_env)    # rollouts
-    monkeypatch.setattr(rl_mod, "make_env", make_env)       # the periodic evaluation
+    monkeypatch.setattr(rl_mod, "make_env", make_env)       # rollouts and the periodic evaluation
     cfg = _cfg(model_dir, tmp_path / "w", 1)
     cfg.wording, cfg.eval_every, cfg.eval_limit = "move", 1, 2
     train_rl(cfg, progress=False)

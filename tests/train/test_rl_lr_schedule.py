@@ -1,4 +1,4 @@
-"""GRPO's learning-rate schedule (`train.grpo.lr_at`): one lr per RL step, the same on the
+"""GRPO's learning-rate schedule (`train.step.lr_at`): one lr per RL step, the same on the
 in-process loop and on a cell's optimizer, acting on the update (real games, a real micro model)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from rl_cells import EXACT, assert_same_update, metrics, rl_config
 from safetensors.torch import load_file
 
-from evoharness.train.grpo import lr_at
 from evoharness.config.rl import GRPOConfig
-from evoharness.train.rl import train_rl
+from evoharness.train.step import lr_at
+from evoharness.recipes.rl import train_rl
 
 
 def test_lr_at_warms_up_decays_to_the_floor_and_stays_there():
@@ -44,8 +44,10 @@ def test_cosine_schedule_sets_each_steps_update_in_process_and_on_a_cell(model_d
     moved = sum(float((w[k] - w0[k]).abs().sum()) for k in w0)
     moved_ref = sum(float((rl_reference.weights[k] - w0[k]).abs().sum()) for k in w0)
     assert 0 < moved < moved_ref
-    # a cell's optimizer takes the same lr per version (cell_grpo fixes the horizon to the run's steps)
+    # a cell process's optimizer takes the same lr per version (`recipes.alfworld.train_grpo` fixes the
+    # horizon to the run's steps)
     cell_out = tmp_path / "colocate"
-    cell_final = train_rl(_cosine(rl_config(model_dir, cell_out, schedule="colocate", cells=1)), progress=False)
+    cell_final = train_rl(_cosine(rl_config(model_dir, cell_out, schedule="colocate", cells=1, backend="local")),
+                          progress=False)
     assert [m["train/lr"] for m in metrics(cell_out)] == pytest.approx([m["train/lr"] for m in got])
     assert_same_update(cell_final, w, model_dir)

@@ -1,22 +1,21 @@
 """`evoharness rl` on the runtime: real ALFWorld games, a real (micro) Qwen3 model in cell
 processes, the schedulers driving them. The synchronous schedules must reproduce the
-in-process loop's episodes and updates, whatever cell served a call or trained a turn."""
+in-process run's episodes and updates, whatever cell served a call or trained a turn."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
+import threading
 import time
 
-import pytest
-from rl_cells import (EXACT, assert_same_steps, assert_same_update, drive_with_killer, job_parts, metrics,
-                      rl_config)
+from rl_cells import EXACT, assert_same_steps, assert_same_update, metrics, rl_config
 from typer.testing import CliRunner
 
 from evoharness.cli import app
-from evoharness.train.rl import train_rl
-from evoharness.config.sft import SFTAnchorConfig
+from evoharness.recipes.rl import RLJob, train_rl
 
 
 def _same_run(out, final, ref, model_dir):
@@ -33,9 +32,9 @@ def _same_run(out, final, ref, model_dir):
     return json.loads((out / "runtime.json").read_text())
 
 
-def test_colocate_one_cell_reproduces_the_inprocess_loop(model_dir, tmp_path, rl_reference):
+def test_one_cell_process_reproduces_the_inprocess_run(model_dir, tmp_path, rl_reference):
     out = tmp_path / "colocate"
-    cfg = rl_config(model_dir, out, schedule="colocate", cells=1)
+    cfg = rl_config(model_dir, out, schedule="colocate", cells=1, backend="local")
     cfg.eval_every, cfg.eval_limit = 2, 2            # the periodic evaluation runs in the driver process
     final = train_rl(cfg, progress=False)
     rt = _same_run(out, final, rl_reference, model_dir)
@@ -46,15 +45,12 @@ def test_colocate_one_cell_reproduces_the_inprocess_loop(model_dir, tmp_path, rl
     before = (out / "metrics.jsonl").read_text()
     train_rl(cfg, progress=False)
     assert (out / "metrics.jsonl").read_text() == before
-    other = tmp_path / "inprocess_run"
-    (other / "checkpoints").mkdir(parents=True)
-    with pytest.raises(ValueError, match="in-process run"):
-        train_rl(rl_config(model_dir, other, schedule="colocate", cells=1), progress=False)
 
 
 JOB = '''
 import sys
-from evoharness.train.rl import RLConfig, train_rl
+from evoharness.config.rl import RLConfig
+from evoharness.recipes.rl import train_rl
 if __name__ == "__main__":
     train_rl(RLConfig.model_validate_json(open(sys.argv[1]).read()), progress=False)
 '''
@@ -67,12 +63,13 @@ def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, rl_
     import sys
 
     out = tmp_path / "job"
-    cfg = rl_config(model_dir, out, schedule="colocate", cells=1)
+    cfg = rl_config(model_dir, out, schedule="colocate", cells=2)
+    cfg.ckpt_every = 1
     (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
     (tmp_path / "job.py").write_text(JOB)
     proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "cfg.json")],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
-    ckpt = out / "runtime" / "job.pkl"
+    ckpt = out / "checkpoints" / "latest"
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -87,7 +84,7 @@ def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, rl_
 def test_colocate_three_cells_all_reduce_the_same_update(model_dir, tmp_path, rl_reference):
     """colocate on 3 cells: the cells form a gloo group, each accumulates its own micro-batches'
     gradients and all-reduces them at the sync (no gradient files): the in-process episodes and
-    update, whichever cell trained which execution (runtime.replicas; ~20 s)."""
+    update, whichever cell trained which execution (train.distributed; ~20 s)."""
     out = tmp_path / "colocate3"
     final = train_rl(rl_config(model_dir, out, schedule="colocate", cells=3), progress=False)
     rt = _same_run(out, final, rl_reference, model_dir)
@@ -109,36 +106,37 @@ def test_killed_cell_mid_rollout_loses_nothing(model_dir, tmp_path, rl_reference
     """SIGKILL of the rollout cell in step 1 (elastic-async, core cell 0 trains): its calls
     are re-issued on the replacement, and the run still plays and trains exactly the
     in-process episodes (~15 s)."""
-    from evoharness.harness.bpe import ExperienceStore
-    from evoharness.runtime.alfworld_backend import AlfworldBackend
-
     # elastic-async handles a lost cell; with η = 0 it plays the in-process batches in order
     # (capacity 4: with the rollout cell hosting fewer than a step's executions the scheduler deadlocks,
     # in the simulator too: `simulate` elastic-async, 2 cells, capacity 2, 2x2 executions)
     cfg = rl_config(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4)
-    sim, sched, tasks, order = job_parts(cfg)
-    be = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"))
-    killed = []
+    job = RLJob(cfg)
+    be, killed = job.backend, []
 
     def killer():
         while be.counts["calls"] < 5:
             time.sleep(0.005)
-        os.kill(be.procs[1].pid, signal.SIGKILL)
-        killed.append(be.procs[1].pid)
+        killed.append(be.transport.pid(1))
+        os.kill(killed[0], signal.SIGKILL)
 
-    stats = drive_with_killer(sched, be, killer)
+    threading.Thread(target=killer, daemon=True).start()
+    try:
+        records = list(job.steps())
+    finally:
+        job.close()
+    stats = job.driver.stats
     assert killed and stats.cells_lost == 1 and be.counts["cells_lost"] == 1
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0
-    assert_same_steps(be.records, rl_reference.metrics)
+    assert_same_steps(records, rl_reference.metrics)
 
 
 def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
     """async, one train cell, η = 1: batch 2 rolls out on v0 while v1 trains; no sample older than η."""
-    from evoharness.runtime.alfworld_backend import cell_grpo
+    from evoharness.recipes.alfworld import train_grpo
 
     out = tmp_path / "async"
     cfg = rl_config(model_dir, out, steps=3, schedule="async", cells=2, staleness=1)
-    assert cell_grpo(cfg).off_policy == "decoupled"      # stale samples: decoupled PPO on the cells
+    assert train_grpo(cfg).off_policy == "decoupled"      # stale samples: decoupled PPO on the cells
     train_rl(cfg, progress=False)
     rt = json.loads((out / "runtime.json").read_text())
     # batch 2 is dispatched at once under v0 and trained on v1: off-policy, within η
@@ -167,7 +165,7 @@ def test_step_cap_mix_plays_the_same_episodes_in_process_and_on_cells(model_dir,
     """step_caps gives each GRPO group its own T_max (a long-tail workload); the in-process
     runtime and the cells play the same capped episodes (~10 s)."""
     runs = {}
-    for name, rt in (("inprocess", {}), ("colocate", {"schedule": "colocate", "cells": 1})):
+    for name, rt in (("inprocess", {}), ("colocate", {"schedule": "colocate", "cells": 1, "backend": "local"})):
         cfg = rl_config(model_dir, tmp_path / name, steps=1, **rt)
         cfg.step_caps, cfg.max_steps = [1, 5], 5
         train_rl(cfg, progress=False)
@@ -191,12 +189,25 @@ def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, 
     live episodes are rebuilt from their recorded completions (same turns, same prompts),
     the experience store's pending writes are not doubled, and calls in flight are re-issued."""
     from evoharness.harness.bpe import ExperienceStore
-    from evoharness.runtime.alfworld_backend import AlfworldBackend
+    from evoharness.recipes.alfworld import AlfworldWorkload, PolicyCellFactory, shuffled_order, train_tasks
+    from evoharness.recipes.rl import sim_config
+    from evoharness.runtime.cell import ModelCell, WeightStore
+    from evoharness.runtime.cell_backend import CellBackend, ModelTraining
+    from evoharness.runtime.sim import build_scheduler
+    from evoharness.runtime.transport import InProcessTransport
 
-    cfg = rl_config(model_dir, tmp_path, schedule="colocate", cells=1)
+    cfg = rl_config(model_dir, tmp_path)
     cfg.max_steps = 12
-    sim, sched, tasks, order = job_parts(cfg)
-    be = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"))
+    sim, tasks = sim_config(cfg), train_tasks(cfg)
+    sched = build_scheduler("colocate", sim)
+    make_worker = functools.partial(ModelCell, factory=PolicyCellFactory(cfg), weights=WeightStore(tmp_path / "w"))
+
+    def backend(state=None):
+        workload = AlfworldWorkload(cfg, tasks, shuffled_order(len(tasks), cfg.seed), ExperienceStore())
+        return CellBackend(sim, sched.initial_roles(), InProcessTransport(), make_worker, workload, ModelTraining(),
+                           tmp_path / "rt", state=state)
+
+    be = backend()
     try:
         for c in sched.start():
             be.apply(c)
@@ -206,38 +217,20 @@ def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, 
                     be.apply(c)
         state = be.state()
         turns = {e: [(t.messages, t.completion, t.feedback, t.completion_token_ids) for t in lv.traj.turns]
-                 for e, lv in be.live.items()}
+                 for e, lv in be.workload.live.items()}
     finally:
         be.close()
     assert turns and any(len(t) >= 2 for t in turns.values())
     in_flight = [e for e, x in state["x_state"].items() if x == "call"]
-    be2 = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"),
-                          state=state)
+    be2 = backend(state)
     try:
         assert be2.counts["calls"] == be.counts["calls"] + len(in_flight)     # only the in-flight ones again
-        assert be2.store.to_dict() == state["alf"]["store"]                    # replay wrote nothing twice
+        store = be2.workload.store
+        assert store.to_dict() == state["workload"]["store"]                   # replay wrote nothing twice
         for e, want in turns.items():
-            got = [(t.messages, t.completion, t.feedback, t.completion_token_ids) for t in be2.live[e].traj.turns]
+            got = [(t.messages, t.completion, t.feedback, t.completion_token_ids)
+                   for t in be2.workload.live[e].traj.turns]
             assert got == want
-            assert be2.live[e].harness.experience is be2.store
+            assert be2.workload.live[e].harness.experience is store
     finally:
         be2.close()
-
-
-@pytest.mark.parametrize("setting, message", [
-    ({"grpo.mini_batches": 2}, "mini_batches > 1 runs with runtime.schedule = 'inprocess'"),
-    ({"rollout_via_gateway": True}, "rollout_via_gateway runs with runtime.schedule = 'inprocess'"),
-    ({"ckpt_every": 2}, "ckpt_every = 1"),
-    ({"grpo.epochs": 2}, "grpo.epochs > 1 runs with runtime.schedule = 'inprocess'"),
-    ({"sft_anchor": SFTAnchorConfig(data_path="sft.jsonl")}, "sft_anchor runs with runtime.schedule = 'inprocess'"),
-])
-def test_cells_refuse_what_their_streaming_trainer_cannot_honour(model_dir, tmp_path, setting, message):
-    """The in-process runtime honours every GRPO lever (tests/train/test_rl_kill.py runs
-    mini_batches = 2); the cells make one update per step and say so before starting any process."""
-    cfg = rl_config(model_dir, tmp_path, schedule="colocate", cells=2)
-    for key, value in setting.items():
-        obj, _, name = key.rpartition(".")
-        setattr(getattr(cfg, obj) if obj else cfg, name, value)
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        train_rl(cfg, progress=False)
-    assert not (tmp_path / "runtime").exists()

@@ -1,4 +1,4 @@
-"""A GRPO seed soup (`train.soup`): each seed's real RL run, the policy their weight average, the
+"""A GRPO seed soup (`recipes.soup`): each seed's real RL run, the policy their weight average, the
 soup's checkpoints and metrics, resume, and the refusals."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from rl_cells import metrics, rl_config
 from safetensors.torch import load_file, save_file
 
-from evoharness.train.rl import train_rl
 from evoharness.config.rl import RLConfig
-from evoharness.train.soup import average_weights
+from evoharness.recipes.rl import train_rl
+from evoharness.recipes.soup import average_weights
 
 
 def test_soup_is_the_average_of_its_seeds_runs(model_dir, tmp_path):

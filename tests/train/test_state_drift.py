@@ -12,16 +12,16 @@ import json
 import pytest
 
 from evoharness.config.base import ConfigError, load_config
+from evoharness.config.rl import GRPOConfig, RLConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.policies.scripted import ExpertPolicy
+from evoharness.recipes.rl import train_rl
 from evoharness.rollout.collect import collect_traces
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.grpo import mini_batch_slices, turn_samples
-from evoharness.train.rl import train_rl
-from evoharness.config.rl import RLConfig
+from evoharness.train.step import mini_batch_slices, plan_updates, turn_rows
 
 
 def test_experience_epoch_continues_from_collect_into_rl(model_dir, tmp_path):
@@ -85,7 +85,8 @@ def test_mini_batches_keep_groups_whole_when_a_game_fails_to_load(model_dir):
     trajs = run_episodes(specs, env_for(iter(s.episode_id for s in specs)), lambda: BPEHarness(store), policy,
                          max_steps=2)
     assert trajs[1].stop_reason == "error" and not trajs[1].turns
-    samples = turn_samples(trajs, [[0.5] * t.steps for t in trajs], group_size=2)
+    # each trajectory's rows carry its GRPO group (as `recipes.alfworld.AlfworldWorkload` deals them)
+    samples = [r for i, t in enumerate(trajs) for r in turn_rows(t, [0.5] * t.steps, GRPOConfig(), 0, group=i // 2)]
     assert {s.episode_id: s.group for s in samples} == {specs[0].episode_id: 0, specs[2].episode_id: 1,
                                                          specs[3].episode_id: 1, specs[4].episode_id: 2,
                                                          specs[5].episode_id: 2}
@@ -97,12 +98,22 @@ def test_mini_batches_keep_groups_whole_when_a_game_fails_to_load(model_dir):
         assert len(owners) == 1
         assert {s.episode_id for s in slices[owners[0]] if s.group == g} == \
             {s.episode_id for s in samples if s.group == g}
-    # Without group ids (the old rule) the missing trajectory shifts every later group boundary.
+    # the step's updates: 2 epochs over those slices, token weights 1/(M·N_j) over each slice
+    updates = plan_updates(samples, GRPOConfig(mini_batches=2, epochs=2))
+    assert [[id(s) for s in u] for u in updates] == [[id(s) for s in sl] for sl in slices] * 2
+    for u in updates:
+        per_episode: dict[str, float] = {}
+        for s in u:
+            per_episode[s.episode_id] = per_episode.get(s.episode_id, 0.0) + s.weight * len(s.completion_ids)
+        assert sum(per_episode.values()) == pytest.approx(1.0)
+        assert all(w == pytest.approx(1 / len(per_episode)) for w in per_episode.values())
+    # Without group ids the old rule (cut by position, group_size rows apart) would shift every later
+    # group boundary past the missing trajectory: rows without their group are refused instead.
     for s in samples:
         s.group = None
-    legacy = mini_batch_slices(samples, 2, group_size=2)
-    assert {s.episode_id for s in legacy[0]} & {specs[2].episode_id} and \
-        {s.episode_id for s in legacy[1]} & {specs[3].episode_id}
+    with pytest.raises(ValueError, match="GRPO group"):
+        mini_batch_slices(samples, 2)
+    assert mini_batch_slices(samples, 1) == [samples]       # one mini-batch needs no groups
 
 
 @pytest.mark.parametrize("key", ["grpo.ppo_epochs=3", "grpo.max_prompt_tokens=1024", "grpo.max_response_tokens=64"])

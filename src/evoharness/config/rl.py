@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,9 +16,11 @@ class RewardConfig(Strict):
 
     success_reward: float = 10.0
     lambda_eff: float = 1.0
-    t_max: int = Field(70, gt=0, description="step budget T_max in the efficiency term")
+    t_max: int | None = Field(None, gt=0, description="step budget T_max in the efficiency term; None: the "
+                                                      "episode's own step cap")
     lambda_div_max: float = 0.5
-    div_epochs: int = Field(150, gt=0, description="U: epochs over which λ_div decays to 0")
+    div_epochs: int | None = Field(None, gt=0, description="U: RL epochs over which λ_div decays to 0; None: "
+                                                           "an RL run's steps (elsewhere the paper's 150)")
     lambda_spam: float = 0.1
     spam_cap: int = 10
     lambda_inv: float = 0.1
@@ -73,28 +75,18 @@ class GRPOConfig(Strict):
                                              "(verl ppo_epochs): from the second on the PPO clip bounds the move")
     off_policy: Literal["auto", "ppo", "decoupled"] = Field(
         "auto", description="ppo: clip the ratio to the behaviour policy; decoupled: decoupled PPO with a truncated "
-                            "behaviour importance weight (module docstring); auto: decoupled on the schedules that "
+                            "behaviour importance weight (`train.grpo`); auto: decoupled on the schedules that "
                             "train stale samples (async, elastic-async with staleness > 0), ppo elsewhere")
     behaviour_weight_cap: float = Field(2.0, gt=0.0, description="decoupled: cap c of the importance weight "
                                                                  "π_prox / π_behaviour (truncated IS)")
     max_train_turns: int | None = Field(None, gt=0, description="turns trained per trajectory (sampled); None: all")
-    packing: bool = Field(False, description="train on tree-packed trajectory trees (train/tree_loss.py): "
-                                             "shared prompt prefixes run once, QwenGyre dedup sampling")
-    j_max: int | None = Field(None, gt=0, description="trajectory trees (packing, the repository workload): "
-                                                      "root-to-leaf paths trained per trajectory "
-                                                      "(role-priority dedup sampling); None: all")
+    packing: bool = Field(False, description="tree-pack each execution's rows (`train.trainer`): shared prefixes "
+                                             "run once, the same objective as turn rows")
+    j_max: int | None = Field(None, gt=0, description="root-to-leaf paths of an execution's trajectory tree trained "
+                                                      "(QwenGyre's role-priority dedup sampling); None: all")
     pack_tokens: int = Field(4096, gt=0, description="with packing: token budget of one packed row")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
-
-    @model_validator(mode="after")
-    def _one_work_cap(self) -> "GRPOConfig":
-        if self.off_policy == "decoupled" and (self.mini_batches != 1 or self.epochs != 1):
-            raise ValueError("grpo.off_policy=decoupled takes π_prox as the weights the gradient is taken at: "
-                             "it needs grpo.mini_batches = 1 and grpo.epochs = 1")
-        if self.packing and self.max_train_turns is not None:
-            raise ValueError("grpo.max_train_turns samples turn rows; with grpo.packing cap the work with grpo.j_max")
-        return self
 
 
 def resolved_off_policy(g: GRPOConfig, stale: bool) -> GRPOConfig:
@@ -110,9 +102,11 @@ def resolved_off_policy(g: GRPOConfig, stale: bool) -> GRPOConfig:
 class RuntimeConfig(Strict):
     """Where the RL steps run (``RLConfig.runtime``; CLI ``--schedule/--cells/--backend``)."""
 
-    schedule: Literal["inprocess", "colocate", "async", "elastic", "elastic-async"] = "inprocess"
+    schedule: Literal["colocate", "async", "elastic", "elastic-async"] = "colocate"
     cells: int = Field(1, ge=1)
-    backend: Literal["local", "ray"] = "local"
+    # how the driver reaches its cells: "inprocess" (one cell that is this process), "local" (a
+    # process per cell on this machine), "ray" (an actor per cell, on one machine or a cluster)
+    backend: Literal["inprocess", "local", "ray"] = "inprocess"
     # executions one rollout cell hosts at once (C_e); None: a step's executions spread over all cells
     capacity: int | None = Field(None, ge=1)
     staleness: int = Field(1, ge=0)          # η of async / elastic-async
@@ -120,11 +114,31 @@ class RuntimeConfig(Strict):
     stall_s: float = Field(900.0, gt=0)      # no event for this long: the run fails (a dead backend)
     ray_address: str | None = None          # backend "ray": a cluster to join (None: start a local head)
     ray_num_cpus: float = Field(0.25, gt=0)  # CPUs each Ray cell actor reserves (fractions share a machine)
-    # rollout calls through the gateway (routed by execution; a switch drains the cell, re-issuing its calls)
+    # rollout calls through the gateway (routed by execution, TITO records in out_dir/gateway; a switch
+    # drains the cell and re-issues its calls elsewhere)
     via_gateway: bool = False
-    # colocate/async on the local backend: the fixed train cells all-reduce their gradients in a
-    # torch.distributed group (`runtime.replicas`); False: gradient files summed by the core, as elastic does
-    allreduce: bool = True
+    # how train cells combine a step's gradient: "allreduce" (a fixed torch.distributed group of replicas,
+    # DDP-style), "single" (the core holds the only optimizer and adds the gradients other train cells send
+    # it: QwenGyre's dynamic membership), "auto": allreduce where the train cells are fixed (colocate, async)
+    trainer: Literal["auto", "single", "allreduce"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_process_one_cell(self) -> "RuntimeConfig":
+        if "backend" not in self.model_fields_set and self.cells > 1:
+            self.backend = "local"              # K cells and no backend named: a process per cell
+        if self.backend == "inprocess" and self.cells != 1:
+            raise ValueError(f"runtime.backend = 'inprocess' is one cell (this process); for {self.cells} cells "
+                             "set runtime.backend = 'local' (processes) or 'ray'")
+        if self.trainer == "allreduce" and self.schedule.startswith("elastic"):
+            raise ValueError("runtime.trainer = 'allreduce' needs a fixed set of train cells; elastic schedules move "
+                             "cells in and out of training within a step (use 'single' or 'auto')")
+        return self
+
+    def resolved_trainer(self) -> str:
+        """``single`` or ``allreduce`` (`trainer`, with ``auto`` resolved by the schedule)."""
+        if self.trainer != "auto":
+            return self.trainer
+        return "single" if self.schedule.startswith("elastic") or self.cells == 1 else "allreduce"
 
 
 
@@ -140,9 +154,9 @@ class LLMConsolidatorConfig(Strict):
 
 
 class RepoRLConfig(Strict):
-    """``env = "repo"``: GRPO on repository tasks over the runtime cells (`runtime.repo_backend`;
-    docs/repo_env.md). Each execution's call records are trained as a trajectory tree
-    (``grpo.j_max`` paths per tree; None: every trainable token once)."""
+    """``env = "repo"``: GRPO on repository tasks (`recipes.repo`; docs/repo_env.md). Each
+    execution's call records are trained as a trajectory tree (``grpo.j_max`` paths per tree;
+    None: every trainable token once)."""
 
     tasks: str = "pack"                   # "pack", a task directory, or a directory of tasks
     task_ids: list[str] = []              # only these (default: all of `tasks`)
@@ -152,7 +166,7 @@ class RepoRLConfig(Strict):
 class Branch(Strict):
     """A GRPO group's start state: game `task_id` after its first turns replay `prefix` (an
     earlier episode's completions up to where it went wrong, `pipeline.screened_games`); the
-    group's samples share that state and only their own turns are trained (`grpo.turn_samples`).
+    group's samples share that state and only their own turns are trained (`train.step.turn_rows`).
     Branching from the states where the SFT model loops puts the group's whole reward spread on
     the decision it gets wrong, where a group started from the game's first turn reaches that
     state in few samples and trains it in few of its drawn turns."""
@@ -174,7 +188,7 @@ class RLConfig(Strict):
     # train on these task ids only (the main job's screened games, `pipeline.screen_rl_games`); None: all
     games: list[str] | None = Field(None, min_length=1)
     # with branches, every other GRPO group starts from the next branch (in this order, cycling)
-    # instead of the next game's first turn (runtime.schedule = "inprocess" only)
+    # instead of the next game's first turn
     branches: list[Branch] = []
     # a branch episode ends after this many turns of its own (after its prefix; None: at the run's
     # T_max): the decision it branches for comes first, so a short episode trains it at a fraction
@@ -222,18 +236,31 @@ class RLConfig(Strict):
     # consolidate the rollouts' notes, pickups and use counts into the experience store after each
     # step (the paper's epoch boundary); False: they are dropped and the store RL starts from stays fixed
     consolidate_experience: bool = True
-    # sample through a loopback OpenAI-compatible gateway on the live weights (`runtime.gateway.served_policy`):
-    # the same trajectories as in-process, plus the gateway's call records in out_dir/gateway
-    rollout_via_gateway: bool = False
-    # where the steps run: "inprocess" (this module's loop) or a runtime schedule on K cell
-    # processes (`runtime.rl_job`; colocate with 1 cell plays the same episodes and updates)
+    # where the steps run: a schedule on K cells reached in-process, as processes or as Ray actors
+    # (`runtime`; the default, colocate on one in-process cell, is the plain GRPO loop)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    # the RL workload: ALFWorld games, or repository tasks (`repo`; runtime schedules only)
+    # the RL workload: ALFWorld games, or repository tasks (`repo`)
     env: Literal["alfworld", "repo"] = "alfworld"
     repo: RepoRLConfig = Field(default_factory=RepoRLConfig)
     # N > 1: the run once per seed (seed, seed + 1, ...) and the policy their weight average
-    # (`train.soup`); each seed's run in out_dir/seed<s>
+    # (`recipes.soup`); each seed's run in out_dir/seed<s>
     soup_seeds: int = Field(1, ge=1)
+
+    # settings a resumed run may change: how long and how it runs, not what it trains
+    RESUME_FREE: ClassVar[tuple[str, ...]] = (
+        "out_dir", "steps", "max_minutes", "threads", "decode_threads", "ckpt_every", "keep_checkpoints",
+        "eval_every", "eval_split", "eval_limit", "runtime.stall_s", "runtime.ray_address")
+
+    @model_validator(mode="after")
+    def _one_episode_budget(self) -> "RLConfig":
+        # T_max of the efficiency term is each episode's own step cap (max_steps, the step_caps mix,
+        # a branch's cap) unless set; set, it must be the one cap every episode has
+        t_max = self.grpo.reward.t_max
+        if t_max is not None and (t_max != self.max_steps or self.step_caps):
+            raise ValueError(f"grpo.reward.t_max ({t_max}) must equal max_steps ({self.max_steps}) with no step_caps: "
+                             "the efficiency term's budget is the episode's step cap (leave it unset to use each "
+                             "episode's own)")
+        return self
 
     @model_validator(mode="after")
     def _soup_needs_fixed_store(self) -> "RLConfig":
@@ -242,10 +269,4 @@ class RLConfig(Strict):
                              "its own experience store, and stores have no average")
         return self
 
-    @model_validator(mode="after")
-    def _teacher_labels_need_bpe(self) -> "RLConfig":
-        if self.sft_anchor is not None and self.sft_anchor.on_policy_coef > 0 and self.harness.kind != "bpe":
-            raise ValueError("sft_anchor.on_policy_coef > 0 needs harness.kind = 'bpe': the scripted teacher "
-                             "labels BPE-harness prompts only")
-        return self
 

@@ -53,9 +53,4 @@ class SFTAnchorConfig(Strict):
     batch_tokens: int = Field(4096, gt=0, description="padded tokens per anchor batch")
     max_prompt_tokens: int = Field(DEFAULT_MAX_PROMPT_TOKENS, gt=0, description="as `SFTConfig`'s")
     max_completion_tokens: int = Field(256, gt=0, description="as `SFTConfig`'s")
-    on_policy_coef: float = Field(0.0, ge=0.0, description="weight of the NLL of the teacher's labels at the "
-                                  "step's rollout states where the policy acted otherwise (0: off)")
-    on_policy_states: int = Field(64, gt=0, description="most relabelled states per RL step (a seeded sample)")
-    on_policy_filter: Literal["lost_env", "all"] = Field(
-        "lost_env", description="which disagreements: lost episodes' where the teacher acts in the world, or all")
 

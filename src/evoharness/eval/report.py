@@ -10,6 +10,7 @@ from typing import Any
 
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
 from evoharness.harness.base import META_VERBS
+from evoharness.config.eval import EvalConfig
 from evoharness.rollout.records import Trajectory
 
 
@@ -37,8 +38,8 @@ def _row(trajs: list[Trajectory]) -> dict[str, Any]:
     }
 
 
-def summarize(trajs: list[Trajectory], cfg: Any = None) -> dict[str, Any]:
-    """Per-type and overall figures of a list of trajectories."""
+def summarize(trajs: list[Trajectory], cfg: EvalConfig | None = None) -> dict[str, Any]:
+    """Per-type and overall figures of a list of trajectories (with `cfg`: the evaluation's settings)."""
     by_type = {tt: _row([t for t in trajs if t.task_type == tt]) for tt in TASK_TYPES}
     out: dict[str, Any] = {"overall": _row(trajs), "by_type": by_type}
     if cfg is not None:

@@ -280,9 +280,9 @@ def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: st
           f"{sum(succ[:k]) / k:.2f} -> {sum(succ[-k:]) / k:.2f}; least-squares trend {_trend(succ):+.4f}/step); "
           f"reward {rew[0]:.2f} -> {rew[-1]:.2f} (first/last {k}: {sum(rew[:k]) / k:.2f} -> {sum(rew[-k:]) / k:.2f}; "
           f"trend {_trend(rew):+.4f}/step).", ""]
-    if runs := rl[0].get("soup/runs"):  # train.soup's merged records
+    if runs := rl[0].get("soup/runs"):  # recipes.soup's merged records
         md += [f"A seed soup: {runs} runs with consecutive RL seeds from the same SFT model, the policy their "
-               "uniform weight average (`train.soup`). Each row is the runs' mean (step times and group counts: "
+               "uniform weight average (`recipes.soup`). Each row is the runs' mean (step times and group counts: "
                "their sum).", ""]
     if ev:
         md += ["Greedy evaluation during training: " + ", ".join(f"step {r['step']}: {r['eval/success']:.2f} "

@@ -66,7 +66,7 @@ class LiveEpisode:
     """An episode in play: its env and harness, the trajectory so far, the last env
     step (`StepResult`) and its start time (`time.perf_counter`, for ``wall_s``).
     `advance` moves it one turn; `run_episodes` and the runtime's agent loops
-    (`runtime.alfworld_backend`) hold one per episode."""
+    (`recipes.alfworld.AlfworldWorkload`) hold one per episode."""
 
     spec: EpisodeSpec
     env: Env

@@ -11,9 +11,12 @@ the call that *generated* it, or -1 when it is context (system, user, tool or
 harness text, or an earlier answer re-tokenised differently). Only generated
 tokens are trainable; each carries its behaviour log-prob and, through its call,
 the policy version and role. A token that is prompt in one call and generated in
-another is trainable (it was sampled at that position in that context). When two
-calls generated the same token at the same position the first call (in build
-order) keeps it — the tree stores each position once.
+another is trainable (it was sampled at that position in that context). When
+several calls generated the same token at the same position (an answer repeated
+word for word, two answers that start alike) the tree stores the position once,
+`gen_call` names the first call and ``claims`` keeps the later ones with their own
+log-probs: each call's sample trains with its own advantage and weight, as its
+turn row would (`train.packing` runs the position once and sums the claims).
 
 The ALFWorld `Trajectory` is the special case where every turn is one call
 (`from_trajectory`); its harness re-renders the prompt each turn, so turns share
@@ -55,6 +58,8 @@ class TreeNode:
         logprobs: per token, the behaviour log-prob (natural log) where
             ``gen_call >= 0``, else 0.0.
         ends: indices of the calls whose sequence ends exactly here.
+        claims: token offset -> ``[(call, log-prob), ...]``: the later calls that also
+            generated the token at that offset (the first is ``gen_call``).
     """
 
     parent: int
@@ -62,6 +67,7 @@ class TreeNode:
     gen_call: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
+    claims: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
     @property
     def n_trainable(self) -> int:
@@ -157,6 +163,8 @@ class TrajectoryTree:
                 if node.gen_call[off] < 0:
                     node.gen_call[off] = idx
                     node.logprobs[off] = lp[start + off - n_prompt]
+                else:
+                    node.claims.setdefault(off, []).append((idx, lp[start + off - n_prompt]))
         end = path[-1][0]
         self.nodes[end].ends.append(idx)
         self.calls.append(TreeCall(call_id, role, int(policy_version), end, n_prompt, len(completion_ids),
@@ -189,10 +197,11 @@ class TrajectoryTree:
         `nid` keeps the tail (so its calls and children stay attached). Returns the head."""
         node, children = self.nodes[nid], self._child_index()
         head = TreeNode(parent=node.parent, tokens=node.tokens[:k], gen_call=node.gen_call[:k],
-                        logprobs=node.logprobs[:k])
+                        logprobs=node.logprobs[:k], claims={o: c for o, c in node.claims.items() if o < k})
         self.nodes.append(head)
         hid = len(self.nodes) - 1
         node.tokens, node.gen_call, node.logprobs = node.tokens[k:], node.gen_call[k:], node.logprobs[k:]
+        node.claims = {o - k: c for o, c in node.claims.items() if o >= k}
         node.parent = hid
         children[head.parent][head.tokens[0]] = hid
         children[hid] = {node.tokens[0]: nid}
@@ -228,7 +237,7 @@ class TrajectoryTree:
     def from_trajectory(cls, traj: Trajectory) -> "TrajectoryTree":
         """An ALFWorld episode as a tree: turn t is call t (role ``main``, call id
         ``<episode_id>#t<turn>``). Turns without token ids (text-only policies) or
-        with an empty prompt are skipped, as `grpo.turn_samples` skips them."""
+        with an empty prompt are skipped, as `train.step.turn_rows` skips them."""
         tree = cls(traj.episode_id)
         for t in traj.turns:
             if not has_tokens(t):
@@ -289,7 +298,8 @@ class TrajectoryTree:
         return {
             "execution_id": self.execution_id,
             "nodes": [{"parent": n.parent, "tokens": n.tokens, "gen_call": n.gen_call, "logprobs": n.logprobs,
-                       "ends": n.ends} for n in self.nodes],
+                       "ends": n.ends, **({"claims": [[o, [list(c) for c in cs]] for o, cs in sorted(n.claims.items())]}
+                                          if n.claims else {})} for n in self.nodes],
             "calls": [vars(c).copy() for c in self.calls],
         }
 
@@ -300,7 +310,8 @@ class TrajectoryTree:
         Raises:
             ValueError: per-token arrays of unequal length, or a bad parent id.
         """
-        nodes = [TreeNode(**n) for n in d["nodes"]]
+        nodes = [TreeNode(**{**n, "claims": {int(o): [(int(c), float(lp)) for c, lp in cs]
+                                             for o, cs in n.get("claims", [])}}) for n in d["nodes"]]
         for i, n in enumerate(nodes):
             if not len(n.tokens) == len(n.gen_call) == len(n.logprobs):
                 raise ValueError(f"{d['execution_id']}: node {i} has per-token arrays of unequal length")

@@ -30,6 +30,50 @@ from evoharness.runtime.events import (CellLost, Command, Dispatch, Event, Execu
                                        WeightSyncDone)
 from evoharness.runtime.schedulers import Scheduler
 
+# what a job checkpoint may name besides the project's own classes (`load_job`)
+_SAFE_GLOBALS = {
+    ("builtins", n) for n in ("dict", "list", "set", "frozenset", "tuple", "int", "float", "complex", "str",
+                              "bytes", "bytearray", "bool", "slice", "range")
+} | {("collections", n) for n in ("deque", "Counter", "OrderedDict", "defaultdict")} | {("copyreg", "_reconstructor")}
+
+
+def _safe_getattr(obj: Any, name: str) -> Any:
+    """``getattr`` as pickle uses it for enum members and bound methods (a scheduler's handler
+    table), allowed on the project's own enums and objects only."""
+    import enum
+
+    if isinstance(obj, type) and issubclass(obj, enum.Enum) and name in obj.__members__:
+        return obj[name]
+    attr = getattr(type(obj), name, None)
+    if (type(obj).__module__.startswith("evoharness.") and not name.startswith("__") and callable(attr)
+            and getattr(attr, "__module__", "").startswith("evoharness.")):
+        return getattr(obj, name)           # a method of a project object
+    raise pickle.UnpicklingError(f"a job checkpoint may not look up {name!r} on {type(obj).__name__}")
+
+
+class _JobUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _safe_getattr
+        if module == "evoharness" or module.startswith("evoharness."):
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and obj.__module__.startswith("evoharness"):
+                return obj                  # a class of the project (schedulers, events, records)
+        raise pickle.UnpicklingError(f"a job checkpoint may not name {module}.{name}")
+
+
+def load_job(path: str | Path) -> dict[str, Any]:
+    """A job checkpoint (`Driver.save`), unpickled with only the project's classes, containers and
+    enum members allowed: a checkpoint from elsewhere cannot run code.
+
+    Raises:
+        pickle.UnpicklingError: the file names anything else (or is not a job checkpoint).
+    """
+    with open(path, "rb") as f:
+        return _JobUnpickler(f).load()
+
 
 class Backend(Protocol):
     """A world of K cells that carries out commands and reports events.
@@ -284,8 +328,7 @@ class Driver:
             make_backend: builds the replacement world from the restored
                 scheduler (its cells' roles) and the saved backend state.
         """
-        with open(checkpoint, "rb") as f:
-            state = pickle.load(f)
+        state = load_job(checkpoint)
         d = cls(state["scheduler"], make_backend(state["scheduler"], state["backend"]), stall_s, checkpoint)
         for k in cls._BOOKS:
             if k in state:                      # (older checkpoints lack the newer books: fresh ones)

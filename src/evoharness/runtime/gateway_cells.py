@@ -27,6 +27,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Callable
 
 from evoharness.runtime.backends import Backend, BackendError, GenOutput, GenParams
@@ -42,9 +43,9 @@ class CellBackend(Backend):
     """Cell `cell` as a gateway backend: a call becomes a ``call`` job on the cell.
 
     ``params.passthrough`` carries ``execution`` (the runtime's execution index)
-    and ``cell_payload`` (the cell job's payload, `cell_worker`'s policy request);
-    the answer's `GenOutput.detail` is the cell's reply (a `Completion` as a dict; a
-    bare-engine cell's ``(ids, logprobs, version)``).
+    and ``cell_payload`` (the cell job's payload: the workload's request); the answer's
+    `GenOutput.detail` is the cell's reply ``{"result", "seconds", "version"}`` (`runtime.cell`;
+    the result a `Completion` as a dict, or an engine cell's ``(ids, logprobs, version)``).
     """
 
     kind = "cell"
@@ -62,23 +63,24 @@ class CellBackend(Backend):
         self._calls[e] = fut
         self.owner.pending.put(("call", self.cell, e, params.passthrough["cell_payload"], fut))
         try:
-            result = await fut
+            reply = await fut
         except (asyncio.CancelledError, BackendError):
             self.owner.pending.put(("cancel", self.cell, e, None, fut))   # stop the job on the cell
             raise
         finally:
             if self._calls.get(e) is fut:
                 del self._calls[e]
+        result = reply["result"]           # the cell's answer, with its seconds and weights version
         if not isinstance(result, dict):        # the bare engine's (ids, logprobs, version) of a synthetic agent
             ids, logprobs, version = result
             return GenOutput(prompt_ids=list(params.passthrough["cell_payload"][0]), completion_ids=list(ids),
                              logprobs=list(logprobs), content=None, tool_calls=[], finish_reason="length",
-                             policy_version=version, detail=result)
+                             policy_version=version, detail=reply)
         return GenOutput(prompt_ids=list(result.get("prompt_token_ids") or []),
                          completion_ids=list(result.get("completion_token_ids") or []),
                          logprobs=list(result.get("logprobs") or []), content=result.get("text"), tool_calls=[],
                          finish_reason=result.get("finish_reason", "stop"), policy_version=result.get("policy_version"),
-                         detail=result)
+                         detail=reply)
 
     def evict(self, e: int, why: str) -> bool:
         """Fail execution `e`'s call on this cell (the gateway re-issues it); False if none runs here."""
@@ -100,20 +102,24 @@ class CellGateway:
     Args:
         cells: K.
         on_done: ``on_done(execution, call_id, out_or_exc, attempts)``, called on the
-            loop thread when a call has its answer (or failed for good).
+            loop thread when a call has its answer (or failed for good); the runtime sets it.
         wait_s: how long a held call may wait for a bind before it fails.
+        records: where the gateway writes its token-in/token-out records (None: none kept).
     """
 
-    def __init__(self, cells: int, on_done: Callable[..., None], wait_s: float = 3600.0):
+    def __init__(self, cells: int, on_done: Callable[..., None] | None = None, wait_s: float = 3600.0,
+                 records: str | Path | None = None):
         self.pending: queue.Queue = queue.Queue()
         self.on_done = on_done
         self.loop = asyncio.new_event_loop()
         self.cells = [CellBackend(c, self) for c in range(cells)]
         # a call is re-issued as often as its execution moves: attempts are not capped
-        self.gw = Gateway(self.cells, records=False, max_attempts=1 << 30, wait_for_backend_s=wait_s)
+        self.gw = Gateway(self.cells, records=records if records is not None else False, max_attempts=1 << 30,
+                          wait_for_backend_s=wait_s)
         self.counts = {"gateway_calls": 0, "reissued_calls": 0, "drains": 0, "drain_s_total": 0.0,
                        "drain_s_max": 0.0}
         self._drains: dict[int, tuple[float, set[int]]] = {}   # cell -> (start, executions it had in flight)
+        self._names: dict[int, str] = {}                        # execution -> its id in the gateway
         self._thread = threading.Thread(target=self.loop.run_forever, name="cell-gateway", daemon=True)
         self._thread.start()
 
@@ -121,11 +127,21 @@ class CellGateway:
         self.loop.call_soon_threadsafe(fn, *args)
 
     # ---- driver thread -----------------------------------------------------------------
+    def _id(self, e: int) -> str:
+        return self._names.get(e, str(e))
+
+    def name(self, e: int, name: str) -> None:
+        """Execution `e`'s calls go under the id `name` from now on (e.g. its episode id, so its
+        records read as the trajectory's; default ``str(e)``); bind it again after this."""
+        if self._names.get(e) != name:
+            self._soon(self.gw.release, self._id(e))
+            self._names[e] = name
+
     def call(self, e: int, call_id: int, payload: Any) -> None:
         """Issue execution `e`'s model call through the gateway (routed by its binding)."""
         params = GenParams(messages=payload.get("messages", []) if isinstance(payload, dict) else [],
                            passthrough={"execution": e, "cell_payload": payload})
-        fut = asyncio.run_coroutine_threadsafe(self.gw.generate(params, str(e)), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self.gw.generate(params, self._id(e)), self.loop)
 
         def done(f: Future) -> None:
             try:
@@ -141,19 +157,20 @@ class CellGateway:
         fut.add_done_callback(done)
 
     def bind(self, e: int, cell: int) -> None:
-        self._soon(self.gw.bind, str(e), cell_name(cell))
+        self._soon(self.gw.bind, self._id(e), cell_name(cell))
 
     def hold(self, e: int) -> None:
         """Unplaced: `e`'s calls wait in the gateway for its next bind."""
-        self._soon(self.gw.bind, str(e), None)
+        self._soon(self.gw.bind, self._id(e), None)
 
     def release(self, e: int) -> None:
-        self._soon(self.gw.release, str(e))
+        self._soon(self.gw.release, self._id(e))
+        self._names.pop(e, None)
 
     def migrate(self, e: int, old: int, new: int) -> None:
         """Bind `e` to `new`; a call of it in flight on `old` is re-issued there."""
         def go() -> None:
-            self.gw.bind(str(e), cell_name(new))
+            self.gw.bind(self._id(e), cell_name(new))
             self.cells[old].evict(e, f"execution {e} migrated to cell {new}")
         self._soon(go)
 
@@ -163,7 +180,7 @@ class CellGateway:
         def go() -> None:
             b = self.cells[cell]
             for e in held:
-                self.gw.bind(str(e), None)
+                self.gw.bind(self._id(e), None)
             inflight = set(b._calls)
             if inflight:
                 self._drains[cell] = (time.monotonic(), inflight)

@@ -17,10 +17,10 @@ a micro-batch, ``_C`` completion positions, ``_V`` vocabulary):
 Stale samples (async schedules, up to η versions old): ``off_policy = "decoupled"``
 is decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy
 optimization"; AReaL, arXiv 2505.24298 Eq. 5): the clip acts on the ratio to
-the proximal policy π_prox (the weights the update starts from, here the ones
-the gradient is taken at, so one update per batch: ``mini_batches = 1``) and
-the behaviour policy enters only as a truncated importance weight
-(truncated IS, Espeholt et al. 2018; cap ``behaviour_weight_cap``):
+the proximal policy π_prox (the weights the step starts from: with one update per
+step those the gradient is taken at; with several, the log-probs recorded before the
+first, ``TurnSample.prox_logprobs``) and the behaviour policy enters only as a truncated
+importance weight (truncated IS, Espeholt et al. 2018; cap ``behaviour_weight_cap``):
 
     r_k   = exp(log π_θ(y_k) − log π_prox(y_k)),   w_k = min(exp(log π_prox − log π_behaviour), c)
     pg_k  = −w_k · min(r_k A, clip(r_k, 1 − ε_low, 1 + ε_high) A)
@@ -36,10 +36,10 @@ batch and M the number of trajectories in it,
     L = (1/M) Σ_j (1/N_j) Σ_{k ∈ j} ℓ_k,   i.e. token weight w_k = 1 / (M · N_j).
 
 The weights are fixed over the whole batch before micro-batching
-(`set_token_weights`), and each micro-batch's loss is Σ w_k ℓ_k, so summing
-micro-batch gradients gives exactly the full-batch gradient, independent of
-the micro-batch size or order. A trajectory weighs the same however many turns
-or tokens it has.
+(`train.step.set_token_weights`), and each micro-batch's loss is Σ w_k ℓ_k, so
+summing micro-batch gradients gives exactly the full-batch gradient, independent
+of the micro-batch size or order. A trajectory weighs the same however many turns
+or tokens it has. The update loop is `train.trainer.Trainer` / `train.step`.
 
 Numerics follow verl: log-ratios clamped to [−20, 20] before ``exp``; k3 clamped
 to ≤ 10.
@@ -56,17 +56,13 @@ carries no gradient, whatever its advantage.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from evoharness.rollout.records import Trajectory
-from evoharness.train.schedule import lr_lambda
 from evoharness.config.rl import GRPOConfig
 
 
@@ -80,14 +76,16 @@ class TurnSample:
         logprobs: behaviour log-prob of each completion token (same length).
         advantage: the turn's advantage, shared by all its completion tokens.
         episode_id: the trajectory it belongs to (the aggregation unit).
-        weight: per-token loss weight 1/(M·N_j), set by `set_token_weights`.
+        weight: per-token loss weight 1/(M·N_j), set by `train.step.set_token_weights`.
         ref_logprobs: reference-model log-probs, if precomputed elsewhere;
             otherwise the reference model is run in the loss.
         constraint: the grammar the completion was sampled under
             (`rollout.records.TurnRecord.constraint`); None: unconstrained.
         group: index of the GRPO group (task) its trajectory belongs to; mini-batches
-            keep groups whole by this id. None: unknown (`grpo_step` then assumes
-            ``group_size`` consecutive trajectories per group).
+            keep groups whole by this id (`train.step.mini_batch_slices`).
+        prox_logprobs: decoupled PPO with several updates per step: log π_prox of each
+            completion token, recorded before the step's first update; None: π_prox is the
+            weights the gradient is taken at.
     """
 
     prompt_ids: list[int]
@@ -99,6 +97,7 @@ class TurnSample:
     ref_logprobs: list[float] | None = None
     constraint: dict | None = None
     group: int | None = None
+    prox_logprobs: list[float] | None = None
 
 
 class TokenMasks:
@@ -139,63 +138,6 @@ class TokenMasks:
                 grammar = ActionGrammar.from_constraint(self.vocab(device), s.constraint)
                 allowed[i, :c] &= grammar.replay(list(s.completion_ids), int(s.constraint["max_new_tokens"]))
         return allowed
-
-
-def turn_samples(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]],
-                 max_turns: int | None = None, seed: int = 0, group_size: int | None = None) -> list[TurnSample]:
-    """Flatten trajectories into trainable turns.
-
-    Args:
-        trajectories: episodes with TITO records.
-        group_size: trajectories per GRPO group (consecutive in `trajectories`, as
-            rolled out); sets each sample's ``group`` from its trajectory's
-            position, so a trajectory without trainable turns (a game that failed
-            to load) shifts nothing. None: ``group`` stays unset.
-        advantages: per trajectory, one advantage per turn (a flattened
-            `advantages.turn_advantages` result, same order).
-        max_turns: train on at most this many turns per trajectory, drawn
-            uniformly without replacement (seeded by `seed` and the episode
-            id). The token-mean within a trajectory over the drawn turns is a
-            sampled estimate of the full one, so the loss keeps its scale while
-            the update costs O(max_turns) forward/backward per episode — the
-            same bound-the-work idea as QwenGyre's J_max path sampling. None:
-            every turn.
-        seed: sampling seed (e.g. the RL step).
-
-    Turns without token ids (text-only policies, a branch's replayed prefix) or with an
-    empty completion are skipped, and so are episodes an environment error ended (their reward
-    measures nothing; `advantages.valid_members`).
-    """
-    import random
-
-    out = []
-    for n, (traj, adv) in enumerate(zip(trajectories, advantages, strict=True)):
-        if traj.stop_reason == "error":
-            continue
-        # a branch's replayed prefix (`rollout.episode.EpisodeSpec.prefix`) was not sampled: never drawn
-        pairs = list(zip(traj.turns, adv, strict=True))[traj.info.get("replayed_turns", 0):]
-        if max_turns is not None and len(pairs) > max_turns:
-            keep = sorted(random.Random(f"{seed}:{traj.episode_id}").sample(range(len(pairs)), max_turns))
-            pairs = [pairs[i] for i in keep]
-        for turn, a in pairs:
-            if not turn.completion_token_ids or not turn.prompt_token_ids or turn.logprobs is None:
-                continue
-            if len(turn.logprobs) != len(turn.completion_token_ids):
-                raise ValueError(f"{traj.episode_id} turn {turn.turn}: logprobs/completion length mismatch")
-            out.append(TurnSample(list(turn.prompt_token_ids), list(turn.completion_token_ids),
-                                  list(turn.logprobs), float(a), traj.episode_id, constraint=turn.constraint,
-                                  group=n // group_size if group_size else None))
-    return out
-
-
-def set_token_weights(samples: Sequence[TurnSample]) -> None:
-    """Set every sample's per-token weight to 1/(M·N_j) over this step batch."""
-    n_tok: dict[str, int] = defaultdict(int)
-    for s in samples:
-        n_tok[s.episode_id] += len(s.completion_ids)
-    m = sum(1 for n in n_tok.values() if n > 0)
-    for s in samples:
-        s.weight = 1.0 / (m * n_tok[s.episode_id]) if n_tok[s.episode_id] else 0.0
 
 
 def _pad(rows: Sequence[Sequence[float]], width: int, value: float = 0.0, dtype=torch.float32) -> torch.Tensor:
@@ -279,25 +221,29 @@ def logprobs_of(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids:
 
 
 def token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
-                ref: torch.Tensor | None, cfg: GRPOConfig) -> dict[str, torch.Tensor]:
+                ref: torch.Tensor | None, cfg: GRPOConfig, prox: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The per-token terms of the module docstring, elementwise over any shape ``[...]``
     (turn rows here, packed tree tokens in `tree_loss`).
 
     Args:
         logp: log π_θ of the trained tokens; logp_all: their log-softmax ``[..., V]``
             (masked ids −∞); old: behaviour log-probs; adv: advantages (broadcast);
-            ref: log π_ref (None when ``cfg.kl_beta == 0``).
+            ref: log π_ref (None when ``cfg.kl_beta == 0``); prox: decoupled PPO's log π_prox
+            (None: the weights the gradient is taken at).
 
     Returns:
         ``per_tok`` (ℓ_k), ``pg``, ``kl``, ``ent``, ``ratio`` (to the behaviour policy,
-        both objectives) and ``clipped`` (bool: the clipped branch of the PPO min is the
-        active one).
+        both objectives), ``clipped`` (bool: the clip is active, the clipped branch of the
+        PPO min strictly binds) and ``capped`` (bool: decoupled PPO's behaviour weight hit its cap).
     """
     ratio = torch.exp((logp - old).clamp(-20.0, 20.0))
-    if cfg.off_policy == "decoupled":  # clip against π_prox (= these weights), IS weight to the behaviour
-        prox = logp.detach()
-        r = torch.exp(logp - prox)
-        w = ratio.detach().clamp(max=cfg.behaviour_weight_cap)
+    capped = torch.zeros_like(logp, dtype=torch.bool)
+    if cfg.off_policy == "decoupled":  # clip against π_prox, IS weight π_prox / π_behaviour
+        prox = logp.detach() if prox is None else prox
+        r = torch.exp((logp - prox).clamp(-20.0, 20.0))
+        w_raw = torch.exp((prox - old).clamp(-20.0, 20.0))
+        w = w_raw.clamp(max=cfg.behaviour_weight_cap)
+        capped = w_raw > cfg.behaviour_weight_cap
         pg1 = -adv * w * r
         pg2 = -adv * w * r.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     else:
@@ -314,7 +260,8 @@ def token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tensor, a
         # masked ids: p = 0 and log p = −∞; count them as 0 (0 · −∞ would be NaN)
         ent = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)
     per_tok = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent
-    return {"per_tok": per_tok, "pg": pg, "kl": kl, "ent": ent, "ratio": ratio, "clipped": pg2 > pg1}
+    return {"per_tok": per_tok, "pg": pg, "kl": kl, "ent": ent, "ratio": ratio, "clipped": pg2 > pg1,
+            "capped": capped}
 
 
 def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
@@ -329,7 +276,7 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
     Returns:
         the scalar loss (call ``.backward()``), and sums for the metrics:
         ``loss``, ``pg_loss``, ``kl``, ``entropy`` (weighted like the loss),
-        ``n_tokens``, ``n_clipped``, ``ratio_sum``, ``ratio_max``, ``n_forced``
+        ``n_tokens``, ``n_clipped``, ``n_capped``, ``ratio_sum``, ``ratio_max``, ``n_forced``
         (tokens with a single allowed id: no gradient).
 
     Raises:
@@ -346,6 +293,9 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
     old = _pad([s.logprobs for s in samples], width).to(dev)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=dev)[:, None]
     w = torch.tensor([s.weight for s in samples], dtype=torch.float32, device=dev)[:, None] * mask
+    prox = None
+    if cfg.off_policy == "decoupled" and all(s.prox_logprobs is not None for s in samples):
+        prox = _pad([s.prox_logprobs for s in samples], width).to(dev)
 
     ref = None
     if cfg.kl_beta > 0:
@@ -356,7 +306,7 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
         else:
             with torch.no_grad():
                 ref = logprobs_of(ref_model, prompts, comps, cfg.temperature, allowed).to(dev)
-    t = token_terms(logp, logp_all, old, adv, ref, cfg)  # [B, C] each
+    t = token_terms(logp, logp_all, old, adv, ref, cfg, prox)  # [B, C] each
     pg, kl, ent, ratio, per_tok = t["pg"], t["kl"], t["ent"], t["ratio"], t["per_tok"]
     zero = torch.zeros_like(per_tok)
     loss = torch.where(mask, per_tok * w, zero).sum()
@@ -368,152 +318,20 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
     stats = {
         "loss": float(loss.detach()), "pg_loss": wsum(pg), "kl": wsum(kl), "entropy": wsum(ent),
         "n_tokens": int(mask.sum()), "n_clipped": int((t["clipped"] & mask).sum()),
+        "n_capped": int((t["capped"] & mask).sum()),
         "ratio_sum": float(r.sum()), "ratio_max": float(r.max()) if r.numel() else 0.0,
         "n_forced": int(((allowed.sum(-1) == 1) & mask).sum()) if allowed is not None else 0,
     }
     return loss, stats
 
 
-def accumulate_gradients(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
-                         ref_model: Any = None, masks: TokenMasks | None = None,
-                         amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
-    """Weights over the whole batch, then forward/backward per micro-batch
-    (``cfg.micro_batch_size`` turns, length-sorted to limit padding); gradients
-    accumulate in ``.grad`` (fp32 for fp32 master weights). `amp` wraps the
-    forward passes (e.g. `precision.autocast` for bf16 compute); backward runs
-    outside it. Returns step metrics: ``loss``, ``pg_loss``, ``kl``,
-    ``entropy`` (trajectory-token means, as the loss), ``clip_fraction``,
-    ``ratio_mean`` (plain token means), ``ratio_max``, ``n_tokens``,
-    ``forced_fraction`` (tokens the constraint forced)."""
-    set_token_weights(samples)
-    order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-    stats = StepStats()
-    for k in range(0, len(order), cfg.micro_batch_size):
-        with amp():
-            loss, st = microbatch_loss(model, order[k : k + cfg.micro_batch_size], cfg, ref_model, masks)
-        loss.backward()
-        stats.add(st)
-    return stats.metrics()
-
-
-class StepStats:
-    """Sums `microbatch_loss` statistics over a step's micro-batches into its metrics."""
-
-    def __init__(self) -> None:
-        self.tot: dict[str, float] = defaultdict(float)
-        self.ratio_max = 0.0
-
-    def add(self, st: dict[str, float]) -> None:
-        st = dict(st)
-        self.ratio_max = max(self.ratio_max, st.pop("ratio_max"))
-        for key, v in st.items():
-            self.tot[key] += v
-
-    def metrics(self) -> dict[str, float]:
-        """``loss``, ``pg_loss``, ``kl``, ``entropy`` (weighted like the loss), ``clip_fraction``,
-        ``ratio_mean`` (token means), ``ratio_max``, ``n_tokens``, ``forced_fraction``."""
-        tot, n = self.tot, max(self.tot["n_tokens"], 1)
-        return {
-            "loss": tot["loss"], "pg_loss": tot["pg_loss"], "kl": tot["kl"], "entropy": tot["entropy"],
-            "clip_fraction": tot["n_clipped"] / n, "ratio_mean": tot["ratio_sum"] / n, "ratio_max": self.ratio_max,
-            "n_tokens": int(tot["n_tokens"]), "forced_fraction": tot["n_forced"] / n,
-        }
-
-
-def mini_batch_slices(samples: Sequence[TurnSample], mini_batches: int, group_size: int = 1) -> list[list[TurnSample]]:
-    """Split a step batch into at most `mini_batches` slices of whole GRPO groups
-    (groups dealt round-robin in order of first appearance).
-
-    A sample's group is its ``group`` id; samples without one fall back to
-    ``group_size`` consecutive trajectories per group (right only when every
-    trajectory has trainable turns).
-    """
-    if any(s.group is None for s in samples):
-        episodes = list(dict.fromkeys(s.episode_id for s in samples))
-        group_of = {e: i // max(1, group_size) for i, e in enumerate(episodes)}
-        gid = lambda s: group_of[s.episode_id]  # noqa: E731
-    else:
-        gid = lambda s: s.group  # noqa: E731
-    groups = list(dict.fromkeys(gid(s) for s in samples))
-    n = max(1, min(mini_batches, len(groups)))
-    slot = {g: j % n for j, g in enumerate(groups)}
-    return [[s for s in samples if slot[gid(s)] == j] for j in range(n)]
-
-
-def lr_at(cfg: GRPOConfig, step: int, steps: int) -> float:
-    """The learning rate of 0-based RL step `step` (the update that makes policy version step + 1):
-    ``cfg.lr``, or with ``lr_schedule = "cosine"`` the SFT stage's warm-up-then-cosine
-    (`train.schedule.lr_lambda`) over RL steps, decaying to ``min_lr_ratio`` x lr at
-    ``lr_decay_steps`` (`steps`, the run's length, when None) — the issue's "GRPO that keeps its
-    gain" lever: late steps move the policy less. A function of the step alone, so a resumed run
-    and every cell of the runtime path agree on it."""
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    return cfg.lr * lr_lambda(step, cfg.lr_warmup_steps, cfg.lr_decay_steps or steps, cfg.min_lr_ratio)
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set every parameter group's learning rate (AdamW reads it at each ``step``)."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
-def make_optimizer(model: Any, cfg: GRPOConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (Table 4: lr 1e-6), which must be fp32
-    master weights (`precision.check_master_weights`: bf16 would round the updates away)."""
-    from evoharness.train.precision import check_master_weights
-
-    check_master_weights(model)
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                             weight_decay=cfg.weight_decay)
-
-
-def grpo_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample], cfg: GRPOConfig,
-              ref_model: Any = None, group_size: int = 1, masks: TokenMasks | None = None,
-              amp: Callable[[], AbstractContextManager] = nullcontext,
-              anchor: Callable[[int], dict[str, float]] | None = None) -> dict[str, float]:
-    """Optimizer steps on one step batch of turns.
-
-    The batch's GRPO groups are cut into ``cfg.mini_batches`` slices of whole
-    groups (`mini_batch_slices`); each slice is one update: accumulate (token
-    weights over the slice), clip the gradient norm to ``cfg.grad_clip``, step.
-    ``cfg.epochs`` passes run over the same slices. From the second update on
-    the policy has moved, so ρ ≠ 1 and the PPO clip acts (verl's
-    ``ppo_mini_batch_size`` / ``ppo_epochs``). With one mini-batch and one epoch
-    this is exactly one full-batch step. `anchor(j)`, if given, adds its own
-    gradient to update j's before clipping (`train.sft_anchor`: an SFT loss on
-    teacher rows) and returns its metrics. Returns `accumulate_gradients`'
-    metrics (and the anchor's) plus ``grad_norm`` (before clipping), averaged
-    over the updates (``ratio_max``: the max; ``n_tokens``: the sum).
-    """
-    slices = mini_batch_slices(samples, cfg.mini_batches, group_size)
-    return run_updates(optimizer, cfg, len(slices),
-                       lambda j: accumulate_gradients(model, slices[j], cfg, ref_model, masks, amp), anchor)
-
-
-def run_updates(optimizer: torch.optim.Optimizer, cfg: GRPOConfig, n_slices: int,
-                accumulate: Callable[[int], dict[str, float]],
-                anchor: Callable[[int], dict[str, float]] | None = None,
-                sums: Sequence[str] = ("n_tokens",)) -> dict[str, float]:
-    """``cfg.epochs`` passes over `n_slices` updates (`grpo_step`, `tree_loss.tree_grpo_step`): per
-    update j, `accumulate(slice)` leaves the slice's gradient and returns its metrics, `anchor(j)`
-    adds its own, the norm is clipped to ``cfg.grad_clip``, the optimizer steps. Returns the
-    metrics averaged over the updates (``ratio_max``: the max; the `sums` keys: sums), plus
-    ``grad_norm`` (before clipping) and ``updates``."""
-    runs = []
-    for k in [k for _ in range(cfg.epochs) for k in range(n_slices)]:
-        optimizer.zero_grad(set_to_none=True)
-        m = accumulate(k)
-        if anchor is not None:
-            m.update(anchor(len(runs)))
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)) if params else 0.0
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        runs.append(m)
-    out = {key: sum(r[key] for r in runs) / len(runs) for key in runs[0]}
-    out["ratio_max"] = max(r["ratio_max"] for r in runs)
-    for key in sums:
-        out[key] = sum(r[key] for r in runs)
-    out["updates"] = len(runs)
-    return out
+def proximal_logprobs(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
+                      masks: TokenMasks | None = None) -> list[list[float]]:
+    """log π(y_k) of each sample's completion tokens under `model` as it is now (no gradient):
+    decoupled PPO's π_prox, taken before a step's first update."""
+    prompts, comps = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+    with torch.no_grad():
+        logits, mask = completion_logits(model, prompts, comps, cfg.temperature)
+        allowed = masks(samples, logits.shape[1], logits.device) if masks is not None else None
+        logp, _ = _gather_logprobs(logits, comps, allowed)
+    return [logp[i, :len(c)].tolist() for i, c in enumerate(comps)]

@@ -75,7 +75,8 @@ class PackedBatch:
         seg_ids: [B, L] long, segment index in its row (-1 on padding).
         ancestors: per row, [S, S] bool, ``a[s, t]``: segment t is s or an ancestor of s.
         pred_row / pred_pos: [K] long, the position whose logits predict each target.
-        targets: [K] long token ids.
+        targets: [K] long token ids. A token several calls generated at one position
+            (`rollout.tree.TreeNode.claims`) is one target per call, all at that position.
         tree / node / offset: [K] long, the target's place in its tree.
         gen_call: [K] long, the call that generated it (index in ``trees[tree].calls``).
         behaviour_logprobs: [K] float32, recorded log-probs.
@@ -230,14 +231,16 @@ def collate(trees: Sequence[TrajectoryTree], rows: Sequence[PackedRow], pad_id: 
                         pred = start[seg.parent] + len(trees[seg.tree].nodes[row.segments[seg.parent].node].tokens) - 1
                     else:  # cannot happen: a call has >= 1 prompt token
                         raise ValueError(f"tree {seg.tree} node {seg.node}: a trainable token without context")
-                    cols["pred_row"].append(r)
-                    cols["pred_pos"].append(pred)
-                    cols["targets"].append(node.tokens[off])
-                    cols["tree"].append(seg.tree)
-                    cols["node"].append(seg.node)
-                    cols["offset"].append(off)
-                    cols["gen_call"].append(g)
-                    cols["lp"].append(node.logprobs[off])
+                    # one target per call that generated this token here (the position runs once)
+                    for call, lp in [(g, node.logprobs[off]), *node.claims.get(off, ())]:
+                        cols["pred_row"].append(r)
+                        cols["pred_pos"].append(pred)
+                        cols["targets"].append(node.tokens[off])
+                        cols["tree"].append(seg.tree)
+                        cols["node"].append(seg.node)
+                        cols["offset"].append(off)
+                        cols["gen_call"].append(call)
+                        cols["lp"].append(lp)
             p += n
         ancestors.append(anc)
     long = {k: torch.tensor(v, dtype=torch.long) for k, v in cols.items() if k != "lp"}
@@ -317,8 +320,9 @@ def packed_sft_micro(model: Any, rows: Sequence[tuple[list[int], int]], max_toke
 
     The step's rows (`sft.tokenize_examples`) become one tree (`sft_trees`), cut into
     rows of at most `max_tokens` (None: one row) where sharing pays (`linear_cost`).
-    Every distinct completion position is trained once: a row duplicated in the
-    batch counts once (unpacked rows would count it twice).
+    Every row's completion tokens are trained as unpacked rows train them: a position
+    several rows share as completion (a row duplicated in the batch, completions that
+    start alike) runs once and is one target per row (`rollout.tree.TreeNode.claims`).
     """
     tree = sft_trees(rows)
     for row in pack_trees([tree], max_tokens=max_tokens, alpha=linear_cost(model.config)):

@@ -86,10 +86,15 @@ class RewardBreakdown:
         return asdict(self)
 
 
+PAPER_DIV_EPOCHS = 150   # U of Table 4 (150 RL epochs)
+
+
 def diversity_weight(epoch: float, cfg: RewardConfig) -> float:
-    """λ_div(u) = (λ_div_max/2)(1 + cos(π u/U)), u clamped to [0, U] (Eq. 6)."""
-    u = min(max(float(epoch), 0.0), float(cfg.div_epochs))
-    return cfg.lambda_div_max / 2.0 * (1.0 + math.cos(math.pi * u / cfg.div_epochs))
+    """λ_div(u) = (λ_div_max/2)(1 + cos(π u/U)), u clamped to [0, U] (Eq. 6); U = ``div_epochs``
+    (unset: the paper's 150)."""
+    big_u = float(cfg.div_epochs or PAPER_DIV_EPOCHS)
+    u = min(max(float(epoch), 0.0), big_u)
+    return cfg.lambda_div_max / 2.0 * (1.0 + math.cos(math.pi * u / big_u))
 
 
 def _norm(action: str) -> str:
@@ -155,8 +160,15 @@ def token_penalty(n_tokens: int, cfg: RewardConfig) -> float:
 
 
 def trajectory_reward(traj: Trajectory, epoch: float, cfg: RewardConfig | None = None) -> RewardBreakdown:
-    """R(τ) of one episode at RL epoch ``epoch`` (u in Eq. 6), every term separately."""
+    """R(τ) of one episode at RL epoch ``epoch`` (u in Eq. 6), every term separately. T_max of the
+    efficiency term is ``cfg.t_max`` (an RL run's step cap), or unset the episode's own cap.
+
+    Raises:
+        ValueError: no T_max (``cfg.t_max`` unset and the trajectory records no cap)."""
     cfg = cfg or RewardConfig()
+    t_max = cfg.t_max or traj.max_steps
+    if not t_max:
+        raise ValueError(f"{traj.episode_id}: no step budget T_max for the efficiency term (set reward.t_max)")
     solved = bool(traj.won)
     steps = traj.steps
     r_div = len(distinct_verbs(traj)) / steps if steps else 0.0
@@ -166,7 +178,7 @@ def trajectory_reward(traj: Trajectory, epoch: float, cfg: RewardConfig | None =
     n_tok = completion_token_count(traj)
 
     success = cfg.success_reward * solved
-    efficiency = cfg.lambda_eff * solved * max(0.0, 1.0 - steps / cfg.t_max)
+    efficiency = cfg.lambda_eff * solved * max(0.0, 1.0 - steps / t_max)
     diversity = lam_div * r_div
     spam = -cfg.lambda_spam * min(n_spam, cfg.spam_cap)
     invalid = -cfg.lambda_inv * n_inv

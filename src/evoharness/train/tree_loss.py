@@ -1,19 +1,17 @@
-"""GRPO on tree-packed trajectory trees (QwenGyre §3); SFT's packed loss is `packing.packed_sft_loss`.
+"""GRPO rows, tree-packed (QwenGyre §3 "tree-packed training"); SFT's packed loss is `packing.packed_sft_loss`.
 
-Per execution j (one `TrajectoryTree`), `select_paths` picks up to J_max
-root-to-leaf paths; the trained tokens of j are the trainable tokens on those
-paths, each once (``N_j`` of them). Every trained token takes its execution's
-group-relative advantage (or, with per-call advantages such as GiGPO's, the
-advantage of the call that generated it) and the per-token loss ℓ_k of
-`grpo.token_terms` (PPO clip with the recorded behaviour log-prob, k3 KL to
-the reference, entropy bonus). Two-level averaging (tokens within an execution,
-then executions), with M executions that have trained tokens:
+The rows of one execution (`train.grpo.TurnSample`: a prompt as context, a completion to train)
+are folded into one prefix-shared `TrajectoryTree`, each row a call of its own; the trees are
+laid into packed rows (`packing.pack_trees`) whose tree attention mask lets every token see
+exactly its own context, so a prefix the rows share (the system prompt, an agent's growing
+history) runs once. The objective does not change: every row's completion token is one target
+with the row's own behaviour log-prob, advantage, weight and sampling mask, also where several
+rows generated the same token at the same position (`rollout.tree.TreeNode.claims`: one forward
+position, one target per row), so
 
-    L = (1/M) Σ_j (1/N_j) Σ_{k ∈ j} ℓ_k,   token weight w_k = 1 / (M · N_j),
+    Σ_rows Σ_{k ∈ row} w_row · ℓ_k(A_row)
 
-the same weights as `grpo.set_token_weights`, so with J_max uncapped and no two
-calls sharing a generated token, this loss and its gradient equal the turn-row
-loss of `grpo.accumulate_gradients` (tested), while shared prefixes run once.
+is the turn-row loss of `grpo.microbatch_loss` summed over the rows (tested to 1e-5).
 """
 
 from __future__ import annotations
@@ -24,35 +22,22 @@ from typing import Any
 
 import torch
 
-from evoharness.rollout.records import Trajectory
-from evoharness.rollout.tree import PathSelection, TrajectoryTree, all_paths, has_tokens, select_paths
-from evoharness.train.grpo import StepStats, TokenMasks, run_updates, token_terms
 from evoharness.config.rl import GRPOConfig
+from evoharness.rollout.tree import TrajectoryTree
+from evoharness.train.grpo import TokenMasks, TurnSample, token_terms
 from evoharness.train.packing import PackedBatch, collate, linear_cost, pack_trees, target_logprobs
 
 
-def execution_weights(selections: Sequence[PathSelection]) -> list[float]:
-    """Per execution, the token weight 1/(M·N_j) (0 for an execution with nothing to train)."""
-    m = sum(1 for s in selections if s.n_tokens > 0)
-    return [1.0 / (m * s.n_tokens) if s.n_tokens else 0.0 for s in selections]
-
-
-def trajectory_trees(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]
-                     ) -> tuple[list[TrajectoryTree], list[list[float]]]:
-    """ALFWorld episodes as trees, and per tree one advantage per call.
-
-    Args:
-        trajectories: episodes with TITO records (rollout order).
-        advantages: per trajectory, one advantage per turn (`advantages.turn_advantages`,
-            flattened), so GiGPO's step-level advantages reach the tokens of their turn.
-    """
-    trees, per_call = [], []
-    for traj, adv in zip(trajectories, advantages, strict=True):
-        if len(adv) != len(traj.turns):
-            raise ValueError(f"{traj.episode_id}: {len(adv)} advantages for {len(traj.turns)} turns")
-        trees.append(TrajectoryTree.from_trajectory(traj))
-        per_call.append([float(a) for t, a in zip(traj.turns, adv) if has_tokens(t)])
-    return trees, per_call
+def row_trees(rows: Sequence[TurnSample]) -> tuple[list[TrajectoryTree], list[list[TurnSample]]]:
+    """One tree per execution (``episode_id``, first-seen order), each row a call; and per tree
+    its rows in call order (call ``c`` of tree ``t`` is ``rows_of[t][c]``)."""
+    trees: dict[str, TrajectoryTree] = {}
+    rows_of: dict[str, list[TurnSample]] = {}
+    for r in rows:
+        tree = trees.setdefault(r.episode_id, TrajectoryTree(r.episode_id))
+        rows_of.setdefault(r.episode_id, []).append(r)
+        tree.add_call(r.prompt_ids, r.completion_ids, r.logprobs, constraint=r.constraint)
+    return list(trees.values()), list(rows_of.values())
 
 
 def target_masks(masks: TokenMasks, trees: Sequence[TrajectoryTree], batch: PackedBatch,
@@ -84,34 +69,26 @@ def target_masks(masks: TokenMasks, trees: Sequence[TrajectoryTree], batch: Pack
     return allowed
 
 
-def _token_advantages(batch: PackedBatch, advantages: Sequence[float | Sequence[float]]) -> torch.Tensor:
-    out = torch.empty(batch.n_targets, dtype=torch.float32)
-    for k, (t, g) in enumerate(zip(batch.tree.tolist(), batch.gen_call.tolist())):
-        a = advantages[t]
-        out[k] = float(a) if isinstance(a, (int, float)) else float(a[g])
-    return out
-
-
-def packed_grpo_loss(model: Any, batch: PackedBatch, advantages: Sequence[float | Sequence[float]],
-                     weights: Sequence[float], cfg: GRPOConfig, ref_model: Any = None,
+def packed_grpo_loss(model: Any, batch: PackedBatch, trees: Sequence[TrajectoryTree],
+                     rows_of: Sequence[Sequence[TurnSample]], cfg: GRPOConfig, ref_model: Any = None,
                      allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Σ_k w_k ℓ_k over one packed batch's target tokens.
-
-    Args:
-        batch: packed from the trees that `advantages` and `weights` index.
-        advantages: per tree, one float (the execution's advantage) or one per call.
-        weights: per tree, the token weight (`execution_weights`).
-        allowed: optional [K, V] bool sampling masks (`target_masks`), applied to
-            π_θ, π_ref and the entropy alike.
+    """Σ_k w_k ℓ_k over one packed batch's targets, each target taking the weight, advantage and
+    (decoupled PPO) π_prox log-prob of its row (`rows_of[tree][call]`, `row_trees`).
 
     Returns:
-        the scalar loss and sums for the metrics, as `grpo.microbatch_loss`.
+        the scalar loss and the statistics of `grpo.microbatch_loss`.
     """
     logp, logp_all = target_logprobs(model, batch, cfg.temperature, allowed)
     dev = logp.device
+    keys = list(zip(batch.tree.tolist(), batch.gen_call.tolist()))
+    row = [rows_of[t][g] for t, g in keys]
     old = batch.behaviour_logprobs.to(dev)
-    adv = _token_advantages(batch, advantages).to(dev)
-    w = torch.tensor(weights, dtype=torch.float32)[batch.tree].to(dev)
+    adv = torch.tensor([r.advantage for r in row], dtype=torch.float32, device=dev)
+    w = torch.tensor([r.weight for r in row], dtype=torch.float32, device=dev)
+    prox = None
+    if cfg.off_policy == "decoupled" and row and all(r.prox_logprobs is not None for r in row):
+        pos = _completion_positions(batch, trees, rows_of)
+        prox = torch.tensor([r.prox_logprobs[i] for r, i in zip(row, pos)], dtype=torch.float32, device=dev)
     ref = None
     if cfg.kl_beta > 0:
         if ref_model is None:
@@ -119,91 +96,55 @@ def packed_grpo_loss(model: Any, batch: PackedBatch, advantages: Sequence[float 
         with torch.no_grad():
             ref, _ = target_logprobs(ref_model, batch, cfg.temperature, allowed)
             ref = ref.to(dev)
-    t = token_terms(logp, logp_all, old, adv, ref, cfg)
+    t = token_terms(logp, logp_all, old, adv, ref, cfg, prox)
     loss = (t["per_tok"] * w).sum()
     r = t["ratio"].detach()
     stats = {
         "loss": float(loss.detach()), "pg_loss": float((t["pg"].detach() * w).sum()),
         "kl": float((t["kl"].detach() * w).sum()), "entropy": float((t["ent"].detach() * w).sum()),
-        "n_tokens": batch.n_targets, "n_clipped": int(t["clipped"].sum()),
+        "n_tokens": batch.n_targets, "n_clipped": int(t["clipped"].sum()), "n_capped": int(t["capped"].sum()),
         "ratio_sum": float(r.sum()), "ratio_max": float(r.max()) if r.numel() else 0.0,
         "n_forced": int((allowed.sum(-1) == 1).sum()) if allowed is not None else 0,
     }
     return loss, stats
 
 
-def tree_accumulate_gradients(model: Any, trees: Sequence[TrajectoryTree],
-                              advantages: Sequence[float | Sequence[float]], cfg: GRPOConfig, *,
-                              j_max: int | None = None, seed: int | str = 0, max_tokens: int | None = 4096,
-                              rows_per_micro: int = 1, cost_model: bool = True, ref_model: Any = None,
-                              masks: TokenMasks | None = None,
-                              amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
-    """Dedup-sample, pack and accumulate gradients of the two-level GRPO loss.
+def _completion_positions(batch: PackedBatch, trees: Sequence[TrajectoryTree],
+                          rows_of: Sequence[Sequence[TurnSample]]) -> list[int]:
+    """Per target, its index in its row's completion (for per-token row data such as π_prox)."""
+    return [off + trees[t].depth(node) - len(rows_of[t][g].prompt_ids)
+            for t, g, node, off in zip(batch.tree.tolist(), batch.gen_call.tolist(), batch.node.tolist(),
+                                       batch.offset.tolist())]
 
-    Args:
-        trees: one per execution; advantages: per tree, a float or one per call.
-        j_max: paths per execution (`select_paths`); None: every path.
-        seed: sampling seed (e.g. the RL step).
-        max_tokens: row budget of `pack_trees`; rows_per_micro: rows per forward/backward
-            (length-sorted, right-padded: small models run faster in batches of rows).
-        cost_model: a path joins a row only when `packing.linear_cost` of the model says
-            it is cheaper than a row of its own (small models pay more for long rows).
-        masks: rebuilds the sampler's allowed-token masks (as in `grpo.microbatch_loss`).
-        amp: wraps the forward passes (autocast); backward runs outside it.
 
-    Returns:
-        the metrics of `grpo.accumulate_gradients` plus ``paths`` (selected
-        paths), ``packed_tokens`` (tokens run, padding excluded) and ``rows``.
+def packed_rows_accumulate(model: Any, rows: Sequence[TurnSample], cfg: GRPOConfig, ref_model: Any = None,
+                           masks: TokenMasks | None = None,
+                           amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+    """Forward/backward of `rows` (weights already set) tree-packed: rows of at most
+    ``cfg.pack_tokens`` tokens where sharing pays (`packing.linear_cost`), ``cfg.micro_batch_size``
+    packed rows per forward (length-sorted). Returns the statistics of `grpo.microbatch_loss`
+    summed over the micro-batches, plus ``packed_tokens`` (tokens run, padding excluded) and
+    ``rows`` (packed rows).
 
     Raises:
-        ValueError: advantages and trees differ in number; a constrained call without `masks`.
+        ValueError: a constrained row without `masks`.
     """
-    if len(advantages) != len(trees):
-        raise ValueError(f"{len(advantages)} advantages for {len(trees)} trees")
-    if masks is None and any(c.constraint is not None for t in trees for c in t.calls):
-        raise ValueError("constrained calls need TokenMasks to rebuild the sampling distribution")
-    sels = [select_paths(t, j_max, seed) if j_max is not None else all_paths(t) for t in trees]
-    weights = execution_weights(sels)
-    rows = pack_trees(trees, sels, max_tokens, linear_cost(model.config) if cost_model else None)
-    rows.sort(key=lambda r: r.n_tokens)  # rows of a micro-batch pad to the longest
+    from evoharness.train.step import sum_stats
+
+    if masks is None and any(r.constraint is not None for r in rows):
+        raise ValueError("constrained rows need TokenMasks to rebuild the sampling distribution")
+    trees, rows_of = row_trees(rows)
+    packed = pack_trees(trees, None, cfg.pack_tokens, linear_cost(model.config))
+    packed.sort(key=lambda r: r.n_tokens)  # rows of a micro-batch pad to the longest
     device = next(model.parameters()).device
-    stats = StepStats()
-    for k in range(0, len(rows), rows_per_micro):
-        batch = collate(trees, rows[k:k + rows_per_micro])
+    parts = []
+    for k in range(0, len(packed), cfg.micro_batch_size):
+        batch = collate(trees, packed[k:k + cfg.micro_batch_size])
         if batch.n_targets == 0:
             continue
         allowed = target_masks(masks, trees, batch, device) if masks is not None else None
         with amp():
-            loss, st = packed_grpo_loss(model, batch, advantages, weights, cfg, ref_model, allowed)
+            loss, st = packed_grpo_loss(model, batch, trees, rows_of, cfg, ref_model, allowed)
         loss.backward()
-        stats.add(st)
-    return {**stats.metrics(), "paths": sum(len(s.leaves) for s in sels),
-            "packed_tokens": sum(r.n_tokens for r in rows), "rows": len(rows)}
-
-
-def tree_grpo_step(model: Any, optimizer: torch.optim.Optimizer, trees: Sequence[TrajectoryTree],
-                   advantages: Sequence[float | Sequence[float]], cfg: GRPOConfig, *, group_size: int = 1,
-                   j_max: int | None = None, seed: int | str = 0, max_tokens: int | None = 4096,
-                   rows_per_micro: int = 1, ref_model: Any = None, masks: TokenMasks | None = None,
-                   amp: Callable[[], AbstractContextManager] = nullcontext,
-                   anchor: Callable[[int], dict[str, float]] | None = None) -> dict[str, float]:
-    """Optimizer steps on one step batch of trees: `grpo.grpo_step` with tree packing.
-
-    The trees (rollout order, ``group_size`` consecutive trees per GRPO group)
-    are dealt round-robin by whole groups into ``cfg.mini_batches`` slices, as
-    `grpo.mini_batch_slices`; each slice is one update (weights over the slice,
-    accumulate, add `anchor`'s gradient, clip to ``cfg.grad_clip``, step), ``cfg.epochs``
-    passes over the slices. Returns the metrics of
-    `tree_accumulate_gradients` plus ``grad_norm``, averaged over the updates
-    (``ratio_max``: the max; ``n_tokens``, ``packed_tokens``, ``paths``, ``rows``: sums).
-    """
-    n_groups = -(-len(trees) // max(1, group_size))
-    n = max(1, min(cfg.mini_batches, n_groups))
-
-    def accumulate(j: int) -> dict[str, float]:
-        idx = [i for i in range(len(trees)) if (i // max(1, group_size)) % n == j]
-        return tree_accumulate_gradients(model, [trees[i] for i in idx], [advantages[i] for i in idx], cfg,
-                                         j_max=j_max, seed=seed, max_tokens=max_tokens, rows_per_micro=rows_per_micro,
-                                         ref_model=ref_model, masks=masks, amp=amp)
-
-    return run_updates(optimizer, cfg, n, accumulate, anchor, sums=("n_tokens", "packed_tokens", "paths", "rows"))
+        parts.append(st)
+    return {**sum_stats(parts), "packed_tokens": sum(r.n_tokens for r in packed), "rows": len(packed)}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from evoharness.config.policy import PolicyConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.policies.factory import make_policy
-from evoharness.config.policy import PolicyConfig
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.runtime.backends import LocalBackend
 from evoharness.runtime.gateway import Gateway
@@ -72,18 +72,20 @@ def test_rl_rollouts_through_the_gateway_follow_live_weights(gw_model_dir, one_p
 
 
 def test_rl_steps_through_the_gateway_equal_in_process(gw_model_dir, tmp_path):
-    """`evoharness rl` with rollout_via_gateway: the same metrics and weights as in-process, and the
-    gateway's records carry each step's policy version."""
+    """`evoharness rl` with ``runtime.via_gateway`` (one cell in process, every model call routed
+    by the gateway): the same metrics and weights as the direct calls, and the gateway's records
+    carry each step's policy version."""
     import json
 
     from safetensors.torch import load_file
 
-    from evoharness.train.rl import train_rl
     from evoharness.config.rl import RLConfig
+    from evoharness.recipes.rl import train_rl
 
     def run(out, via):
         cfg = RLConfig(model_path=str(gw_model_dir), out_dir=str(out), steps=2, max_steps=3, max_new_tokens=12,
-                       max_prompt_tokens=512, decode_threads=1, seed=3, rollout_via_gateway=via)
+                       max_prompt_tokens=512, decode_threads=1, seed=3)
+        cfg.runtime.via_gateway = via
         cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 2, 1e-3
         cfg.grpo.temperature, cfg.grpo.micro_batch_size = 1.0, 8
         final = train_rl(cfg, progress=False)
@@ -104,6 +106,7 @@ def test_rl_steps_through_the_gateway_equal_in_process(gw_model_dir, tmp_path):
     diff = sum(float((ref_w[k].float() - got_w[k].float()).norm() ** 2) for k in ref_w) ** 0.5
     update = sum(float((ref_w[k].float() - init[k].float()).norm() ** 2) for k in ref_w) ** 0.5
     assert update > 0 and diff < 1e-3 * update, (diff, update)  # measured: 0 to 1.1e-4
-    recs = [json.loads(ln) for f in (tmp_path / "served" / "gateway").glob("*.jsonl") for ln in f.read_text().splitlines()]
+    recs = [json.loads(ln) for f in (tmp_path / "served" / "gateway").glob("*.jsonl")
+            for ln in f.read_text().splitlines()]
     assert {r["policy_version"] for r in recs} == {0, 1}
     assert len(recs) == sum(m["steps_per_episode"] * 4 for m in got_m)  # one record per turn

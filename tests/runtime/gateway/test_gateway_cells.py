@@ -6,12 +6,14 @@ and trains exactly the in-process loop's episodes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 
-from rl_cells import assert_same_steps, drive_with_killer, gateway_satellite_killer, job_parts, metrics, rl_config
+from rl_cells import assert_same_steps, metrics, rl_config
 
-from evoharness.train.rl import train_rl
+from evoharness.recipes.rl import train_rl
 
 
 def test_elastic_through_the_gateway_drains_switching_cells(model_dir, tmp_path, rl_reference):
@@ -29,15 +31,31 @@ def test_a_killed_rollout_cell_behind_the_gateway_loses_no_turn(model_dir, tmp_p
     """SIGKILL of a rollout cell mid-step (elastic-async, the scheduler that replaces a lost
     cell): the gateway re-issues its calls where the executions are bound next; the step
     completes and the run equals the in-process loop (~20 s)."""
-    from evoharness.harness.bpe import ExperienceStore
-    from evoharness.runtime.alfworld_backend import AlfworldBackend
+    from evoharness.recipes.rl import RLJob
 
-    cfg = rl_config(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4)
-    sim, sched, tasks, order = job_parts(cfg)
-    be = AlfworldBackend(sim, sched.initial_roles(), cfg, tasks, order, ExperienceStore(), str(tmp_path / "rt"),
-                         via_gateway=True)
+    job = RLJob(rl_config(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4,
+                          backend="local", via_gateway=True))
+    be = job.backend
     killed = []
-    stats = drive_with_killer(sched, be, gateway_satellite_killer(be, 5, killed))
+
+    def killer() -> None:      # a satellite (not the core) while gateway calls run on it, after 5 calls
+        while True:
+            try:
+                cells = {be._jobs[t][1] for t in list(be._gw_jobs)} - {0}
+            except (KeyError, RuntimeError):           # the driver thread moved on meanwhile
+                cells = set()
+            if cells and be.counts["calls"] >= 5:
+                break
+            time.sleep(0.002)
+        os.kill(be.transport.pid(min(cells)), signal.SIGKILL)
+        killed.append(min(cells))
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        stats = job.driver.run()
+    finally:
+        job.backend.close()
     assert killed and stats.cells_lost == 1 == be.counts["cells_lost"]
     assert be.counts["reissued_calls"] >= 1 and stats.aborted_turns == 0 == be.counts["aborted_turns"]
     assert_same_steps(be.records, rl_reference.metrics)

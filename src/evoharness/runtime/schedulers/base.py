@@ -14,11 +14,10 @@ back to the front of the shared queue, its executions come back as
 `ExecutionOrphaned` and are re-issued on the rollout cells left, and its
 replacement reports in rollout (`RoleSwitchDone(cell, ROLLOUT)`); the schedule
 then puts it where it wants it (``replacement_role``). Until then the cell gets
-no command. The core (cell 0) holds the only optimizer state in every schedule
-(colocate and async on gradient files, elastic ones always): losing it fails
-the job, which resumes from its last checkpoint (`runtime.driver.Driver`).
-(Train cells that all-reduce in a `torch.distributed` group, colocate and async
-with ``runtime.allreduce``, are the backend's concern: `runtime.replicas`.)
+no command. Losing the core (cell 0, which holds the optimizer state), or a
+member of an all-reduce group of train cells, fails the job, which resumes from
+its last checkpoint; how train cells combine gradients is the backend's concern
+(`runtime.cell_backend.ModelTraining`).
 """
 
 from __future__ import annotations

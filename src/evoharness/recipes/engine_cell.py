@@ -1,0 +1,159 @@
+"""A cell with the bare decoding engine: token ids in, token ids and behaviour log-probs out.
+
+`EngineCell` is a cell's parts (`runtime.cell.CellParts`) for workloads whose agents tokenize
+their own prompts (repository tasks, `recipes.repo`; the runtime tests' synthetic agents): a
+`engines.hf.Engine` over the cell's model answers each model call, and a `train.trainer.Trainer`
+over the same weights trains the rows the workload makes (`train.step`).
+
+A call's payload is ``(prompt_ids, max_new_tokens, seed, temperature)`` (``temperature``
+optional, default 1) and its answer ``(completion_ids, logprobs, version)``: the behaviour
+log-probs under the weights ``version`` that decoded it. Each call samples with a generator of
+its own seed, so a call re-issued on another cell, or batched with other calls, returns the same
+completion from the same weights (`engines.hf`).
+
+`EngineCellFactory` is what travels to the cell (picklable: paths, a `GRPOConfig` and settings);
+the cell builds its parts where it runs (``factory(cell, init_dir)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evoharness.config.rl import GRPOConfig
+
+
+@dataclasses.dataclass
+class EngineCellFactory:
+    """Builds a cell's `EngineCell` where the cell runs (``factory(cell, init_dir)``).
+
+    Attributes:
+        model_path: the initial weights and tokenizer (a local HF directory); also the KL reference.
+        grpo: the loss and optimizer settings of the cell's trainer (resolved: ``off_policy`` and
+            ``lr_decay_steps`` as the run trains them).
+        threads: torch threads in the cell (None: leave the process's setting).
+        device: where the model runs.
+        dtype: the compute dtype (autocast over fp32 master weights; None: ``auto``).
+        ref_device: where the KL reference runs (None: `device`).
+    """
+
+    model_path: str
+    grpo: GRPOConfig
+    threads: int | None = None
+    device: str = "cpu"
+    dtype: str | None = None
+    ref_device: str | None = None
+
+    def __call__(self, cell: int, init_dir: str | None) -> EngineCell:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        return EngineCell(self.model_path, self.grpo, init_dir, device=self.device, dtype=self.dtype,
+                          ref_device=self.ref_device)
+
+
+class EngineCell:
+    """A cell's parts with the bare engine (module docstring; `runtime.cell.CellParts`).
+
+    Args:
+        model_path: the initial weights and tokenizer; the KL reference when ``grpo.kl_beta > 0``.
+        grpo: the trainer's settings.
+        init_dir: a checkpoint directory to start from (`save`'s: weights, tokenizer and
+            ``trainer_state.pt``); None: `model_path`.
+        device / dtype / ref_device: as `EngineCellFactory`'s.
+    """
+
+    def __init__(self, model_path: str, grpo: GRPOConfig, init_dir: str | None = None, device: str = "cpu",
+                 dtype: str | None = None, ref_device: str | None = None):
+        from evoharness.engines.hf import Engine
+        from evoharness.models.init import load_model, load_tokenizer
+        from evoharness.train.precision import autocast, compute_dtype
+
+        self.model_path, self.grpo, self.init_dir = str(model_path), grpo, init_dir
+        self.device, self.dtype, self.ref_device = device, dtype, ref_device
+        compute = compute_dtype(dtype, device)
+        self.amp = lambda: autocast(device, compute)
+        self.tokenizer = load_tokenizer(init_dir or model_path)
+        # fp32 master weights; low precision only as autocast compute
+        self.model = load_model(init_dir or model_path, device, torch.float32)
+        self.engine = Engine(self.model, self.tokenizer)
+        self._trainer: Any = None
+        self._reducer: Any = None
+
+    @property
+    def trainer(self) -> Any:
+        """The trainer, built on the first training job (a rollout-only cell never loads the reference)."""
+        if self._trainer is None:
+            from evoharness.models.init import load_model
+            from evoharness.train.checkpoint import load_trainer_state, set_rng_state
+            from evoharness.train.precision import compute_dtype
+            from evoharness.train.trainer import Trainer
+
+            ref = None
+            if self.grpo.kl_beta > 0:
+                dev = self.ref_device or self.device
+                ref = load_model(self.model_path, dev, compute_dtype(self.dtype, self.device)).eval()
+                ref.requires_grad_(False)
+            self._trainer = Trainer(self.model, self.tokenizer, self.grpo, ref_model=ref, amp=self.amp,
+                                    reducer=self._reducer)
+            state = Path(self.init_dir or "", "trainer_state.pt")
+            if self.init_dir and state.is_file():       # a resumed run: the optimizer's moments and the RNGs
+                saved = load_trainer_state(state)
+                self._trainer.load_state_dict(saved["optimizer"])
+                set_rng_state(saved["rng"])
+        return self._trainer
+
+    def serve(self, payloads: list[tuple], version: int) -> list[tuple[list[int], list[float], int]]:
+        """Decode a batch of calls ``(prompt_ids, max_new_tokens, seed[, temperature])``; calls
+        with the same ``max_new_tokens`` and temperature decode together."""
+        from evoharness.engines.grammar import GenRequest
+
+        calls = [(list(p[0]), int(p[1]), int(p[2]), float(p[3]) if len(p) > 3 else 1.0) for p in payloads]
+        out: list[Any] = [None] * len(calls)
+        self.model.eval()
+        for key in dict.fromkeys((m, t) for _, m, _, t in calls):
+            idx = [i for i, c in enumerate(calls) if (c[1], c[3]) == key]
+            with self.amp():
+                res = self.engine.generate([GenRequest(calls[i][0], seed=calls[i][2]) for i in idx],
+                                           max_new_tokens=key[0], temperature=key[1])
+            for i, r in zip(idx, res, strict=True):
+                out[i] = (list(r.token_ids), list(r.logprobs), version)
+        return out
+
+    def accumulate(self, rows: list) -> dict[str, float]:
+        return self.trainer.accumulate(rows)
+
+    def step(self, plan: dict[str, Any]) -> list[dict[str, float]]:
+        from evoharness.train.step import run_updates
+
+        return run_updates(self.trainer, plan["updates"], plan["lr"], plan["step"], plan["scale"])
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        return self.trainer.gradients()
+
+    def add_gradients(self, grads: dict[str, torch.Tensor]) -> None:
+        self.trainer.add_gradients(grads)
+
+    def join_group(self, rank: int, world: int, init_method: str) -> None:
+        from evoharness.train.distributed import AllReduce
+
+        self._reducer = AllReduce(rank, world, init_method)
+        if self._trainer is not None:
+            self._trainer.reducer = self._reducer
+
+    def save(self, directory: str, optimizer: bool, export: bool = False) -> None:
+        """An HF directory of the weights (fp32 masters; with `export`, in `model_path`'s dtype)
+        and the tokenizer; with `optimizer` also ``trainer_state.pt`` (AdamW moments, RNG states)."""
+        from evoharness.train.checkpoint import get_rng_state
+        from evoharness.train.precision import export_dtype, save_exported
+
+        if export:
+            save_exported(self.model, directory, export_dtype(self.model_path))
+        else:
+            self.model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        if optimizer:
+            torch.save({"optimizer": self.trainer.state_dict(), "rng": get_rng_state()},
+                       Path(directory) / "trainer_state.pt")

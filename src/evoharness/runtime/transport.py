@@ -1,0 +1,219 @@
+"""How the driver reaches its K cells: start their workers, post jobs, read replies, notice deaths.
+
+A transport knows nothing of what a job does (`runtime.cell`); the cell backend
+(`runtime.cell_backend`) knows nothing of where a cell runs. Three transports, one interface:
+
+- `InProcessTransport`: one worker in the driver process (``runtime.backend = "inprocess"``). Jobs
+  run when the driver asks for a reply, so every call issued meanwhile is answered in one batch:
+  the lock-step of a plain GRPO loop, with no process, pickling or weight file in between.
+- `ProcessTransport`: a process per cell (multiprocessing, spawn), its inbox a queue and its
+  replies a pipe of its own (``runtime.backend = "local"``).
+- `runtime.ray_transport.RayTransport`: a Ray actor per cell, on one machine or a cluster.
+
+A reply is ``(cell, pid, kind, token, result)``; ``ready`` (token 0) comes once per started worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from evoharness.runtime.cell import serve
+
+Reply = tuple[int, int, str, int, Any]
+
+
+class Transport(Protocol):
+    """Where the cells' workers run (module docstring)."""
+
+    def start(self, k: int, make_worker: Callable[[int], Any]) -> None:
+        """Start workers 0..k-1 (`make_worker(cell)` is called where the cell runs: picklable)."""
+        ...
+
+    def post(self, cell: int, msg: tuple) -> None:
+        """``(kind, token, payload, seconds)`` or ``("cancel", token)``."""
+        ...
+
+    def next_reply(self, timeout: float) -> Reply | None:
+        """One reply from any cell (cells take turns), or None after `timeout` seconds."""
+        ...
+
+    def dead_cells(self) -> list[int]:
+        """Cells whose worker died since the last call (each reported once)."""
+        ...
+
+    def respawn(self, cell: int) -> None:
+        """Start a new worker for a dead cell."""
+        ...
+
+    def pid(self, cell: int) -> int | None:
+        """The process id of cell's worker (for tests and fault injection)."""
+        ...
+
+    def kill(self, cell: int) -> None:
+        """Kill cell's worker now (fault injection); the next `dead_cells` reports it."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class InProcessTransport:
+    """One cell whose worker lives in this process (module docstring)."""
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self._replies: deque[Reply] = deque()
+
+    def start(self, k: int, make_worker: Callable[[int], Any]) -> None:
+        if k != 1:
+            raise ValueError(f"an in-process transport hosts one cell, not {k}")
+        self.worker = make_worker(0)
+        self._replies.append((0, os.getpid(), "ready", 0, None))
+
+    def post(self, cell: int, msg: tuple) -> None:
+        if msg[0] == "cancel":
+            self.worker.cancel(msg[1])
+        elif msg[0] != "stop":
+            self.worker.submit(*msg)
+
+    def next_reply(self, timeout: float) -> Reply | None:
+        if not self._replies:
+            due = self.worker.next_due()
+            if due is None:
+                time.sleep(min(timeout, 0.001))   # nothing to run: the driver's tools and threads move on
+                return None
+            if due > 0:
+                time.sleep(min(due, timeout))
+            pid = os.getpid()
+            self._replies.extend((0, pid, kind, token, result) for kind, token, result in self.worker.ready())
+        return self._replies.popleft() if self._replies else None
+
+    def dead_cells(self) -> list[int]:
+        return []
+
+    def respawn(self, cell: int) -> None:
+        raise RuntimeError("the in-process cell cannot be lost")
+
+    def pid(self, cell: int) -> int:
+        return os.getpid()
+
+    def kill(self, cell: int) -> None:
+        raise RuntimeError("the in-process cell is the driver itself")
+
+    def close(self) -> None:
+        self.worker = None
+
+
+class _Outbox:
+    """A cell's reply channel: the write end of a pipe of its own, read by the driver. One pipe per
+    cell rather than one shared queue: a shared queue's writers share a lock, and a cell killed
+    (SIGKILL, OOM) while its feeder thread held it silenced every other cell for good. A dead cell
+    can only break its own pipe, which the driver reads as end-of-file."""
+
+    def __init__(self, conn: Any):
+        self._conn, self._lock = conn, threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"conn": self._conn}     # pickled into the spawned cell (a lock does not travel)
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__init__(st["conn"])
+
+    def __call__(self, msg: tuple) -> None:
+        with self._lock:
+            self._conn.send(msg)
+
+
+class ProcessTransport:
+    """A process per cell on this machine (module docstring)."""
+
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+        self.inboxes: list[Any] = []
+        self.procs: list[Any] = []
+        self._replies: list[Any] = []          # cell c's read end (None once it read EOF)
+        self._make: Callable[[int], Any] | None = None
+        self._next = 0                          # where `next_reply` starts looking
+
+    def start(self, k: int, make_worker: Callable[[int], Any]) -> None:
+        self._make = make_worker
+        self.inboxes, self.procs, self._replies = [None] * k, [None] * k, [None] * k
+        for c in range(k):
+            self._spawn(c)
+
+    def _spawn(self, c: int) -> None:
+        self.inboxes[c] = self._ctx.Queue()
+        reader, writer = self._ctx.Pipe(duplex=False)
+        self._replies[c] = reader
+        self.procs[c] = self._ctx.Process(target=serve, args=(c, self._make, self.inboxes[c], _Outbox(writer)),
+                                          daemon=True)
+        self.procs[c].start()
+        writer.close()      # only the cell holds its write end now: its death reads as EOF
+
+    def post(self, cell: int, msg: tuple) -> None:
+        self.inboxes[cell].put(msg)
+
+    def next_reply(self, timeout: float) -> Reply | None:
+        k = len(self._replies)
+        order = [(self._next + i) % k for i in range(k)]
+        live = [self._replies[c] for c in order if self._replies[c] is not None]
+        for r in multiprocessing.connection.wait(live, timeout) if live else []:
+            c = self._replies.index(r)
+            self._next = (c + 1) % k
+            try:
+                return r.recv()
+            except (EOFError, OSError):
+                r.close()               # the cell died (`dead_cells` reports it); drop a half-written reply
+                self._replies[c] = None
+        if not live:
+            time.sleep(timeout)
+        return None
+
+    def dead_cells(self) -> list[int]:
+        return [c for c, p in enumerate(self.procs) if not p.is_alive()]
+
+    def respawn(self, cell: int) -> None:
+        self.procs[cell].join(timeout=1)
+        if self._replies[cell] is not None:
+            self._replies[cell].close()   # the dead cell's replies: its jobs were dropped with it
+        self._spawn(cell)
+
+    def pid(self, cell: int) -> int:
+        return self.procs[cell].pid
+
+    def kill(self, cell: int) -> None:
+        import signal
+
+        os.kill(self.procs[cell].pid, signal.SIGKILL)
+        self.procs[cell].join()
+
+    def close(self) -> None:
+        for q in self.inboxes:
+            q.put(("stop",))
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+        for r in self._replies:
+            if r is not None:
+                r.close()
+
+
+def make_transport(backend: str, **ray: Any) -> Transport:
+    """The transport named by ``runtime.backend``: ``inprocess``, ``local`` (processes) or ``ray``
+    (`ray`: ``address`` and ``num_cpus``, see `runtime.ray_transport.RayTransport`)."""
+    if backend == "ray":
+        from evoharness.runtime.ray_transport import RayTransport
+
+        return RayTransport(**ray)
+    transports: dict[str, Callable[[], Transport]] = {"inprocess": InProcessTransport, "local": ProcessTransport}
+    if backend not in transports:
+        raise ValueError(f"unknown runtime backend {backend!r}; expected one of {sorted([*transports, 'ray'])}")
+    return transports[backend]()

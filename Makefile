@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast bench clean
+.PHONY: setup run lint test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -25,11 +25,16 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/evoharness run $(ARGS)
 
-test: setup
+# ruff: lint + format check (pyproject's [tool.ruff]; `pre-commit install` runs it on every commit)
+lint: setup
+	$(BIN)/ruff check src tests benchmarks experiments
+	$(BIN)/ruff format --check src tests benchmarks experiments
+
+test: lint
 	$(BIN)/pytest -q $(ARGS)
 
 # Skips tests marked @pytest.mark.slow (real-process kill/resume runs and the like).
-test-fast: setup
+test-fast: lint
 	$(BIN)/pytest -q -m "not slow" $(ARGS)
 
 clean:

@@ -35,9 +35,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+# src/ must be on sys.path before the evoharness imports (run as a script, no install needed): hence noqa E402
 from evoharness.engines import StaticEngine  # noqa: E402
 from evoharness.engines.grammar import GenRequest  # noqa: E402
-from evoharness.engines.hf import Engine
+from evoharness.engines.hf import Engine  # noqa: E402
 from evoharness.models.init import count_params, init_model, save_model  # noqa: E402
 from evoharness.models.tokenizer import train_tokenizer  # noqa: E402
 
@@ -47,7 +48,9 @@ REACT = ROOT.parent / "shared/data/react/alfworld_3prompts.json"
 def corpus() -> list[str]:
     if REACT.is_file():
         return list(json.loads(REACT.read_text()).values())
-    words = "you are in the middle of a room looking around you see cabinet 1 a fridge 1 go to take put open close".split()
+    words = (
+        "you are in the middle of a room looking around you see cabinet 1 a fridge 1 go to take put open close".split()
+    )
     g = torch.Generator().manual_seed(0)
     return [" ".join(words[i] for i in torch.randint(len(words), (4000,), generator=g).tolist())]
 
@@ -57,15 +60,18 @@ def prompts(tok, n: int, length: int, system_len: int = 0) -> list[list[int]]:
     (a system message) are the same in all of them, the rest differ."""
     ids = tok.encode("\n".join(corpus()), add_special_tokens=False)
     step = max(1, (len(ids) - 2 * length) // n)
-    head = tok.apply_chat_template([{"role": "system", "content": tok.decode(ids[-system_len:]) if system_len else ""}],
-                                   tokenize=False)
+    head = tok.apply_chat_template(
+        [{"role": "system", "content": tok.decode(ids[-system_len:]) if system_len else ""}], tokenize=False
+    )
     head = tok.encode(head, add_special_tokens=False)
     out = []
     for i in range(n):
         want = length - length // 10 + (i * length // 5) // n - len(head)
-        user = tok.decode(ids[i * step: i * step + want])
+        user = tok.decode(ids[i * step : i * step + want])
         msgs = [{"role": "user", "content": user}]
-        body = tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+        body = tok.encode(
+            tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )
         out.append(head + body)
     return out
 
@@ -86,9 +92,16 @@ def decoders(model, tok) -> dict:
 
     def gen(batch, new):
         pad = tok.pad({"input_ids": batch}, return_tensors="pt", padding_side="left")
-        res = model.generate(**pad, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             suppress_tokens=sup, pad_token_id=tok.pad_token_id)
+        res = model.generate(
+            **pad,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            suppress_tokens=sup,
+            pad_token_id=tok.pad_token_id,
+        )
         assert res.shape[1] == pad["input_ids"].shape[1] + new
+
     out["hf_generate"] = (0.0, gen, lambda: None)
     for name, cls in (("engine_hf", Engine), ("engine_static", StaticEngine)):
         with Timer() as t:
@@ -102,6 +115,7 @@ def decoders(model, tok) -> dict:
         def sync(eng=eng):  # what the engine does before its next call after a weight load
             if hasattr(eng, "decoder"):
                 eng.decoder.refresh()
+
         out[name] = (t.wall, run, sync)
     return out
 
@@ -109,11 +123,23 @@ def decoders(model, tok) -> dict:
 def bench_vllm(python: str, model_dir: Path, batches: dict[int, list[list[int]]], new: int, repeats: int) -> dict:
     """Run benchmarks/vllm_decode_worker.py in the vLLM environment; its JSON results."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"model": str(model_dir), "batches": {str(b): p for b, p in batches.items()}, "new": new,
-                   "repeats": repeats}, f)
+        json.dump(
+            {
+                "model": str(model_dir),
+                "batches": {str(b): p for b, p in batches.items()},
+                "new": new,
+                "repeats": repeats,
+            },
+            f,
+        )
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS="1")
-    res = subprocess.run([python, str(ROOT / "benchmarks/vllm_decode_worker.py"), f.name], capture_output=True,
-                         text=True, env=env, timeout=1800)
+    res = subprocess.run(
+        [python, str(ROOT / "benchmarks/vllm_decode_worker.py"), f.name],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
     if res.returncode or not line:
         print(f"# vLLM run failed (rc {res.returncode}): {res.stderr[-2000:]}", file=sys.stderr)
@@ -138,12 +164,18 @@ def main() -> None:
     lens = [len(p) for p in all_prompts]
     print(f"$ python benchmarks/bench_decode.py {' '.join(sys.argv[1:])}")
     print(f"uptime at start: {os.popen('uptime').read().strip()}  (2 cores shared with other engineers)")
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; prompts {min(lens)}-{max(lens)} tokens "
-          f"(~{a.system_len}-token shared system message), {a.new} new tokens, greedy, fp32, best of {a.repeats}")
-    print("rates in tokens/s: prefill = prompt tokens, decode and e2e = new tokens; wall | cpu = per wall second | "
-          "per CPU second of this process; x gen = vs HF generate (cpu)\n")
-    hdr = ("| model | batch | decoder | prefill wall | prefill cpu | decode wall | decode cpu | e2e wall | e2e cpu "
-           "| decode x gen | e2e x gen |")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}; prompts {min(lens)}-{max(lens)} tokens "
+        f"(~{a.system_len}-token shared system message), {a.new} new tokens, greedy, fp32, best of {a.repeats}"
+    )
+    print(
+        "rates in tokens/s: prefill = prompt tokens, decode and e2e = new tokens; wall | cpu = per wall second | "
+        "per CPU second of this process; x gen = vs HF generate (cpu)\n"
+    )
+    hdr = (
+        "| model | batch | decoder | prefill wall | prefill cpu | decode wall | decode cpu | e2e wall | e2e cpu "
+        "| decode x gen | e2e x gen |"
+    )
     print(hdr)
     print("|---" * (hdr.count("|") - 1) + "|")
     extras = []
@@ -176,8 +208,11 @@ def main() -> None:
                 rows["vllm"] = best_rates(tuple(v["prefill"]), tuple(v["e2e"]), n_prompt, B, a.new)
             g = rows["hf_generate"]
             for name, r in rows.items():
-                print(f"| {label} | {B} | {name} | {r['pw']:.0f} | {r['pc']:.0f} | {r['dw']:.0f} | {r['dc']:.0f} | "
-                      f"{r['ew']:.0f} | {r['ec']:.0f} | {r['dc'] / g['dc']:.1f}x | {r['ec'] / g['ec']:.1f}x |", flush=True)
+                print(
+                    f"| {label} | {B} | {name} | {r['pw']:.0f} | {r['pc']:.0f} | {r['dw']:.0f} | {r['dc']:.0f} | "
+                    f"{r['ew']:.0f} | {r['ec']:.0f} | {r['dc'] / g['dc']:.1f}x | {r['ec'] / g['ec']:.1f}x |",
+                    flush=True,
+                )
         # startup and weight sync
         sd = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
         for name, (startup, _, sync) in decs.items():
@@ -198,8 +233,14 @@ def best_rates(prefill: tuple[float, float], e2e: tuple[float, float], n_prompt:
     # under heavy load the best wall times of the two calls can come from different repeats: a non-positive
     # difference has no meaning (printed as nan), the CPU columns stay usable
     dec = [e - p if e > p else float("nan") for e, p in zip(e2e, prefill)]
-    return dict(pw=n_prompt / prefill[0], pc=n_prompt / prefill[1], dw=B * (new - 1) / dec[0], dc=B * (new - 1) / dec[1],
-                ew=B * new / e2e[0], ec=B * new / e2e[1])
+    return dict(
+        pw=n_prompt / prefill[0],
+        pc=n_prompt / prefill[1],
+        dw=B * (new - 1) / dec[0],
+        dc=B * (new - 1) / dec[1],
+        ew=B * new / e2e[0],
+        ec=B * new / e2e[1],
+    )
 
 
 if __name__ == "__main__":

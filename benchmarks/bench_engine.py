@@ -159,8 +159,20 @@ def measure_in_subprocess(kind: str, args) -> dict:
     import json
     import subprocess
 
-    cmd = [sys.executable, os.path.abspath(__file__), "--_memory", kind, "--data-path", args.data_path, "--split", args.split,
-           "--mem-envs", str(args.mem_envs), "--stock-mem-envs", str(args.stock_mem_envs)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--_memory",
+        kind,
+        "--data-path",
+        args.data_path,
+        "--split",
+        args.split,
+        "--mem-envs",
+        str(args.mem_envs),
+        "--stock-mem-envs",
+        str(args.stock_mem_envs),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -182,17 +194,26 @@ def main() -> int:
     if args._memory:
         import json
 
-        res = memory(tasks, args.mem_envs) if args._memory == "fast" else {"stock_rss": stock_memory(tasks, args.stock_mem_envs)}
+        res = (
+            memory(tasks, args.mem_envs)
+            if args._memory == "fast"
+            else {"stock_rss": stock_memory(tasks, args.stock_mem_envs)}
+        )
         print(json.dumps(res))
         return 0
-    print(f"ALFWorld engines, {args.split} ({args.data_path}), {args.per_type} games per type, "
-          f"{args.stock_steps} stock / {args.fast_steps} fast steps per game; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    print(
+        f"ALFWorld engines, {args.split} ({args.data_path}), {args.per_type} games per type, "
+        f"{args.stock_steps} stock / {args.fast_steps} fast steps per game; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start"
+    )
     # one-time cost of the fast engine: parse + compile the (shared) domain
     fast_game.compile_domain.cache_clear()
     t0 = time.perf_counter()
     FastAlfredEnv(tasks[0]).reset()
-    print(f"fast engine one-time start-up (domain parse + join compilation, first game): {1000 * (time.perf_counter() - t0):.0f} ms\n")
+    print(
+        "fast engine one-time start-up (domain parse + join compilation, first game): "
+        f"{1000 * (time.perf_counter() - t0):.0f} ms\n"
+    )
 
     rows = []
     for tt in TASK_TYPES:
@@ -205,34 +226,52 @@ def main() -> int:
     def ratio(a, b):
         return a / b if b else float("inf")
 
-    hdr = (f"{'type':6} {'n':>2} | {'stock load+reset':>16} {'fast cold':>10} {'x':>6} {'fast warm':>10} {'x':>8} |"
-           f" {'stock steps/s':>13} {'fast steps/s':>12} {'x':>6}")
+    hdr = (
+        f"{'type':6} {'n':>2} | {'stock load+reset':>16} {'fast cold':>10} {'x':>6} {'fast warm':>10} {'x':>8} |"
+        f" {'stock steps/s':>13} {'fast steps/s':>12} {'x':>6}"
+    )
     print("wall clock (mean per game)")
     print(hdr)
     print("-" * len(hdr))
     allr = {}
     for name, n, m in rows:
-        print(f"{name:6} {n:>2} | {m['stock_reset']:>15.2f}s {1000 * m['fast_reset']:>8.1f}ms {ratio(m['stock_reset'], m['fast_reset']):>5.0f}x"
-              f" {1000 * m['fast_warm_reset']:>8.3f}ms {ratio(m['stock_reset'], m['fast_warm_reset']):>7.0f}x |"
-              f" {1 / m['stock_step']:>13.1f} {1 / m['fast_step']:>12.0f} {ratio(m['stock_step'], m['fast_step']):>5.0f}x")
+        print(
+            f"{name:6} {n:>2} | {m['stock_reset']:>15.2f}s {1000 * m['fast_reset']:>8.1f}ms "
+            f"{ratio(m['stock_reset'], m['fast_reset']):>5.0f}x"
+            f" {1000 * m['fast_warm_reset']:>8.3f}ms {ratio(m['stock_reset'], m['fast_warm_reset']):>7.0f}x |"
+            f" {1 / m['stock_step']:>13.1f} {1 / m['fast_step']:>12.0f} {ratio(m['stock_step'], m['fast_step']):>5.0f}x"
+        )
         for k, v in m.items():
             allr.setdefault(k, []).append(v)
     tot = {k: statistics.mean(v) for k, v in allr.items()}
     print("-" * len(hdr))
-    print(f"{'all':6} {'':>2} | {tot['stock_reset']:>15.2f}s {1000 * tot['fast_reset']:>8.1f}ms {ratio(tot['stock_reset'], tot['fast_reset']):>5.0f}x"
-          f" {1000 * tot['fast_warm_reset']:>8.3f}ms {ratio(tot['stock_reset'], tot['fast_warm_reset']):>7.0f}x |"
-          f" {1 / tot['stock_step']:>13.1f} {1 / tot['fast_step']:>12.0f} {ratio(tot['stock_step'], tot['fast_step']):>5.0f}x")
+    print(
+        f"{'all':6} {'':>2} | {tot['stock_reset']:>15.2f}s {1000 * tot['fast_reset']:>8.1f}ms "
+        f"{ratio(tot['stock_reset'], tot['fast_reset']):>5.0f}x"
+        f" {1000 * tot['fast_warm_reset']:>8.3f}ms {ratio(tot['stock_reset'], tot['fast_warm_reset']):>7.0f}x |"
+        f" {1 / tot['stock_step']:>13.1f} {1 / tot['fast_step']:>12.0f} "
+        f"{ratio(tot['stock_step'], tot['fast_step']):>5.0f}x"
+    )
     print("\nCPU time (process_time; less sensitive to other jobs on the machine)")
-    for name, n, m in rows:
-        print(f"{name:6} load+reset {m['stock_reset_cpu']:.2f}s vs {1000 * m['fast_reset_cpu']:.1f}ms ({ratio(m['stock_reset_cpu'], m['fast_reset_cpu']):.0f}x);"
-              f" step {1000 * m['stock_step_cpu']:.0f}ms vs {1000 * m['fast_step_cpu']:.2f}ms ({ratio(m['stock_step_cpu'], m['fast_step_cpu']):.0f}x)")
+    for name, _n, m in rows:
+        print(
+            f"{name:6} load+reset {m['stock_reset_cpu']:.2f}s vs {1000 * m['fast_reset_cpu']:.1f}ms "
+            f"({ratio(m['stock_reset_cpu'], m['fast_reset_cpu']):.0f}x);"
+            f" step {1000 * m['stock_step_cpu']:.0f}ms vs {1000 * m['fast_step_cpu']:.2f}ms "
+            f"({ratio(m['stock_step_cpu'], m['fast_step_cpu']):.0f}x)"
+        )
 
     mem = measure_in_subprocess("fast", args)
     smem = measure_in_subprocess("stock", args)["stock_rss"]
     print(f"\nmemory per live environment (after reset + {MEM_STEPS} random steps; stock: {MEM_STEPS_STOCK}):")
-    print(f"  fast, {args.mem_envs} envs on {args.mem_envs} different games: {mem['fast_distinct_trace']:.2f} MB (tracemalloc), "
-          f"{mem['fast_distinct_rss']:.2f} MB (RSS growth)")
-    print(f"  fast, {args.mem_envs} envs on one game (compiled game shared): {1024 * mem['fast_same_trace']:.0f} KB (tracemalloc)")
+    print(
+        f"  fast, {args.mem_envs} envs on {args.mem_envs} different games: {mem['fast_distinct_trace']:.2f} MB "
+        f"(tracemalloc), {mem['fast_distinct_rss']:.2f} MB (RSS growth)"
+    )
+    print(
+        f"  fast, {args.mem_envs} envs on one game (compiled game shared): "
+        f"{1024 * mem['fast_same_trace']:.0f} KB (tracemalloc)"
+    )
     print(f"  stock, {args.stock_mem_envs} envs on different games: {smem:.1f} MB (RSS growth)")
     return 0
 

@@ -14,12 +14,12 @@ import statistics
 import tempfile
 import time
 
+from evoharness.config.eval import EvalConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.expert import PlannerExpert
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES, discover_games
 from evoharness.envs.alfworld.task_info import load_task_info
 from evoharness.eval.evaluate import evaluate
-from evoharness.config.eval import EvalConfig
 
 
 def main() -> None:
@@ -55,9 +55,17 @@ def main() -> None:
     print("|---|---|---|---|")
     for w in [int(x) for x in args.workers.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = EvalConfig(split="valid_seen", limit=len(picked) * 2, workers=w, batch_size=1, out_dir=tmp,
-                             resume=False, harness={"kind": "react"}, policy={"kind": "expert"},
-                             env={"engine": args.engine})
+            cfg = EvalConfig(
+                split="valid_seen",
+                limit=len(picked) * 2,
+                workers=w,
+                batch_size=1,
+                out_dir=tmp,
+                resume=False,
+                harness={"kind": "react"},
+                policy={"kind": "expert"},
+                env={"engine": args.engine},
+            )
             t = time.perf_counter()
             s = evaluate(cfg, progress=False)
             wall = time.perf_counter() - t

@@ -37,11 +37,12 @@ SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 if SRC not in sys.path:
     sys.path.insert(0, SRC)
 
+# src/ must be on sys.path before the evoharness imports (run as a script, no install needed): hence noqa E402
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
 from evoharness.engines.grammar import GenRequest  # noqa: E402
-from evoharness.engines.hf import Engine
+from evoharness.engines.hf import Engine  # noqa: E402
 from evoharness.envs.alfworld import make_env  # noqa: E402
 from evoharness.envs.alfworld.games import discover_games  # noqa: E402
 from evoharness.harness.bpe import BPEHarness, ExperienceStore  # noqa: E402
@@ -81,12 +82,29 @@ class Served:
             sk.bind(("127.0.0.1", 0))
             self.port = sk.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        cmd = [sys.executable, "-m", "evoharness.cli", "serve", "--model-path", str(model_dir), "--port", str(self.port),
-               "--records", str(records), "--served-model-name", "mini", "--threads", "1", "--workers", str(workers)]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        cmd = [
+            sys.executable,
+            "-m",
+            "evoharness.cli",
+            "serve",
+            "--model-path",
+            str(model_dir),
+            "--port",
+            str(self.port),
+            "--records",
+            str(records),
+            "--served-model-name",
+            "mini",
+            "--threads",
+            "1",
+            "--workers",
+            str(workers),
+        ]
+        self.proc = subprocess.Popen(
+            cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
-    def __enter__(self) -> "Served":
+    def __enter__(self) -> Served:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:
@@ -107,7 +125,9 @@ class Served:
         self.proc.wait(60)
 
 
-def overhead(model_dir: Path, prompts: list[list[dict]], calls: int, max_tokens: int, tmp: Path) -> list[tuple[str, list[float]]]:
+def overhead(
+    model_dir: Path, prompts: list[list[dict]], calls: int, max_tokens: int, tmp: Path
+) -> list[tuple[str, list[float]]]:
     """One call at a time, the three paths interleaved call by call (same machine load for each)."""
     import openai
 
@@ -116,19 +136,36 @@ def overhead(model_dir: Path, prompts: list[list[dict]], calls: int, max_tokens:
     times: dict[str, list[float]] = {"engine direct": [], "gateway, httpx client": [], "gateway, openai client": []}
     with Served(model_dir, tmp / f"rec_overhead_{max_tokens}") as srv, httpx.Client(timeout=120) as client:
         oai = openai.OpenAI(base_url=srv.url, api_key="x")
-        for k, p in enumerate((prompts * 2)[:calls + 2]):
-            ids = tok(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False),
-                      add_special_tokens=False)["input_ids"]
+        for k, p in enumerate((prompts * 2)[: calls + 2]):
+            ids = tok(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False), add_special_tokens=False)[
+                "input_ids"
+            ]
             t = time.perf_counter()
             engine.generate([GenRequest(ids)], max_tokens, 0.0)
             t1 = time.perf_counter()
-            r = client.post(f"{srv.url}/chat/completions", headers={"X-Execution-Id": f"o{k}"}, json={
-                "model": "mini", "messages": p, "max_tokens": max_tokens, "temperature": 0,
-                "logprobs": True, "return_token_ids": True})
+            r = client.post(
+                f"{srv.url}/chat/completions",
+                headers={"X-Execution-Id": f"o{k}"},
+                json={
+                    "model": "mini",
+                    "messages": p,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "logprobs": True,
+                    "return_token_ids": True,
+                },
+            )
             t2 = time.perf_counter()
             assert r.status_code == 200, r.text
-            oai.chat.completions.create(model="mini", messages=p, max_tokens=max_tokens, temperature=0, logprobs=True,
-                                        extra_body={"return_token_ids": True}, extra_headers={"X-Execution-Id": f"q{k}"})
+            oai.chat.completions.create(
+                model="mini",
+                messages=p,
+                max_tokens=max_tokens,
+                temperature=0,
+                logprobs=True,
+                extra_body={"return_token_ids": True},
+                extra_headers={"X-Execution-Id": f"q{k}"},
+            )
             t3 = time.perf_counter()
             if k >= 2:  # the first two calls warm up both sides
                 for name, dt in zip(times, (t1 - t, t2 - t1, t3 - t2)):
@@ -143,17 +180,26 @@ def fixed_cost(prompts: list[list[dict]], calls: int) -> list[tuple[str, list[fl
 
     class Instant(Backend):
         async def _generate(self, p):
-            return GenOutput(list(range(600)), list(range(16)), [-1.0] * 16, "<think>x</think><action>look</action>",
-                             [], "stop", 0)
+            return GenOutput(
+                list(range(600)), list(range(16)), [-1.0] * 16, "<think>x</think><action>look</action>", [], "stop", 0
+            )
 
     out = []
     with GatewayServer(Gateway([Instant("instant")], served_model="mini")) as srv, httpx.Client() as client:
         xs = []
         for k in range(calls):
             t = time.perf_counter()
-            r = client.post(f"{srv.url}/chat/completions", headers={"X-Execution-Id": f"f{k % 64}"}, json={
-                "model": "mini", "messages": prompts[k % len(prompts)], "max_tokens": 16, "logprobs": True,
-                "return_token_ids": True})
+            r = client.post(
+                f"{srv.url}/chat/completions",
+                headers={"X-Execution-Id": f"f{k % 64}"},
+                json={
+                    "model": "mini",
+                    "messages": prompts[k % len(prompts)],
+                    "max_tokens": 16,
+                    "logprobs": True,
+                    "return_token_ids": True,
+                },
+            )
             xs.append(time.perf_counter() - t)
             assert r.status_code == 200
         out.append(("httpx, same process as the gateway", xs[10:]))
@@ -167,8 +213,12 @@ def lockstep(model_dir: Path, prompts: list[list[dict]], turns: int, max_tokens:
     msgs = [list(p) for p in prompts]
     t, n_tok = time.perf_counter(), 0
     for _ in range(turns):
-        ids = [tok(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
-                   add_special_tokens=False)["input_ids"] for m in msgs]
+        ids = [
+            tok(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False), add_special_tokens=False)[
+                "input_ids"
+            ]
+            for m in msgs
+        ]
         res = engine.generate([GenRequest(x) for x in ids], max_tokens, 0.0)
         for m, r in zip(msgs, res):
             n_tok += len(r.token_ids)
@@ -185,15 +235,26 @@ def agents(url: str, prompts: list[list[dict]], turns: int, max_tokens: int) -> 
         n = 0
         for _ in range(turns):
             t = time.perf_counter()
-            r = await client.post(f"{url}/chat/completions", headers={"X-Execution-Id": f"exec{k}"}, json={
-                "model": "mini", "messages": msgs, "max_tokens": max_tokens, "temperature": 0,
-                "logprobs": True, "return_token_ids": True})
+            r = await client.post(
+                f"{url}/chat/completions",
+                headers={"X-Execution-Id": f"exec{k}"},
+                json={
+                    "model": "mini",
+                    "messages": msgs,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "logprobs": True,
+                    "return_token_ids": True,
+                },
+            )
             lat.append(time.perf_counter() - t)
             r.raise_for_status()
             body = r.json()
             n += body["usage"]["completion_tokens"]
-            msgs = msgs + [{"role": "assistant", "content": body["choices"][0]["message"]["content"] or ""},
-                           {"role": "user", "content": "Nothing happens."}]
+            msgs = msgs + [
+                {"role": "assistant", "content": body["choices"][0]["message"]["content"] or ""},
+                {"role": "user", "content": "Nothing happens."},
+            ]
         return n
 
     async def main() -> int:
@@ -223,9 +284,11 @@ def main() -> None:
         build_model(d, prompts)
         tok = load_tokenizer(d)
         plen = [len(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False)) for p in prompts]
-        print(f"model: mini preset ({sum(p.numel() for p in load_model(d).parameters()) / 1e6:.2f}M params), "
-              f"torch threads 1; prompts: first-turn BPE prompts of real valid_seen games "
-              f"({statistics.median(plen):.0f} chars median)\n")
+        print(
+            f"model: mini preset ({sum(p.numel() for p in load_model(d).parameters()) / 1e6:.2f}M params), "
+            f"torch threads 1; prompts: first-turn BPE prompts of real valid_seen games "
+            f"({statistics.median(plen):.0f} chars median)\n"
+        )
 
         print(f"## Overhead per call ({a.calls} calls one at a time; ms)\n")
         print("| path | max_tokens | median | p90 | overhead vs direct (median) |")
@@ -245,14 +308,21 @@ def main() -> None:
             print(f"| {name} | {statistics.median(xs) * 1e3:.2f} | {pct(xs, 0.9) * 1e3:.2f} |")
 
         n_calls = a.executions * a.turns
-        print(f"\n## Throughput: {a.executions} concurrent executions x {a.turns} sequential calls "
-              f"(max_tokens {a.max_tokens})\n")
-        print(f"Each path run {a.repeats} times, paths interleaved (the machine is shared); calls/s and tok/s "
-              "from the median wall time.\n")
+        print(
+            f"\n## Throughput: {a.executions} concurrent executions x {a.turns} sequential calls "
+            f"(max_tokens {a.max_tokens})\n"
+        )
+        print(
+            f"Each path run {a.repeats} times, paths interleaved (the machine is shared); calls/s and tok/s "
+            "from the median wall time.\n"
+        )
         print("| path | wall s (each run) | calls/s | new tok/s | call latency median / p90 (s, last run) |")
         print("|---|---|---|---|---|")
         runs: dict[str, list[tuple[float, int, list[float]]]] = {}
-        names = {"lock": f"in-process lock-step ({a.executions} per generate)", 0: "`evoharness serve`, in-process engine"}
+        names = {
+            "lock": f"in-process lock-step ({a.executions} per generate)",
+            0: "`evoharness serve`, in-process engine",
+        }
         if a.workers:
             names[a.workers] = f"`evoharness serve --workers {a.workers}`"
         for r in range(a.repeats):
@@ -267,8 +337,10 @@ def main() -> None:
             n_tok = rs[0][1]
             lat = rs[-1][2]
             lat_s = f"{statistics.median(lat):.2f} / {pct(lat, 0.9):.2f}" if lat else "-"
-            print(f"| {names[key]} | {' / '.join(f'{w:.1f}' for w in walls)} | {n_calls / med:.1f} | "
-                  f"{n_tok / med:.0f} | {lat_s} |")
+            print(
+                f"| {names[key]} | {' / '.join(f'{w:.1f}' for w in walls)} | {n_calls / med:.1f} | "
+                f"{n_tok / med:.0f} | {lat_s} |"
+            )
     print("\nuptime at end:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 

@@ -70,6 +70,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import evoharness.policies.local as local_policy
     from evoharness.engines import StaticEngine
+
     local_policy.DEFAULT_ENGINE = args.gen_engine
     engines: list[StaticEngine] = []  # to read their prefill/decode split afterwards
     init = StaticEngine.__init__
@@ -77,6 +78,7 @@ def main() -> None:
     def track(self, *a, **kw):
         init(self, *a, **kw)
         engines.append(self)
+
     StaticEngine.__init__ = track
     cpu = {"gen": 0.0, "train": 0.0}  # CPU seconds of this process inside generation / the GRPO update
 
@@ -92,13 +94,16 @@ def main() -> None:
                 cpu[key] += time.process_time() - c
                 if key == "train":
                     train_wall["pending"] += time.perf_counter() - w
-                    if fn.__name__ == "apply":      # an update ends: what trained since goes to its step
-                        step = kw["step"] + 1       # `apply(lr, step=...)`: 0-based; metrics count from 1
+                    if fn.__name__ == "apply":  # an update ends: what trained since goes to its step
+                        step = kw["step"] + 1  # `apply(lr, step=...)`: 0-based; metrics count from 1
                         train_wall["by_step"][step] = train_wall["by_step"].get(step, 0.0) + train_wall["pending"]
                         train_wall["pending"] = 0.0
+
         return run
+
     from evoharness.engines.hf import Engine
     from evoharness.train.trainer import Trainer
+
     for cls in (StaticEngine, Engine):
         cls.generate = cpu_timed(cls.generate, "gen")
     # the whole policy update: streamed micro-batches' forward/backward (`accumulate`, also called by
@@ -108,9 +113,17 @@ def main() -> None:
         setattr(Trainer, name, cpu_timed(getattr(Trainer, name), "train"))
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model_path) if args.model_path else scratch_model(Path(tmp) / "model", args.preset)
-        sizes = dict(model_path=str(model), out_dir=str(Path(tmp) / "rl"), steps=args.steps, engine=args.engine,
-                     max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, device=args.device,
-                     decode_threads=args.threads, eval_every=0)
+        sizes = dict(
+            model_path=str(model),
+            out_dir=str(Path(tmp) / "rl"),
+            steps=args.steps,
+            engine=args.engine,
+            max_steps=args.max_steps,
+            max_new_tokens=args.max_new_tokens,
+            device=args.device,
+            decode_threads=args.threads,
+            eval_every=0,
+        )
         cfg = load_config(RLConfig, args.config, [f"{k}={json.dumps(v)}" for k, v in sizes.items()] + args.overrides)
         if not args.config:  # the CPU-sized prompt cap and a harmless lr for a scratch model
             cfg.max_prompt_tokens = 1024
@@ -125,31 +138,39 @@ def main() -> None:
         from evoharness.models.init import load_model
 
         n_params = count_params(load_model(model))
-    print(f"model {model.name} ({n_params / 1e6:.2f}M params), device {args.device}, threads {args.threads}, "
-          f"env engine {args.engine}, generation engine {args.gen_engine}; "
-          f"config {args.config or 'defaults'} {' '.join(args.overrides)}; "
-          f"{args.prompts} games x {args.group} samples, <= {args.max_steps} turns, "
-          f"<= {args.max_new_tokens} new tokens/turn, {cfg.grpo.mini_batches} update(s)/step, "
-          f"<= {cfg.grpo.max_train_turns or 'all'} trained turns/episode\n")
+    print(
+        f"model {model.name} ({n_params / 1e6:.2f}M params), device {args.device}, threads {args.threads}, "
+        f"env engine {args.engine}, generation engine {args.gen_engine}; "
+        f"config {args.config or 'defaults'} {' '.join(args.overrides)}; "
+        f"{args.prompts} games x {args.group} samples, <= {args.max_steps} turns, "
+        f"<= {args.max_new_tokens} new tokens/turn, {cfg.grpo.mini_batches} update(s)/step, "
+        f"<= {cfg.grpo.max_train_turns or 'all'} trained turns/episode\n"
+    )
     print("| step | turns | completion tok | gen s | env s | train s | step s | gen % | env % | train % |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     n = args.prompts * args.group
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if isinstance(rows[0][k], (int, float))}
     for label, r in [(str(r["step"]), r) for r in rows] + [("mean", mean)]:
         tot = r["timing_s/step"]
-        print(f"| {label} | {r['steps_per_episode'] * n:.0f} | {r['completion_tokens_per_episode'] * n:.0f} | "
-              f"{r['timing_s/gen']:.1f} | {r['timing_s/env']:.2f} | {r['train_wall_s']:.1f} | {tot:.1f} | "
-              f"{100 * r['timing_s/gen'] / tot:.0f} | {100 * r['timing_s/env'] / tot:.1f} | "
-              f"{100 * r['train_wall_s'] / tot:.0f} |")
-    print(f"\nCPU seconds of this process (all {args.steps} step(s) of train_rl): total {cpu_total:.1f}, "
-          f"generation {cpu['gen']:.1f} ({100 * cpu['gen'] / cpu_total:.0f}%), GRPO update {cpu['train']:.1f} "
-          f"({100 * cpu['train'] / cpu_total:.0f}%), other {cpu_total - cpu['gen'] - cpu['train']:.1f}")
+        print(
+            f"| {label} | {r['steps_per_episode'] * n:.0f} | {r['completion_tokens_per_episode'] * n:.0f} | "
+            f"{r['timing_s/gen']:.1f} | {r['timing_s/env']:.2f} | {r['train_wall_s']:.1f} | {tot:.1f} | "
+            f"{100 * r['timing_s/gen'] / tot:.0f} | {100 * r['timing_s/env'] / tot:.1f} | "
+            f"{100 * r['train_wall_s'] / tot:.0f} |"
+        )
+    print(
+        f"\nCPU seconds of this process (all {args.steps} step(s) of train_rl): total {cpu_total:.1f}, "
+        f"generation {cpu['gen']:.1f} ({100 * cpu['gen'] / cpu_total:.0f}%), GRPO update {cpu['train']:.1f} "
+        f"({100 * cpu['train'] / cpu_total:.0f}%), other {cpu_total - cpu['gen'] - cpu['train']:.1f}"
+    )
     for e in engines:
         st = e.stats
         if st["calls"]:
-            print(f"\nstatic engine ({st['calls']} calls, all steps and evals): prefill {st['prefill_s']:.1f} s for "
-                  f"{st['prompt_tokens']} prompt tokens ({st['prompt_tokens'] / st['calls']:.0f}/call), decode "
-                  f"{st['decode_s']:.1f} s for {st['new_tokens']} new tokens")
+            print(
+                f"\nstatic engine ({st['calls']} calls, all steps and evals): prefill {st['prefill_s']:.1f} s for "
+                f"{st['prompt_tokens']} prompt tokens ({st['prompt_tokens'] / st['calls']:.0f}/call), decode "
+                f"{st['decode_s']:.1f} s for {st['new_tokens']} new tokens"
+            )
 
 
 if __name__ == "__main__":

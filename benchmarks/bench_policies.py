@@ -1,6 +1,7 @@
 """Scripted policies on the fixed panels: the figures the README quotes for them.
 
-Usage: python benchmarks/bench_policies.py [--engine fast] [--systems expert-bpe,expert-react,teacher,teacher-train,random]
+Usage: python benchmarks/bench_policies.py [--engine fast]
+           [--systems expert-bpe,expert-react,teacher,teacher-train,random]
 
 Each system is one `evoharness eval` run (`eval.evaluate`, protocol ``panel``, step cap 50,
 seed 0, native wording): the privileged planner expert through the BPE and the ReAct harness
@@ -15,8 +16,8 @@ import argparse
 import tempfile
 import time
 
-from evoharness.eval.evaluate import evaluate
 from evoharness.config.eval import EvalConfig
+from evoharness.eval.evaluate import evaluate
 
 SYSTEMS = {
     "expert-bpe": ("valid_seen", "expert", "bpe"),
@@ -39,13 +40,23 @@ def main() -> None:
     for name in args.systems.split(","):
         split, policy, harness = SYSTEMS[name]
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = EvalConfig(split=split, out_dir=tmp, resume=False, workers=args.workers, env={"engine": args.engine},
-                             harness={"kind": harness}, policy={"kind": policy})
+            cfg = EvalConfig(
+                split=split,
+                out_dir=tmp,
+                resume=False,
+                workers=args.workers,
+                env={"engine": args.engine},
+                harness={"kind": harness},
+                policy={"kind": policy},
+            )
             t = time.perf_counter()
             s = evaluate(cfg, progress=False)["overall"]
             wall = time.perf_counter() - t
-        print(f"| {name} | {split} | {policy} | {harness} | {s['n']} | {s['won']} | {s['success']} | "
-              f"{s['mean_steps']} | {wall:.1f} |", flush=True)
+        print(
+            f"| {name} | {split} | {policy} | {harness} | {s['n']} | {s['won']} | {s['success']} | "
+            f"{s['mean_steps']} | {wall:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

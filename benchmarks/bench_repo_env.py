@@ -14,11 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from evoharness.eval.repo_eval import evaluate_repo
 from evoharness.config.eval import RepoEvalConfig
 from evoharness.envs.repo.sandbox import Sandbox
 from evoharness.envs.repo.scorer import score_workspace
 from evoharness.envs.repo.task import load_tasks
+from evoharness.eval.repo_eval import evaluate_repo
 
 
 def ms(xs: list[float]) -> str:
@@ -59,8 +59,10 @@ def main() -> None:
         t = time.perf_counter()
         s = evaluate_repo(cfg, progress=False)
         wall = time.perf_counter() - t
-        print(f"| mean score {s['overall']['mean_score']:.3f} over {s['overall']['n']} | {w} | {wall:.1f} | "
-              f"{60 * s['overall']['n'] / wall:.1f} |")
+        print(
+            f"| mean score {s['overall']['mean_score']:.3f} over {s['overall']['n']} | {w} | {wall:.1f} | "
+            f"{60 * s['overall']['n'] / wall:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -95,15 +95,19 @@ def main() -> None:
         print(json.dumps(run_attack(args.attack)))
         return
     wt = Path(tempfile.mkdtemp(prefix="bench-sbx-before-")) / "wt"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(wt), args.before_commit], check=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(wt), args.before_commit], check=True
+    )
     try:
         versions = {"before": wt / "src", "after": ROOT / "src"}
         rounds: dict[str, list[dict]] = {"before": [], "after": []}
         for _ in range(args.repeats):
             for name, src in versions.items():
                 rounds[name].append(child(src, "--measure", "--commands", str(args.commands)))
-        print(f"before = {args.before_commit}, after = this checkout; medians of {args.repeats} alternating rounds, "
-              f"{os.cpu_count()} CPUs (shared: expect noise)\n")
+        print(
+            f"before = {args.before_commit}, after = this checkout; medians of {args.repeats} alternating rounds, "
+            f"{os.cpu_count()} CPUs (shared: expect noise)\n"
+        )
         print("| sandboxed command | before ms | after ms | change |\n|---|---|---|---|")
         for cmd in ("true", "python -c pass"):
             b = statistics.median(r["cmd"][cmd] for r in rounds["before"])
@@ -117,7 +121,10 @@ def main() -> None:
             tb, ta = tb + b, ta + a
             rw = f"{rounds['before'][0]['score'][task][1]:g} / {rounds['after'][0]['score'][task][1]:g}"
             print(f"| {task} | {b:.2f} | {a:.2f} | {100 * (a / b - 1):+.0f}% | {rw} |")
-        print(f"| **all {len(rounds['after'][0]['score'])} tasks** | {tb:.1f} | {ta:.1f} | {100 * (ta / tb - 1):+.0f}% | |")
+        print(
+            f"| **all {len(rounds['after'][0]['score'])} tasks** | {tb:.1f} | {ta:.1f} | "
+            f"{100 * (ta / tb - 1):+.0f}% | |"
+        )
 
         sys.path.insert(0, str(ATTACK_DIR))
         from attacks import ATTACKS
@@ -128,7 +135,7 @@ def main() -> None:
             verdict, note = child(versions["after"], "--attack", name)
             secs = time.perf_counter() - t
             before = "" if args.no_attacks_before else child(versions["before"], "--attack", name)
-            was = ("" if not before else "got through" if before[0] == "NOT DEFEATED" else before[0])
+            was = "" if not before else "got through" if before[0] == "NOT DEFEATED" else before[0]
             print(f"| {name} | {verdict} ({secs:.1f} s) | {note} | {was} |")
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], check=False)

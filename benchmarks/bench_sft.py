@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from evoharness.config.sft import SFTConfig
 from evoharness.models.init import count_params, init_model  # noqa: E402
 from evoharness.models.tokenizer import train_tokenizer  # noqa: E402
 from evoharness.train.sft import train_sft
-from evoharness.config.sft import SFTConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import corpus  # noqa: E402
@@ -37,11 +37,17 @@ def examples(tok, n: int, prompt_len: int) -> list[dict]:
     out = []
     for i in range(n):
         want = prompt_len - prompt_len // 5 + (i * 2 * prompt_len // 5) // n  # +-20%
-        user = tok.decode(ids[i * step: i * step + want])
-        out.append({"messages": [{"role": "system", "content": "You are a household agent."},
-                                 {"role": "user", "content": user}],
-                    "completion": f"<think>the object may be in cabinet {i % 9 + 1}, go and look there first</think>"
-                                  f"<action>go to cabinet {i % 9 + 1}</action>"})
+        user = tok.decode(ids[i * step : i * step + want])
+        out.append(
+            {
+                "messages": [
+                    {"role": "system", "content": "You are a household agent."},
+                    {"role": "user", "content": user},
+                ],
+                "completion": f"<think>the object may be in cabinet {i % 9 + 1}, go and look there first</think>"
+                f"<action>go to cabinet {i % 9 + 1}</action>",
+            }
+        )
     return out
 
 
@@ -57,21 +63,30 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     tok = train_tokenizer(corpus())
     exs = examples(tok, 64, a.prompt_len)
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine), "
-          f"torch {torch.__version__}, threads {torch.get_num_threads()}, fp32 CPU, "
-          f"prompts ~{a.prompt_len} tokens (+-20%), batch {a.batch_tokens} padded tokens, median of steps 2..{a.steps}")
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine), "
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, fp32 CPU, "
+        f"prompts ~{a.prompt_len} tokens (+-20%), batch {a.batch_tokens} padded tokens, median of steps 2..{a.steps}"
+    )
     print(f"{'size':<6} {'params':>8} {'tok/s':>8} {'target_tok/s':>13} {'s/step':>7}")
     for size in a.sizes:
         with tempfile.TemporaryDirectory() as d:
             model = init_model(size, tok, Path(d) / "init", seed=0)
-            cfg = SFTConfig(max_steps=a.steps, batch_tokens=a.batch_tokens, ckpt_every=0, progress=False,
-                            max_prompt_tokens=2 * a.prompt_len)
+            cfg = SFTConfig(
+                max_steps=a.steps,
+                batch_tokens=a.batch_tokens,
+                ckpt_every=0,
+                progress=False,
+                max_prompt_tokens=2 * a.prompt_len,
+            )
             train_sft(cfg, exs, Path(d) / "init", Path(d) / "run")
             recs = [json.loads(ln) for ln in (Path(d) / "run/metrics.jsonl").read_text().splitlines()][1:]
             tps = statistics.median(r["tok_per_s"] for r in recs)
             ratio = statistics.median(r["target_tokens"] / r["tokens"] for r in recs)
-            print(f"{size:<6} {count_params(model) / 1e6:>7.1f}M {tps:>8.0f} {tps * ratio:>13.0f} "
-                  f"{statistics.median(r['tokens'] / r['tok_per_s'] for r in recs):>7.2f}")
+            print(
+                f"{size:<6} {count_params(model) / 1e6:>7.1f}M {tps:>8.0f} {tps * ratio:>13.0f} "
+                f"{statistics.median(r['tokens'] / r['tok_per_s'] for r in recs):>7.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -69,14 +69,21 @@ QWENGYRE_SAVING = {1: "58.6%", 5: "25.2%", None: "0 (ref)"}
 
 # ---------------------------------------------------------------- workloads
 
+
 def alfworld_trees(n_games: int, tmp: Path, vocab_size: int):
     tasks = discover_games("valid_seen")
     picked = [next(t for t in tasks if t.task_type == tt) for tt in TASK_TYPES][:n_games]
     specs = [EpisodeSpec(t, f"{t.task_id}#0", seed=i) for i, t in enumerate(picked)]
-    trajs = run_episodes(specs, lambda t: make_env(t, engine="fast"), lambda: BPEHarness(ExperienceStore()),
-                         TeacherPolicy(), max_steps=50)
-    corpus = [m["content"] for tr in trajs for t in tr.turns for m in t.messages] + \
-             [t.completion for tr in trajs for t in tr.turns]
+    trajs = run_episodes(
+        specs,
+        lambda t: make_env(t, engine="fast"),
+        lambda: BPEHarness(ExperienceStore()),
+        TeacherPolicy(),
+        max_steps=50,
+    )
+    corpus = [m["content"] for tr in trajs for t in tr.turns for m in t.messages] + [
+        t.completion for tr in trajs for t in tr.turns
+    ]
     tok = build_tokenizer(corpus, tmp, vocab_size=vocab_size)
     trees = []
     for tr in trajs:
@@ -91,8 +98,16 @@ def alfworld_trees(n_games: int, tmp: Path, vocab_size: int):
     return tok, trees, f"{len(trajs)} teacher episodes ({won} won, {sum(len(tr.turns) for tr in trajs)} turns)"
 
 
-def synthetic_tree(eid: str, rng: random.Random, lo: int, hi: int, main_turns: int = 24,
-                   summary_every: int = 8, sub_every: int = 6, sub_turns: int = 3) -> TrajectoryTree:
+def synthetic_tree(
+    eid: str,
+    rng: random.Random,
+    lo: int,
+    hi: int,
+    main_turns: int = 24,
+    summary_every: int = 8,
+    sub_every: int = 6,
+    sub_turns: int = 3,
+) -> TrajectoryTree:
     tree = TrajectoryTree(eid)
 
     def toks(a: int, b: int | None = None) -> list[int]:
@@ -137,8 +152,9 @@ def call_samples(trees, advantages) -> list[TurnSample]:
         for i, call in enumerate(tree.calls):
             prompt, comp = tree.call_sequence(i)
             lps = [x for n in tree.path(call.node) for x in tree.nodes[n].logprobs]
-            out.append(TurnSample(prompt, comp, lps[call.n_prompt:call.n_prompt + call.n_completion], adv,
-                                  tree.execution_id))
+            out.append(
+                TurnSample(prompt, comp, lps[call.n_prompt : call.n_prompt + call.n_completion], adv, tree.execution_id)
+            )
     set_token_weights(out)
     return out
 
@@ -149,9 +165,21 @@ def call_records(tree: TrajectoryTree) -> list[CallRecord]:
     for i, call in enumerate(tree.calls):
         prompt, comp = tree.call_sequence(i)
         lps = [x for n in tree.path(call.node) for x in tree.nodes[n].logprobs]
-        out.append(CallRecord(tree.execution_id, call.call_id or f"{tree.execution_id}#c{i}", call.role, "bench",
-                              prompt, comp, lps[call.n_prompt:call.n_prompt + call.n_completion], 0, "stop",
-                              float(i), float(i)))
+        out.append(
+            CallRecord(
+                tree.execution_id,
+                call.call_id or f"{tree.execution_id}#c{i}",
+                call.role,
+                "bench",
+                prompt,
+                comp,
+                lps[call.n_prompt : call.n_prompt + call.n_completion],
+                0,
+                "stop",
+                float(i),
+                float(i),
+            )
+        )
     return out
 
 
@@ -164,8 +192,9 @@ def selected_rows(trees, advantages, cfg: GRPOConfig) -> list[TurnSample]:
 
 # ---------------------------------------------------------------- timing
 
-QWEN3_8B = SimpleNamespace(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
-                           head_dim=128)
+QWEN3_8B = SimpleNamespace(
+    hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8, head_dim=128
+)
 
 
 def flops_8b(lengths) -> float:
@@ -188,18 +217,41 @@ def bench_workload(name: str, model, tok, trees, repeats: int, max_tokens: int) 
         return sum(len(s.prompt_ids) + len(s.completion_ids) for s in rows)
 
     # (variant, J_max, paths, rows, train, 8B FLOPs)
-    variants = [("calls as rows", "all", len(samples), samples, turn.accumulate,
-                 flops_8b([len(s.prompt_ids) + len(s.completion_ids) for s in samples]))]
+    variants = [
+        (
+            "calls as rows",
+            "all",
+            len(samples),
+            samples,
+            turn.accumulate,
+            flops_8b([len(s.prompt_ids) + len(s.completion_ids) for s in samples]),
+        )
+    ]
     for j_max in (None, 5, 1):
         rows = selected_rows(trees, adv, cfg.model_copy(update={"j_max": j_max}))
         paths = sum(len(select_paths(t, j_max, 0).leaves) for t in trees)
         r_trees, _ = row_trees(rows)
         label = "all" if j_max is None else j_max
-        variants.append(("turn rows", label, paths, rows, turn.accumulate,
-                         flops_8b([len(s.prompt_ids) + len(s.completion_ids) for s in rows])))
-        variants.append(("packed", label, paths, rows, packed.accumulate,
-                         flops_8b([r.n_tokens for r in pack_trees(r_trees, None, max_tokens,
-                                                                  linear_cost(QWEN3_8B))])))
+        variants.append(
+            (
+                "turn rows",
+                label,
+                paths,
+                rows,
+                turn.accumulate,
+                flops_8b([len(s.prompt_ids) + len(s.completion_ids) for s in rows]),
+            )
+        )
+        variants.append(
+            (
+                "packed",
+                label,
+                paths,
+                rows,
+                packed.accumulate,
+                flops_8b([r.n_tokens for r in pack_trees(r_trees, None, max_tokens, linear_cost(QWEN3_8B))]),
+            )
+        )
     cpu: list[list[float]] = [[] for _ in variants]
     wall: list[list[float]] = [[] for _ in variants]
     metrics: list[dict] = [{} for _ in variants]
@@ -213,13 +265,24 @@ def bench_workload(name: str, model, tok, trees, repeats: int, max_tokens: int) 
                 wall[i].append(time.perf_counter() - w0)
     model.zero_grad(set_to_none=True)
     for (variant, j_max, *_), m, (_, j0, *_), m0 in zip(variants, metrics, variants[1:], metrics[1:]):
-        if variant == "turn rows":      # the next variant packs the same rows: the same objective
+        if variant == "turn rows":  # the next variant packs the same rows: the same objective
             assert j0 == j_max and abs(m["loss"] - m0["loss"]) <= 1e-3 * abs(m["loss"]) + 1e-6, (j_max, m, m0)
     out = []
     for (variant, j_max, paths, rows, _, est), c, w, m in zip(variants, cpu, wall, metrics):
-        out.append(dict(workload=name, variant=variant, j_max=j_max, paths=paths, rows=m.get("rows", len(rows)),
-                        trained=int(m["n_tokens"]), run=int(m.get("packed_tokens", run_tokens(rows))),
-                        time=statistics.median(c), wall=statistics.median(w), est=est))
+        out.append(
+            dict(
+                workload=name,
+                variant=variant,
+                j_max=j_max,
+                paths=paths,
+                rows=m.get("rows", len(rows)),
+                trained=int(m["n_tokens"]),
+                run=int(m.get("packed_tokens", run_tokens(rows))),
+                time=statistics.median(c),
+                wall=statistics.median(w),
+                est=est,
+            )
+        )
     base, unc = out[0], next(r for r in out if r["variant"] == "packed" and r["j_max"] == "all")
     for r in out:
         r["save_base"] = 1 - r["time"] / base["time"]
@@ -230,9 +293,11 @@ def bench_workload(name: str, model, tok, trees, repeats: int, max_tokens: int) 
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'workload':<10} {'variant':<14} {'J_max':>5} {'paths':>5} {'rows':>5} {'trained':>7} {'tok run':>7} "
-            f"{'cpu s':>6} {'wall s':>6} {'vs calls':>8} {'vs all':>7} {'8B vs calls':>11} {'8B vs all':>9} "
-            f"{'QwenGyre':>8}")
+    head = (
+        f"{'workload':<10} {'variant':<14} {'J_max':>5} {'paths':>5} {'rows':>5} {'trained':>7} {'tok run':>7} "
+        f"{'cpu s':>6} {'wall s':>6} {'vs calls':>8} {'vs all':>7} {'8B vs calls':>11} {'8B vs all':>9} "
+        f"{'QwenGyre':>8}"
+    )
     lines = [head, "-" * len(head)]
 
     def pct(x):
@@ -241,10 +306,12 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         packed = r["variant"] == "packed"
         qg = QWENGYRE_SAVING.get(None if r["j_max"] == "all" else r["j_max"], "") if packed else ""
-        lines.append(f"{r['workload']:<10} {r['variant']:<14} {r['j_max']!s:>5} {r['paths']:>5} {r['rows']:>5} "
-                     f"{r['trained']:>7,} "
-                     f"{r['run']:>7,} {r['time']:>6.2f} {r['wall']:>6.2f} {pct(r['save_base']):>8} "
-                     f"{pct(r['save_unc']):>7} {pct(r['est_base']):>11} {pct(r['est_unc']):>9} {qg:>8}")
+        lines.append(
+            f"{r['workload']:<10} {r['variant']:<14} {r['j_max']!s:>5} {r['paths']:>5} {r['rows']:>5} "
+            f"{r['trained']:>7,} "
+            f"{r['run']:>7,} {r['time']:>6.2f} {r['wall']:>6.2f} {pct(r['save_base']):>8} "
+            f"{pct(r['save_unc']):>7} {pct(r['est_base']):>11} {pct(r['est_unc']):>9} {qg:>8}"
+        )
     return "\n".join(lines)
 
 
@@ -259,41 +326,52 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/bench_tree.txt")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = [f"$ python benchmarks/bench_tree.py --preset {args.preset} --games {args.games} --synthetic "
-           f"{args.synthetic} --repeats {args.repeats} --max-tokens {args.max_tokens} --threads {args.threads}",
-           "uptime (start): " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
+    out = [
+        f"$ python benchmarks/bench_tree.py --preset {args.preset} --games {args.games} --synthetic "
+        f"{args.synthetic} --repeats {args.repeats} --max-tokens {args.max_tokens} --threads {args.threads}",
+        "uptime (start): " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         tok, a_trees, desc = alfworld_trees(args.games, Path(tmp), 2048)
         model = init_model(args.preset, tok, seed=0)
         model.train()
         rng = random.Random(1)
         s_trees = [synthetic_tree(f"syn{i}", rng, 10, len(tok)) for i in range(args.synthetic)]
-        out.append(f"model: Qwen3 '{args.preset}' ({count_params(model) / 1e6:.1f}M params, fp32, "
-                   f"{args.threads} thread(s), SDPA); packed row budget {args.max_tokens} tokens")
-        for name, trees, d in (("alfworld", a_trees, desc), ("synthetic", s_trees,
-                                                           f"{len(s_trees)} executions, roles "
-                                                           f"main/summary/subagent/subagent_summary")):
+        out.append(
+            f"model: Qwen3 '{args.preset}' ({count_params(model) / 1e6:.1f}M params, fp32, "
+            f"{args.threads} thread(s), SDPA); packed row budget {args.max_tokens} tokens"
+        )
+        for name, trees, d in (
+            ("alfworld", a_trees, desc),
+            ("synthetic", s_trees, f"{len(s_trees)} executions, roles main/summary/subagent/subagent_summary"),
+        ):
             fill_logprobs(model, trees, args.max_tokens)
             calls = sum(len(t.calls) for t in trees)
-            out.append(f"{name}: {d}; {calls} calls; tokens as calls {sum(t.n_call_tokens() for t in trees):,}, "
-                       f"distinct in trees {sum(t.n_tokens for t in trees):,}, "
-                       f"trainable {sum(t.n_trainable for t in trees):,}")
+            out.append(
+                f"{name}: {d}; {calls} calls; tokens as calls {sum(t.n_call_tokens() for t in trees):,}, "
+                f"distinct in trees {sum(t.n_tokens for t in trees):,}, "
+                f"trainable {sum(t.n_trainable for t in trees):,}"
+            )
         print("\n".join(out), flush=True)
         rows = []
         for name, trees in (("alfworld", a_trees), ("synthetic", s_trees)):
             rows += bench_workload(name, model, tok, trees, args.repeats, args.max_tokens)
             print(table([r for r in rows if r["workload"] == name]), flush=True)
-    out += ["", table(rows), "",
-            "cpu s: median CPU seconds of this process for one GRPO forward+backward over the batch "
-            "(`Trainer.accumulate`, 1 thread); wall s: median wall seconds.",
-            "rows: turn rows, or packed rows (packed); tok run: tokens forwarded (padding excluded).",
-            "vs calls: CPU time saved vs the turn trainer on every call; vs all: vs tree-packed training "
-            "of every path; QwenGyre: its reported saving at that J_max vs every path.",
-            "8B vs calls / 8B vs all: the same comparisons in FLOPs projected for Qwen3-8B (rows packed with "
-            "its cost model, Σ α·L + L², α = linear_cost(Qwen3-8B) ≈ 23,500): at that width a token's MLP "
-            "and projections dwarf its attention, so sharing pays in full; the micro model here pays for "
-            "every longer row in attention (α ≈ 960).",
-            "uptime (end): " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
+    out += [
+        "",
+        table(rows),
+        "",
+        "cpu s: median CPU seconds of this process for one GRPO forward+backward over the batch "
+        "(`Trainer.accumulate`, 1 thread); wall s: median wall seconds.",
+        "rows: turn rows, or packed rows (packed); tok run: tokens forwarded (padding excluded).",
+        "vs calls: CPU time saved vs the turn trainer on every call; vs all: vs tree-packed training "
+        "of every path; QwenGyre: its reported saving at that J_max vs every path.",
+        "8B vs calls / 8B vs all: the same comparisons in FLOPs projected for Qwen3-8B (rows packed with "
+        "its cost model, Σ α·L + L², α = linear_cost(Qwen3-8B) ≈ 23,500): at that width a token's MLP "
+        "and projections dwarf its attention, so sharing pays in full; the micro model here pays for "
+        "every longer row in attention (α ≈ 960).",
+        "uptime (end): " + subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+    ]
     text = "\n".join(out) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)

@@ -90,7 +90,11 @@ def main() -> int:
         for line in open(args.out):
             r = json.loads(line)
             done[(r["split"], r["task_id"])] = r
-    jobs = [(t, "move" if i % 4 == 3 else "native", args.seed) for i, t in enumerate(tasks) if (t.split, t.task_id) not in done]
+    jobs = [
+        (t, "move" if i % 4 == 3 else "native", args.seed)
+        for i, t in enumerate(tasks)
+        if (t.split, t.task_id) not in done
+    ]
     print("command: " + " ".join(sys.argv), flush=True)
     print(f"{len(tasks)} games ({len(done)} already done), {args.workers} workers, {args.steps} steps each", flush=True)
 
@@ -120,14 +124,19 @@ def main() -> int:
     by_wording = Counter(r["wording"] for r in results)
     won = sum(r["won"] for r in results)
     errors = [r for r in results if r["error"]]
-    print(f"games compared: {len(results)} ({', '.join(f'{k} {v}' for k, v in sorted(by_split.items()))}; "
-          f"wording {', '.join(f'{k} {v}' for k, v in sorted(by_wording.items()))})")
+    print(
+        f"games compared: {len(results)} ({', '.join(f'{k} {v}' for k, v in sorted(by_split.items()))}; "
+        f"wording {', '.join(f'{k} {v}' for k, v in sorted(by_wording.items()))})"
+    )
     print("by task type: " + ", ".join(f"{t} {by_type.get(t, 0)}" for t in TASK_TYPES))
     print(f"states compared (reset + steps): {steps}; trajectories that won: {won}")
     print(f"games with a mismatch: {sum(1 for r in results if r['mismatching_steps'])}; errors: {len(errors)}")
     print(f"mismatching steps: {mism}")
     for r in [r for r in results if r["mismatching_steps"]][:10]:
-        print(f"  {r['split']}/{r['task_id']} ({r['wording']}): {r['mismatching_steps']} -> {json.dumps(r['mismatches'][:1], default=str)[:400]}")
+        print(
+            f"  {r['split']}/{r['task_id']} ({r['wording']}): {r['mismatching_steps']} -> "
+            f"{json.dumps(r['mismatches'][:1], default=str)[:400]}"
+        )
     print(f"wall time this run: {wall / 60:.1f} min for {len(jobs)} games")
     return 1 if mism else 0
 

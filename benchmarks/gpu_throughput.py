@@ -55,9 +55,19 @@ DEADLINE_S = 330  # stop starting new measurements after this (the script must f
 
 def build(size: str, vocab: int, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
     h, layers, heads, kv, inter, tied = SHAPES[size]
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv, head_dim=128 if h >= 1024 else 16, intermediate_size=inter,
-                      tie_word_embeddings=tied, max_position_embeddings=32768, eos_token_id=2, pad_token_id=0)
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=h,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=128 if h >= 1024 else 16,
+        intermediate_size=inter,
+        tie_word_embeddings=tied,
+        max_position_embeddings=32768,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device(device):
@@ -78,7 +88,9 @@ def train_tok_s(size, vocab, device, rows, length, steps) -> tuple[float, float,
     """SFT steps (as in train/sft.py): returns (tok/s, MFU, params)."""
     model = build(size, vocab, device, torch.float32)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.01, fused=device.type == "cuda")
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.01, fused=device.type == "cuda"
+    )
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(3, 1000, (rows, length), generator=g).to(device)
     labels = torch.full_like(ids, -100)
@@ -121,8 +133,14 @@ def decode_tok_s(size, vocab, device, tok, n, prompt_len, new) -> dict[str, floa
         static.generate([GenRequest(p) for p in prompts], max_new_tokens=new)
 
     def generate():
-        model.generate(**pad, max_new_tokens=new, min_new_tokens=new, do_sample=False, suppress_tokens=sup,
-                       pad_token_id=tok.pad_token_id)
+        model.generate(
+            **pad,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            suppress_tokens=sup,
+            pad_token_id=tok.pad_token_id,
+        )
 
     out = {}
     with torch.inference_mode():
@@ -151,8 +169,10 @@ def main() -> None:
         device, sizes = torch.device("cpu"), ["micro"]
         a.train_rows, a.train_len, a.train_steps, a.n, a.prompt_len, a.new = 2, 128, 1, 4, 64, 8
     elif not torch.cuda.is_available():
-        print("no CUDA: this script measures GPU throughput; nothing to do here "
-              "(CPU figures: benchmarks/bench_sft.py, benchmarks/bench_decode.py)")
+        print(
+            "no CUDA: this script measures GPU throughput; nothing to do here "
+            "(CPU figures: benchmarks/bench_sft.py, benchmarks/bench_decode.py)"
+        )
         return
     else:
         device, sizes = torch.device("cuda"), a.sizes
@@ -161,9 +181,14 @@ def main() -> None:
     t0 = time.perf_counter()
     tok = train_tokenizer(["go to fridge 1. You arrive at cabinet 12. take apple 1 from countertop 2."] * 50)
     vocab = 151936 if not a.cpu_smoke else 1024
-    print(f"train: {a.train_rows} x {a.train_len} tokens/step, fp32 master + bf16 autocast, AdamW | "
-          f"decode: {a.n} prompts x ~{a.prompt_len} tokens + {a.new} new, greedy, bf16")
-    print(f"{'size':<6} {'params':>7} {'train tok/s':>12} {'MFU':>6} {'static new tok/s':>17} {'engine new tok/s':>17} {'generate new tok/s':>19}")
+    print(
+        f"train: {a.train_rows} x {a.train_len} tokens/step, fp32 master + bf16 autocast, AdamW | "
+        f"decode: {a.n} prompts x ~{a.prompt_len} tokens + {a.new} new, greedy, bf16"
+    )
+    print(
+        f"{'size':<6} {'params':>7} {'train tok/s':>12} {'MFU':>6} {'static new tok/s':>17} "
+        f"{'engine new tok/s':>17} {'generate new tok/s':>19}"
+    )
     for size in sizes:
         if time.perf_counter() - t0 > DEADLINE_S:
             print(f"{size:<6} skipped (time budget)")

@@ -30,19 +30,29 @@ def main() -> None:
     ap.add_argument("--budget-minutes", type=float, default=None, help="optional wall-clock cap on training")
     ap.add_argument("--out", default="runs/main")
     ap.add_argument("--results", default="benchmarks/results/main_job")
-    ap.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="RunConfig overrides, as `evoharness run --set` (a lever run; the default job has none)")
+    ap.add_argument(
+        "--set",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="RunConfig overrides, as `evoharness run --set` (a lever run; the default job has none)",
+    )
     args = ap.parse_args()
-    overrides = ([f'out_dir="{args.out}"'] + ([f"budget_minutes={args.budget_minutes}"] if args.budget_minutes else [])
-                 + args.set)
+    overrides = (
+        [f'out_dir="{args.out}"']
+        + ([f"budget_minutes={args.budget_minutes}"] if args.budget_minutes else [])
+        + args.set
+    )
     cfg = load_config(RunConfig, None, overrides)
     start = _load()
     report = run_pipeline(cfg)
     dest = Path(args.results)
     dest.mkdir(parents=True, exist_ok=True)
     # the machine's load beside the wall times (the job's own processes count in it)
-    (dest / "machine.txt").write_text(f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {start}, "
-                                      f"at end {_load()}\n")
+    (dest / "machine.txt").write_text(
+        f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {start}, at end {_load()}\n"
+    )
     for name in FILES:
         if (report.parent / name).is_file():
             shutil.copy2(report.parent / name, dest / name)

@@ -31,9 +31,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from seed_pairs import PANELS, pair_seed, pool, table_row
+
 from evoharness.eval.run_report import wasted_steps
 from evoharness.files import read_jsonl
-from seed_pairs import PANELS, pair_seed, pool, table_row
 
 SYSTEMS = ("sft", "sft_grpo")
 LAST = ("sft", "rl_last")
@@ -43,8 +44,17 @@ def run_seed(seed: int, root: Path, sets: list[str]) -> Path:
     """Run (or resume) the main job of `seed` in ``root/seed<seed>``; returns its directory."""
     out = root / f"seed{seed}"
     if not (out / "report.md").exists():
-        cmd = [sys.executable, str(Path(__file__).with_name("main_job.py")), "--out", str(out),
-               "--results", str(out / "report"), "--set", f"seed={seed}", *sets]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).with_name("main_job.py")),
+            "--out",
+            str(out),
+            "--results",
+            str(out / "report"),
+            "--set",
+            f"seed={seed}",
+            *sets,
+        ]
         subprocess.run(cmd, check=True)
     return out
 
@@ -61,8 +71,13 @@ def read_job(out: Path) -> dict:
     dirs = {name: systems[name] for name in SYSTEMS}
     if (out / "eval" / "rl_last" / "episodes.jsonl").exists():  # played before the development games choose
         dirs["rl_last"] = "rl_last"
-    episodes = {name: {"valid_seen": read_jsonl(out / "eval" / d / "episodes.jsonl"),
-                       "dev": read_jsonl(out / "eval" / f"dev_{d}" / "episodes.jsonl")} for name, d in dirs.items()}
+    episodes = {
+        name: {
+            "valid_seen": read_jsonl(out / "eval" / d / "episodes.jsonl"),
+            "dev": read_jsonl(out / "eval" / f"dev_{d}" / "episodes.jsonl"),
+        }
+        for name, d in dirs.items()
+    }
     seconds = sum(float(m.read_text() or 0) for m in out.glob(".*.done"))
     seed = json.loads((out / "run_config.json").read_text())["seed"]
     return {"dir": str(out), "seed": seed, "episodes": episodes, "minutes": seconds / 60}
@@ -75,11 +90,24 @@ def summarise(jobs: dict[int, dict]) -> dict:
     rows = []
     for seed, job in jobs.items():
         eps = job["episodes"]
-        rows.append({"seed": seed, "dir": job["dir"], "minutes": round(job["minutes"], 1),
-                     **pair_seed(eps["sft"], eps["sft_grpo"], SYSTEMS)})
-    spread = {p: {s: (statistics.mean(r[p][s] for r in rows),
-                      statistics.stdev(r[p][s] for r in rows) if len(rows) > 1 else 0.0)
-                  for s in SYSTEMS} for p in PANELS}
+        rows.append(
+            {
+                "seed": seed,
+                "dir": job["dir"],
+                "minutes": round(job["minutes"], 1),
+                **pair_seed(eps["sft"], eps["sft_grpo"], SYSTEMS),
+            }
+        )
+    spread = {
+        p: {
+            s: (
+                statistics.mean(r[p][s] for r in rows),
+                statistics.stdev(r[p][s] for r in rows) if len(rows) > 1 else 0.0,
+            )
+            for s in SYSTEMS
+        }
+        for p in PANELS
+    }
     lost = {}
     for seed, job in jobs.items():
         sft = {e["task_id"]: e for e in job["episodes"]["sft"]["valid_seen"]}
@@ -87,30 +115,45 @@ def summarise(jobs: dict[int, dict]) -> dict:
         for g, e in sft.items():
             if not e["won"] or not rl.get(g, False):
                 lost.setdefault(g, {})[seed] = (bool(e["won"]), bool(rl.get(g, False)))
-    waste = [{"seed": seed, **wasted(job["episodes"]["sft"]["valid_seen"], job["episodes"]["sft_grpo"]["valid_seen"])}
-             for seed, job in jobs.items()]
-    last = [{"seed": seed, **pair_seed(job["episodes"]["sft"], job["episodes"]["rl_last"], LAST)}
-            for seed, job in jobs.items() if "rl_last" in job["episodes"]]
-    return {"seeds": rows, "spread": spread,
-            "pooled": pool(rows), "wasted": waste,
-            **({"rl_last": {"seeds": last, "pooled": pool(last)}} if last and len(last) == len(rows) else {}),
-            "lost_games": {g: {str(s): list(o) for s, o in v.items()} for g, v in sorted(lost.items())}}
+    waste = [
+        {"seed": seed, **wasted(job["episodes"]["sft"]["valid_seen"], job["episodes"]["sft_grpo"]["valid_seen"])}
+        for seed, job in jobs.items()
+    ]
+    last = [
+        {"seed": seed, **pair_seed(job["episodes"]["sft"], job["episodes"]["rl_last"], LAST)}
+        for seed, job in jobs.items()
+        if "rl_last" in job["episodes"]
+    ]
+    return {
+        "seeds": rows,
+        "spread": spread,
+        "pooled": pool(rows),
+        "wasted": waste,
+        **({"rl_last": {"seeds": last, "pooled": pool(last)}} if last and len(last) == len(rows) else {}),
+        "lost_games": {g: {str(s): list(o) for s, o in v.items()} for g, v in sorted(lost.items())},
+    }
 
 
 def wasted(sft: list[dict], rl: list[dict]) -> dict:
     """Wasted steps per valid_seen episode (`eval.run_report.wasted_steps`: invalid + repeated
     (action, feedback) turns) of SFT and SFT + GRPO: ``{"all": (sft, rl), "both_won": (sft, rl),
     "both_won_games"}``; on the games both won a lost episode's loop does not count."""
+
     def per_ep(eps: list[dict]) -> float:
         return sum(sum(wasted_steps(e).values()) for e in eps) / max(1, len(eps))
+
     won = {e["task_id"] for e in sft if e["won"]} & {e["task_id"] for e in rl if e["won"]}
-    return {"all": (per_ep(sft), per_ep(rl)), "both_won_games": len(won),
-            "both_won": (per_ep([e for e in sft if e["task_id"] in won]), per_ep([e for e in rl if e["task_id"] in won]))}
+    return {
+        "all": (per_ep(sft), per_ep(rl)),
+        "both_won_games": len(won),
+        "both_won": (per_ep([e for e in sft if e["task_id"] in won]), per_ep([e for e in rl if e["task_id"] in won])),
+    }
 
 
 def _cell(won_sft: bool, won_rl: bool) -> str:
     return {(True, True): "both", (False, True): "GRPO only", (True, False): "SFT only", (False, False): "neither"}[
-        (won_sft, won_rl)]
+        (won_sft, won_rl)
+    ]
 
 
 def write(summary: dict, results: Path, argv: list[str], note: str) -> None:
@@ -119,47 +162,80 @@ def write(summary: dict, results: Path, argv: list[str], note: str) -> None:
     results.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     rows = summary["seeds"]
     n = {p: rows[0][p]["games"] for p in PANELS}
-    lines = ["# The main job across seeds", "",
-             f"`python benchmarks/main_job_seeds.py {' '.join(argv)}`", "",
-             "Each row is one full main job (`benchmarks/main_job.py --set seed=S`); valid_seen is the same "
-             f"{n['valid_seen']} games for every seed, dev the seed's own {n['dev']} held-out train games (they chose "
-             "the RL checkpoint, so their paired test is not one). wins / losses: games only SFT + GRPO / only "
-             "SFT won; p: exact two-sided sign test. The pooled row sums the wins and losses of the independent "
-             "jobs (a fair coin per discordant game under the null).", "",
-             "| seed | SFT valid_seen | SFT + GRPO valid_seen | wins | losses | p | SFT dev | SFT + GRPO dev | wins | "
-             "losses | minutes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [table_row(str(r['seed']), r, SYSTEMS, str(r['minutes'])) for r in rows]
+    lines = [
+        "# The main job across seeds",
+        "",
+        f"`python benchmarks/main_job_seeds.py {' '.join(argv)}`",
+        "",
+        "Each row is one full main job (`benchmarks/main_job.py --set seed=S`); valid_seen is the same "
+        f"{n['valid_seen']} games for every seed, dev the seed's own {n['dev']} held-out train games (they chose "
+        "the RL checkpoint, so their paired test is not one). wins / losses: games only SFT + GRPO / only "
+        "SFT won; p: exact two-sided sign test. The pooled row sums the wins and losses of the independent "
+        "jobs (a fair coin per discordant game under the null).",
+        "",
+        "| seed | SFT valid_seen | SFT + GRPO valid_seen | wins | losses | p | SFT dev | SFT + GRPO dev | wins | "
+        "losses | minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [table_row(str(r["seed"]), r, SYSTEMS, str(r["minutes"])) for r in rows]
     sp, po = summary["spread"], summary["pooled"]
-    lines.append(f"| mean ± sd | {sp['valid_seen']['sft'][0]:.1f} ± {sp['valid_seen']['sft'][1]:.1f} | "
-                 f"{sp['valid_seen']['sft_grpo'][0]:.1f} ± {sp['valid_seen']['sft_grpo'][1]:.1f} | | | | "
-                 f"{sp['dev']['sft'][0]:.1f} ± {sp['dev']['sft'][1]:.1f} | "
-                 f"{sp['dev']['sft_grpo'][0]:.1f} ± {sp['dev']['sft_grpo'][1]:.1f} | | | |")
-    lines.append(f"| **pooled** | | | **{po['valid_seen']['wins']}** | **{po['valid_seen']['losses']}** | "
-                 f"**{po['valid_seen']['p']:.3g}** | | | {po['dev']['wins']} | {po['dev']['losses']} | |")
+    lines.append(
+        f"| mean ± sd | {sp['valid_seen']['sft'][0]:.1f} ± {sp['valid_seen']['sft'][1]:.1f} | "
+        f"{sp['valid_seen']['sft_grpo'][0]:.1f} ± {sp['valid_seen']['sft_grpo'][1]:.1f} | | | | "
+        f"{sp['dev']['sft'][0]:.1f} ± {sp['dev']['sft'][1]:.1f} | "
+        f"{sp['dev']['sft_grpo'][0]:.1f} ± {sp['dev']['sft_grpo'][1]:.1f} | | | |"
+    )
+    lines.append(
+        f"| **pooled** | | | **{po['valid_seen']['wins']}** | **{po['valid_seen']['losses']}** | "
+        f"**{po['valid_seen']['p']:.3g}** | | | {po['dev']['wins']} | {po['dev']['losses']} | |"
+    )
     if last := summary.get("rl_last"):
         lp = last["pooled"]
-        lines += ["", "The GRPO stage's last checkpoint against the same SFT model, before the development games "
-                  "choose between them (here dev is a fair paired test too):", "",
-                  "| seed | SFT valid_seen | last RL valid_seen | wins | losses | p | SFT dev | last RL dev | wins | "
-                  "losses | dev p |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "The GRPO stage's last checkpoint against the same SFT model, before the development games "
+            "choose between them (here dev is a fair paired test too):",
+            "",
+            "| seed | SFT valid_seen | last RL valid_seen | wins | losses | p | SFT dev | last RL dev | wins | "
+            "losses | dev p |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         lines += [table_row(str(r["seed"]), r, LAST, f"{r['dev']['p']:.3g}") for r in last["seeds"]]
-        lines.append(f"| **pooled** | | | **{lp['valid_seen']['wins']}** | **{lp['valid_seen']['losses']}** | "
-                     f"**{lp['valid_seen']['p']:.3g}** | | | {lp['dev']['wins']} | {lp['dev']['losses']} | "
-                     f"{lp['dev']['p']:.3g} |")
-    lines += ["", "Wasted steps per valid_seen episode (invalid actions + repeated (action, feedback) pairs), SFT -> "
-              "SFT + GRPO: on every game, and on the games both won (a lost episode's loop left out):", "",
-              "| seed | all games | games both won |", "|---|---|---|"]
-    lines += [f"| {w['seed']} | {w['all'][0]:.2f} -> {w['all'][1]:.2f} | {w['both_won'][0]:.2f} -> "
-              f"{w['both_won'][1]:.2f} ({w['both_won_games']} games) |" for w in summary["wasted"]]
+        lines.append(
+            f"| **pooled** | | | **{lp['valid_seen']['wins']}** | **{lp['valid_seen']['losses']}** | "
+            f"**{lp['valid_seen']['p']:.3g}** | | | {lp['dev']['wins']} | {lp['dev']['losses']} | "
+            f"{lp['dev']['p']:.3g} |"
+        )
+    lines += [
+        "",
+        "Wasted steps per valid_seen episode (invalid actions + repeated (action, feedback) pairs), SFT -> "
+        "SFT + GRPO: on every game, and on the games both won (a lost episode's loop left out):",
+        "",
+        "| seed | all games | games both won |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {w['seed']} | {w['all'][0]:.2f} -> {w['all'][1]:.2f} | {w['both_won'][0]:.2f} -> "
+        f"{w['both_won'][1]:.2f} ({w['both_won_games']} games) |"
+        for w in summary["wasted"]
+    ]
     seeds = [r["seed"] for r in rows]
-    lines += ["", "valid_seen games lost by either system in some seed (the others: both won in every seed):", "",
-              "| game | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    lines += [
+        "",
+        "valid_seen games lost by either system in some seed (the others: both won in every seed):",
+        "",
+        "| game | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+        "|---|" + "---|" * len(seeds),
+    ]
     for g, outcomes in summary["lost_games"].items():
         cells = [_cell(*outcomes[str(s)]) if str(s) in outcomes else "both" for s in seeds]
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
-    lines += ["", f"{os.cpu_count()} CPUs; load average (1/5/15 min) when the table was written: "
-              + " ".join(f"{x:.2f}" for x in os.getloadavg()) + ". Minutes: the job's stage wall times."]
+    lines += [
+        "",
+        f"{os.cpu_count()} CPUs; load average (1/5/15 min) when the table was written: "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+        + ". Minutes: the job's stage wall times.",
+    ]
     if note:
         lines += ["", note]
     lines += ["", f"![success per seed]({results.with_suffix('.png').name})", ""]
@@ -177,8 +253,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     for ax, p in zip(axes, PANELS):
         xs = range(len(rows))
         for k, (s, label) in enumerate((("sft", "SFT"), ("sft_grpo", "SFT + GRPO"))):
-            ax.bar([x + (k - 0.5) * 0.38 for x in xs], [100 * r[p][s] / r[p]["games"] for r in rows], 0.38,
-                   label=label)
+            ax.bar([x + (k - 0.5) * 0.38 for x in xs], [100 * r[p][s] / r[p]["games"] for r in rows], 0.38, label=label)
         ax.set_xticks(list(xs), [f"seed {r['seed']}" for r in rows])
         low = min(100 * r[p][s] / r[p]["games"] for r in rows for s in ("sft", "sft_grpo"))
         ax.set_ylim(max(0, 10 * (low // 10) - 10), 100.5)
@@ -193,10 +268,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", required=True)
     ap.add_argument("--root", default="runs/seeds")
-    ap.add_argument("--run", action="extend", nargs="+", default=[], metavar="SEED=DIR",
-                    help="a main job already run with this seed (same settings)")
-    ap.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="RunConfig overrides for every seed's job (a lever; the default job has none)")
+    ap.add_argument(
+        "--run",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="SEED=DIR",
+        help="a main job already run with this seed (same settings)",
+    )
+    ap.add_argument(
+        "--set",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="RunConfig overrides for every seed's job (a lever; the default job has none)",
+    )
     ap.add_argument("--results", default="benchmarks/results/student/main_job_seeds")
     ap.add_argument("--note", default="")
     args = ap.parse_args()

@@ -21,9 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-from evoharness.files import read_jsonl
 from results_file import write_results
 from seed_pairs import PANELS, pair_seed, pool, table_row
+
+from evoharness.files import read_jsonl
 
 NAMES = ("base", "new")
 PREFIX = {"valid_seen": "", "dev": "dev_"}  # eval/<prefix><system>
@@ -57,25 +58,43 @@ def main() -> None:
         if not seed.strip().isdigit() or not base or not new:
             sys.exit(f"--pair wants SEED=BASE_DIR,NEW_DIR, got {item!r}")
         pairs[int(seed)] = (Path(base), Path(new))
-    rows = [{"seed": seed, "base": str(base), "new": str(new),
-             **pair_seed({p: episodes(base, args.system, p) for p in PANELS},
-                         {p: episodes(new, args.system, p) for p in PANELS}, NAMES)}
-            for seed, (base, new) in pairs.items()]
+    rows = [
+        {
+            "seed": seed,
+            "base": str(base),
+            "new": str(new),
+            **pair_seed(
+                {p: episodes(base, args.system, p) for p in PANELS},
+                {p: episodes(new, args.system, p) for p in PANELS},
+                NAMES,
+            ),
+        }
+        for seed, (base, new) in pairs.items()
+    ]
     summary = {"system": args.system, "seeds": rows, "pooled": pool(rows)}
-    lines = ["# Two versions of the main job, seed by seed", "",
-             f"`python benchmarks/pair_runs.py {' '.join(sys.argv[1:])}`", "",
-             f"System: {args.system}. wins / losses: games only the new run / only the base run won, paired per "
-             "game; p: exact two-sided sign test; pooled: the seeds' summed wins and losses.", "",
-             "| seed | base valid_seen | new valid_seen | wins | losses | p | base dev | new dev | wins | losses | p |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [table_row(str(r['seed']), r, NAMES, f"{r['dev']['p']:.3g}") for r in rows]
-    tot = {p: (sum(r[p]["base"] for r in rows), sum(r[p]["new"] for r in rows), sum(r[p]["games"] for r in rows))
-           for p in PANELS}
+    lines = [
+        "# Two versions of the main job, seed by seed",
+        "",
+        f"`python benchmarks/pair_runs.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"System: {args.system}. wins / losses: games only the new run / only the base run won, paired per "
+        "game; p: exact two-sided sign test; pooled: the seeds' summed wins and losses.",
+        "",
+        "| seed | base valid_seen | new valid_seen | wins | losses | p | base dev | new dev | wins | losses | p |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [table_row(str(r["seed"]), r, NAMES, f"{r['dev']['p']:.3g}") for r in rows]
+    tot = {
+        p: (sum(r[p]["base"] for r in rows), sum(r[p]["new"] for r in rows), sum(r[p]["games"] for r in rows))
+        for p in PANELS
+    }
     po = summary["pooled"]
-    lines.append(f"| **pooled** | {tot['valid_seen'][0]}/{tot['valid_seen'][2]} | {tot['valid_seen'][1]}/"
-                 f"{tot['valid_seen'][2]} | **{po['valid_seen']['wins']}** | **{po['valid_seen']['losses']}** | "
-                 f"**{po['valid_seen']['p']:.2g}** | {tot['dev'][0]}/{tot['dev'][2]} | {tot['dev'][1]}/{tot['dev'][2]} | "
-                 f"{po['dev']['wins']} | {po['dev']['losses']} | {po['dev']['p']:.2g} |")
+    lines.append(
+        f"| **pooled** | {tot['valid_seen'][0]}/{tot['valid_seen'][2]} | {tot['valid_seen'][1]}/"
+        f"{tot['valid_seen'][2]} | **{po['valid_seen']['wins']}** | **{po['valid_seen']['losses']}** | "
+        f"**{po['valid_seen']['p']:.2g}** | {tot['dev'][0]}/{tot['dev'][2]} | {tot['dev'][1]}/{tot['dev'][2]} | "
+        f"{po['dev']['wins']} | {po['dev']['losses']} | {po['dev']['p']:.2g} |"
+    )
     lines += ["", args.note] if args.note else []
     write_results(args.results, lines, summary)
 

@@ -20,10 +20,11 @@ import os
 import sys
 from pathlib import Path
 
-from evoharness.harness.base import META_VERBS
-from evoharness.files import read_jsonl
-from evoharness.policies.teacher import teacher_completion
 from results_file import write_results
+
+from evoharness.files import read_jsonl
+from evoharness.harness.base import META_VERBS
+from evoharness.policies.teacher import teacher_completion
 
 PICK_TWO = "pick_two_obj_and_place"
 
@@ -34,16 +35,22 @@ def second_search(episode: dict) -> dict | None:
     or ``plan`` (the teacher would first mend the plan: the student skipped or garbled a commit);
     None without a put."""
     turns = episode["turns"]
-    put = next((i for i, t in enumerate(turns) if (t.get("action") or "").startswith("put ")
-                and "You put" in (t.get("feedback") or "")), None)
+    put = next(
+        (
+            i
+            for i, t in enumerate(turns)
+            if (t.get("action") or "").startswith("put ") and "You put" in (t.get("feedback") or "")
+        ),
+        None,
+    )
     if put is None:
         return None
-    for t in turns[put + 1:]:
+    for t in turns[put + 1 :]:
         action = t.get("action") or ""
         if action and action.split()[0] not in META_VERBS:
             teacher = teacher_completion(t["messages"][-1]["content"])
             want = teacher.split("<action>", 1)[1].split("</action>", 1)[0]
-            kind = ("plan" if want.split()[0] in META_VERBS else "seen" if "I saw another" in teacher else "search")
+            kind = "plan" if want.split()[0] in META_VERBS else "seen" if "I saw another" in teacher else "search"
             return {"student": action, "teacher": want, "kind": kind}
     return None
 
@@ -57,9 +64,23 @@ def summarise(run: Path) -> list[dict]:
     rows = []
     for label, ev in panels:
         eps = [e for e in read_jsonl(run / "eval" / ev / "episodes.jsonl") if e["task_type"] == PICK_TWO]
-        row = {"system": label, "games": len(eps), "won": sum(e["won"] for e in eps), "lost_no_put": 0,
-               "seen": 0, "seen_right": 0, "search": 0, "search_right": 0, "plan": 0, "plan_right": 0, "lost_seen_wrong": 0,
-               "lost_search_wrong": 0, "lost_plan_wrong": 0, "lost_after_right": 0, "lost": []}
+        row = {
+            "system": label,
+            "games": len(eps),
+            "won": sum(e["won"] for e in eps),
+            "lost_no_put": 0,
+            "seen": 0,
+            "seen_right": 0,
+            "search": 0,
+            "search_right": 0,
+            "plan": 0,
+            "plan_right": 0,
+            "lost_seen_wrong": 0,
+            "lost_search_wrong": 0,
+            "lost_plan_wrong": 0,
+            "lost_after_right": 0,
+            "lost": [],
+        }
         for e in eps:
             s = second_search(e)
             if s is None:
@@ -86,21 +107,29 @@ def main() -> None:
     for spec in args.run:
         name, _, d = spec.partition("=")
         runs[name] = summarise(Path(d))
-    lines = ["# Pick-two: the move after the first object is placed", "",
-             f"`python benchmarks/pick_two_faults.py {' '.join(sys.argv[1:])}`. Per main job and reported system, "
-             "the eval split's pick-two games (and the SFT model's on the RL stage's screened train games). At the first world action after the first successful put, the "
-             "scripted teacher, handed the student's prompt, either goes to get an instance TRACK RESULT already "
-             "lists (seen) or searches (search), unless the student's plan is off (plan: the teacher would first "
-             "mend it with a commit, as when the commit after the put was skipped); right: the student's action is "
-             "the teacher's. Lost: the lost games by that move (no put: lost before placing one).", "",
-             "| job | system | won | seen: right | search: right | plan off | lost: seen, wrong | "
-             "lost: search, wrong | lost: plan off | lost: right, then other | lost: no put |", "|---" * 11 + "|"]
+    lines = [
+        "# Pick-two: the move after the first object is placed",
+        "",
+        f"`python benchmarks/pick_two_faults.py {' '.join(sys.argv[1:])}`. Per main job and reported system, "
+        "the eval split's pick-two games (and the SFT model's on the RL stage's screened train games). At the "
+        "first world action after the first successful put, the scripted teacher, handed the student's prompt, "
+        "either goes to get an instance TRACK RESULT already "
+        "lists (seen) or searches (search), unless the student's plan is off (plan: the teacher would first "
+        "mend it with a commit, as when the commit after the put was skipped); right: the student's action is "
+        "the teacher's. Lost: the lost games by that move (no put: lost before placing one).",
+        "",
+        "| job | system | won | seen: right | search: right | plan off | lost: seen, wrong | "
+        "lost: search, wrong | lost: plan off | lost: right, then other | lost: no put |",
+        "|---" * 11 + "|",
+    ]
     for name, rows in runs.items():
         for r in rows:
-            lines.append(f"| {name} | {r['system']} | {r['won']}/{r['games']} | {r['seen_right']}/{r['seen']} | "
-                         f"{r['search_right']}/{r['search']} | {r['plan']} | {r['lost_seen_wrong']} | "
-                         f"{r['lost_search_wrong']} | {r['lost_plan_wrong']} | {r['lost_after_right']} | "
-                         f"{r['lost_no_put']} |")
+            lines.append(
+                f"| {name} | {r['system']} | {r['won']}/{r['games']} | {r['seen_right']}/{r['seen']} | "
+                f"{r['search_right']}/{r['search']} | {r['plan']} | {r['lost_seen_wrong']} | "
+                f"{r['lost_search_wrong']} | {r['lost_plan_wrong']} | {r['lost_after_right']} | "
+                f"{r['lost_no_put']} |"
+            )
     lines += ["", "Lost games (student's move / the teacher's):", ""]
     for name, rows in runs.items():
         for r in rows:

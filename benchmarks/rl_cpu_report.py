@@ -36,13 +36,17 @@ def paired_section(out: Path, runs: dict[str, list[dict]], control: str) -> list
     dominates the raw curves. Reports the mean difference, its standard
     error and the number of steps won / lost / tied."""
     ctrl = {r["step"]: r["success"] for r in runs[control]}
-    md = [f"## Training success against the lr-0 control ({control})", "",
-          "Every run uses the same seed, so step u plays the same games with the same sampling seeds in each run; "
-          "the control never changes its weights (its experience store still consolidates). The per-step "
-          "difference removes the game-to-game difficulty that dominates the raw curves.", "",
-          "| run | steps paired | mean success | control | mean difference | s.e. | difference trend / step | "
-          "steps better / worse / equal |",
-          "|---|---|---|---|---|---|---|---|"]
+    md = [
+        f"## Training success against the lr-0 control ({control})",
+        "",
+        "Every run uses the same seed, so step u plays the same games with the same sampling seeds in each run; "
+        "the control never changes its weights (its experience store still consolidates). The per-step "
+        "difference removes the game-to-game difficulty that dominates the raw curves.",
+        "",
+        "| run | steps paired | mean success | control | mean difference | s.e. | difference trend / step | "
+        "steps better / worse / equal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     panels = []
     for label, rows in runs.items():
         if label == control:
@@ -53,13 +57,20 @@ def paired_section(out: Path, runs: dict[str, list[dict]], control: str) -> list
         d = [a - c for _, a, c in pairs]
         n, mean = len(d), sum(d) / len(d)
         se = (sum((x - mean) ** 2 for x in d) / (n - 1) / n) ** 0.5
-        md.append(f"| {label} | {n} | {sum(a for _, a, _ in pairs) / n:.3f} | {sum(c for _, _, c in pairs) / n:.3f} | "
-                  f"**{mean:+.3f}** | {se:.3f} | {_trend(d):+.4f} | {sum(x > 0 for x in d)} / {sum(x < 0 for x in d)} / {sum(x == 0 for x in d)} |")
+        md.append(
+            f"| {label} | {n} | {sum(a for _, a, _ in pairs) / n:.3f} | {sum(c for _, _, c in pairs) / n:.3f} | "
+            f"**{mean:+.3f}** | {se:.3f} | {_trend(d):+.4f} | {sum(x > 0 for x in d)} / "
+            f"{sum(x < 0 for x in d)} / {sum(x == 0 for x in d)} |"
+        )
         xs = [u for u, _, _ in pairs]
         running = [sum(d[: i + 1]) / (i + 1) for i in range(n)]
-        panels += [(f"training success: {label} vs control", [(label, xs, [a for _, a, _ in pairs]),
-                                                              (control, xs, [c for _, _, c in pairs])]),
-                   ("success difference (run - control)", [("per step", xs, d), ("running mean", xs, running)])]
+        panels += [
+            (
+                f"training success: {label} vs control",
+                [(label, xs, [a for _, a, _ in pairs]), (control, xs, [c for _, _, c in pairs])],
+            ),
+            ("success difference (run - control)", [("per step", xs, d), ("running mean", xs, running)]),
+        ]
     if panels:
         _plot_curves(out / "paired.png", panels)
         md += ["", "![paired](paired.png)", ""]
@@ -81,24 +92,45 @@ def main() -> None:
     md = ["# EvoHarness-RL on a 2-core CPU: GRPO from a longer-trained SFT student", ""]
     if args.notes:
         md += [Path(args.notes).read_text()]
-    for split, title in (("valid_seen", "valid_seen panel, greedy, step cap 50"),
-                         ("train128", "train: 128 games drawn with replacement, sampled at the RL temperature, cap 30")):
-        systems = {k: json.loads((d / split / "summary.json").read_text()) for k, d in evals
-                   if (d / split / "summary.json").is_file()}
+    for split, title in (
+        ("valid_seen", "valid_seen panel, greedy, step cap 50"),
+        ("train128", "train: 128 games drawn with replacement, sampled at the RL temperature, cap 30"),
+    ):
+        systems = {
+            k: json.loads((d / split / "summary.json").read_text())
+            for k, d in evals
+            if (d / split / "summary.json").is_file()
+        }
         if systems:
             plot_success(systems, out / f"success_{split}.png", title)
             md += [f"## Success: {title}", ""] + success_table(systems) + ["", f"![success](success_{split}.png)", ""]
     sft = [r for r in read_jsonl(Path(args.sft_metrics)) if "loss" in r] if args.sft_metrics else []
     if sft:
         xs = [r["step"] for r in sft]
-        _plot_curves(out / "sft_loss.png", [("SFT loss (assistant tokens)", [
-            ("loss", xs, [r["loss"] for r in sft]), ("smoothed", xs, _smooth([r["loss"] for r in sft], 50))])])
-        md += ["## Stage 1: SFT", "", f"{len(sft)} steps; final loss {sft[-1]['loss']:.4f}.", "", "![sft loss](sft_loss.png)", ""]
+        _plot_curves(
+            out / "sft_loss.png",
+            [
+                (
+                    "SFT loss (assistant tokens)",
+                    [("loss", xs, [r["loss"] for r in sft]), ("smoothed", xs, _smooth([r["loss"] for r in sft], 50))],
+                )
+            ],
+        )
+        md += [
+            "## Stage 1: SFT",
+            "",
+            f"{len(sft)} steps; final loss {sft[-1]['loss']:.4f}.",
+            "",
+            "![sft loss](sft_loss.png)",
+            "",
+        ]
     runs = {label: read_jsonl(run / "metrics.jsonl") for label, run in _pairs(args.run)}
     if args.control:
         md += paired_section(out, runs, args.control)
     for i, (label, run) in enumerate(_pairs(args.run)):
-        md += rl_section(out, read_jsonl(run / "metrics.jsonl"), name=f"rl_curves_{i}.png", title=f"Stage 2 GRPO: {label}")
+        md += rl_section(
+            out, read_jsonl(run / "metrics.jsonl"), name=f"rl_curves_{i}.png", title=f"Stage 2 GRPO: {label}"
+        )
         shutil.copy(run / "rl_config.json", out / f"rl_config_{i}.json")
     (out / "report.md").write_text("\n".join(md))
     print(out / "report.md")

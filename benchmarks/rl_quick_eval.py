@@ -12,9 +12,9 @@ import argparse
 import json
 
 from evoharness.config.base import load_config
+from evoharness.config.rl import RLConfig
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.recipes.alfworld import load_experience_fresh, quick_eval
-from evoharness.config.rl import RLConfig
 
 
 def main() -> None:
@@ -24,10 +24,21 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
     cfg = load_config(RLConfig, args.config, [f"model_path={json.dumps(args.model_path)}"] + args.overrides)
-    policy = LocalHFPolicy(cfg.model_path, device=cfg.device, dtype=cfg.dtype, max_new_tokens=cfg.max_new_tokens,
-                           max_prompt_tokens=cfg.max_prompt_tokens, constrained=cfg.constrained, seed=cfg.seed,
-                           num_threads=cfg.decode_threads)
-    print(json.dumps({"model": args.model_path, **quick_eval(cfg, policy, load_experience_fresh(cfg.harness.experience_path))}))
+    policy = LocalHFPolicy(
+        cfg.model_path,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        max_new_tokens=cfg.max_new_tokens,
+        max_prompt_tokens=cfg.max_prompt_tokens,
+        constrained=cfg.constrained,
+        seed=cfg.seed,
+        num_threads=cfg.decode_threads,
+    )
+    print(
+        json.dumps(
+            {"model": args.model_path, **quick_eval(cfg, policy, load_experience_fresh(cfg.harness.experience_path))}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-MICRO = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
+MICRO = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
 def build_model(d: Path) -> None:
@@ -60,18 +66,32 @@ def build_model(d: Path) -> None:
 
 
 # label -> (schedule, cells: 1 or K, other ``runtime`` settings); K cells without a backend: processes
-ROWS = {"inprocess": ("colocate", 1, {"backend": "inprocess"}), "colocate": ("colocate", None, {}),
-        "colocate/files": ("colocate", None, {"trainer": "single"}), "async": ("async", None, {}),
-        "elastic": ("elastic", None, {}), "elastic-async": ("elastic-async", None, {})}
+ROWS = {
+    "inprocess": ("colocate", 1, {"backend": "inprocess"}),
+    "colocate": ("colocate", None, {}),
+    "colocate/files": ("colocate", None, {"trainer": "single"}),
+    "async": ("async", None, {}),
+    "elastic": ("elastic", None, {}),
+    "elastic-async": ("elastic-async", None, {}),
+}
 
 
 def run(model: Path, out: Path, steps: int, schedule: str, cells: int, **runtime) -> dict:
     from evoharness.config.rl import RLConfig
     from evoharness.recipes.rl import train_rl
 
-    cfg = RLConfig(model_path=str(model), out_dir=str(out), steps=steps, max_steps=12, step_caps=[3, 3, 3, 12],
-                   max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, seed=3,
-                   threads=1)   # one torch thread per cell, as cell processes get (in process: the driver's)
+    cfg = RLConfig(
+        model_path=str(model),
+        out_dir=str(out),
+        steps=steps,
+        max_steps=12,
+        step_caps=[3, 3, 3, 12],
+        max_new_tokens=12,
+        max_prompt_tokens=512,
+        decode_threads=1,
+        seed=3,
+        threads=1,
+    )  # one torch thread per cell, as cell processes get (in process: the driver's)
     cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 4, 1e-3
     cfg.runtime = cfg.runtime.model_validate({"schedule": schedule, "cells": cells, "stall_s": 300, **runtime})
     t0 = time.perf_counter()
@@ -107,17 +127,19 @@ def main() -> None:
 
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    keep = os.environ.get("RL_RUNTIME_KEEP")     # a directory: keep the runs there (traces, sim.toml) to inspect
-    resim = os.environ.get("RL_RUNTIME_RESIM")   # a kept directory: predict its runs again, run nothing
+    keep = os.environ.get("RL_RUNTIME_KEEP")  # a directory: keep the runs there (traces, sim.toml) to inspect
+    resim = os.environ.get("RL_RUNTIME_RESIM")  # a kept directory: predict its runs again, run nothing
     tmp = Path(resim or keep) if resim or keep else Path(tempfile.mkdtemp(prefix="rl_runtime_"))
     try:
         if not resim:
             build_model(tmp / "model")
-        lines = [f"RL on the runtime, measured vs simulated: micro Qwen3, 4 games x 2 samples, T_max mix 3/3/3/12, "
-                 f"{steps} steps, K={k}",
-                 "| schedule | cells | s/step meas | s/step sim | sim/meas | idle R meas/sim | idle T meas/sim "
-                 "| switches meas/sim | switch s to T/R | aborted | max stale meas/sim | success | reward |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines = [
+            f"RL on the runtime, measured vs simulated: micro Qwen3, 4 games x 2 samples, T_max mix 3/3/3/12, "
+            f"{steps} steps, K={k}",
+            "| schedule | cells | s/step meas | s/step sim | sim/meas | idle R meas/sim | idle T meas/sim "
+            "| switches meas/sim | switch s to T/R | aborted | max stale meas/sim | success | reward |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         fits = []
         for label, (name, cells, runtime) in ROWS.items():
             cells = cells or k
@@ -137,14 +159,19 @@ def main() -> None:
                     f"{r['runtime/switch_to_train_s']:.2f}/{r['runtime/switch_to_rollout_s']:.2f} | "
                     f"{r['runtime/aborted_turns']:.0f} | "
                     f"{r['runtime/staleness_max']:.0f}/{sim['staleness_max']:.0f} | "
-                    f"{r['success']:.2f} | {r['reward']:.3f} |")
+                    f"{r['success']:.2f} | {r['reward']:.3f} |"
+                )
             print(lines[-1], flush=True)
-        lines.append("\nFitted clusters (runtime.calibrate): gen tok/s, concurrency exponent, prefill speedup, "
-                     "train tok/s, micro-batch overhead s, sync s")
+        lines.append(
+            "\nFitted clusters (runtime.calibrate): gen tok/s, concurrency exponent, prefill speedup, "
+            "train tok/s, micro-batch overhead s, sync s"
+        )
         for name, c in fits:
-            lines.append(f"  {name:>14}: {c['gen_tps_single']:8.1f} {c['gen_concurrency_exponent']:5.2f} "
-                         f"{c['prefill_speedup']:8.1f} "
-                         f"{c['train_tps']:10.0f} {c['micro_batch_overhead_s']:6.3f} {c['weight_sync_s']:6.3f}")
+            lines.append(
+                f"  {name:>14}: {c['gen_tps_single']:8.1f} {c['gen_concurrency_exponent']:5.2f} "
+                f"{c['prefill_speedup']:8.1f} "
+                f"{c['train_tps']:10.0f} {c['micro_batch_overhead_s']:6.3f} {c['weight_sync_s']:6.3f}"
+            )
         lines.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
         print("\n".join(lines))
     finally:

@@ -46,11 +46,13 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rl_transport_"))
     try:
         build_model(tmp / "model")
-        lines = [f"RL runtime per transport: {schedule}, K={k}, {steps} steps, micro Qwen3, 4 games x 2 samples, "
-                 f"T_max mix 3/3/3/12; median of {repeats} interleaved runs (range)",
-                 "| backend | calls | s/step | idle R/T | switches | migrations | re-issued calls | drains | "
-                 "drain s mean/max | aborted | success | reward |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines = [
+            f"RL runtime per transport: {schedule}, K={k}, {steps} steps, micro Qwen3, 4 games x 2 samples, "
+            f"T_max mix 3/3/3/12; median of {repeats} interleaved runs (range)",
+            "| backend | calls | s/step | idle R/T | switches | migrations | re-issued calls | drains | "
+            "drain s mean/max | aborted | success | reward |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         rows = [(b, gw) for b in ("local", "ray") for gw in (False, True)]
         runs: dict[tuple, list[dict]] = {row: [] for row in rows}
         for i in range(repeats):
@@ -76,7 +78,8 @@ def main() -> None:
                 f"{r['runtime/switches']:.0f} | {r['runtime/migrations']:.0f} | "
                 f"{r['runtime/reissued_calls']:.0f} | {drains:.0f} | "
                 f"{mean:.3f}/{r.get('runtime/drain_s_max', 0.0):.3f} | {r['runtime/aborted_turns']:.0f} | "
-                f"{r['success']:.2f} | {r['reward']:.3f} |")
+                f"{r['success']:.2f} | {r['reward']:.3f} |"
+            )
         lines.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
         print("\n".join(lines))
     finally:

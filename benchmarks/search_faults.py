@@ -76,8 +76,13 @@ def panel_row(eps: list[dict]) -> dict:
         turns.update(k for _, k in kinds)
         if not e["won"]:
             lost[e["task_id"].split("/")[0]] = f"{kinds[0][1]} (turn {kinds[0][0]})" if kinds else "none"
-    return {"episodes": len(eps), "won": sum(e["won"] for e in eps), "search_turns": searches,
-            "fault_turns": {k: turns[k] for k in KINDS}, "lost_first_fault": dict(sorted(lost.items()))}
+    return {
+        "episodes": len(eps),
+        "won": sum(e["won"] for e in eps),
+        "search_turns": searches,
+        "fault_turns": {k: turns[k] for k in KINDS},
+        "lost_first_fault": dict(sorted(lost.items())),
+    }
 
 
 def sft_row(path: Path) -> dict:
@@ -92,8 +97,11 @@ def sft_row(path: Path) -> dict:
 
 def run_rows(run: Path) -> tuple[dict, dict, dict | None]:
     """One main-job run's episodes per panel, their fault rows, and its SFT-data row."""
-    episodes = {s: read_jsonl(run / "eval" / s / "episodes.jsonl") for s in SYSTEMS
-                if (run / "eval" / s / "episodes.jsonl").is_file()}
+    episodes = {
+        s: read_jsonl(run / "eval" / s / "episodes.jsonl")
+        for s in SYSTEMS
+        if (run / "eval" / s / "episodes.jsonl").is_file()
+    }
     if not episodes:
         sys.exit(f"no evaluation episodes under {run}/eval")
     sft = sft_row(run / "sft_examples.jsonl") if (run / "sft_examples.jsonl").is_file() else None
@@ -102,6 +110,7 @@ def run_rows(run: Path) -> tuple[dict, dict, dict | None]:
 
 def summary_row(label: str, episodes: dict, panels: dict) -> str:
     """One run's line of the comparison table: success, GRPO against SFT paired, fault turns."""
+
     def won(s: str) -> str:
         return f"{panels[s]['won']}/{panels[s]['episodes']}" if s in panels else "-"
 
@@ -118,49 +127,76 @@ def summary_row(label: str, episodes: dict, panels: dict) -> str:
         n = r["fault_turns"]["think"] + r["fault_turns"]["co-located"]
         return f"{n} of {r['search_turns']}"
 
-    return (f"| {label} | {won('sft')} | {won('dev_sft')} | {won('rl_last')} | {won('dev_rl_last')} | "
-            f"{vs('sft', 'rl_last')} | {vs('dev_sft', 'dev_rl_last')} | {faults('sft')} / {faults('rl_last')} |")
+    return (
+        f"| {label} | {won('sft')} | {won('dev_sft')} | {won('rl_last')} | {won('dev_rl_last')} | "
+        f"{vs('sft', 'rl_last')} | {vs('dev_sft', 'dev_rl_last')} | {faults('sft')} / {faults('rl_last')} |"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--run", required=True, nargs="+", metavar="[LABEL=]DIR",
-                    help="main-job output directories (eval/<system>/episodes.jsonl), optionally labelled")
+    ap.add_argument(
+        "--run",
+        required=True,
+        nargs="+",
+        metavar="[LABEL=]DIR",
+        help="main-job output directories (eval/<system>/episodes.jsonl), optionally labelled",
+    )
     ap.add_argument("--results", default="benchmarks/results/student/search_faults")
     ap.add_argument("--note", default="")
     args = ap.parse_args()
     runs = {(a.split("=", 1)[0] if "=" in a else a): Path(a.split("=", 1)[-1]) for a in args.run}
     rows = {label: run_rows(run) for label, run in runs.items()}
-    lines = ["# Search faults: where the student's search moves part from the teacher's", "",
-             f"`python benchmarks/search_faults.py {' '.join(sys.argv[1:])}`. On every turn where the scripted "
-             "teacher, handed the student's own prompt, makes a search move (\"the next receptacle to search is "
-             "R\"; search turns), the student's move: think = its think names another receptacle; co-located = the same R, "
-             "at the agent's location, but not the teacher's open / examine; action = the same R, another "
-             "command; other = no search move. Lost games: each one's first such fault (turn index).", ""]
+    lines = [
+        "# Search faults: where the student's search moves part from the teacher's",
+        "",
+        f"`python benchmarks/search_faults.py {' '.join(sys.argv[1:])}`. On every turn where the scripted "
+        "teacher, handed the student's own prompt, makes a search move (\"the next receptacle to search is "
+        "R\"; search turns), the student's move: think = its think names another receptacle; co-located = the same R, "
+        "at the agent's location, but not the teacher's open / examine; action = the same R, another "
+        "command; other = no search move. Lost games: each one's first such fault (turn index).",
+        "",
+    ]
     if len(rows) > 1:
-        lines += ["| run | SFT valid_seen | SFT dev | SFT + GRPO valid_seen | SFT + GRPO dev | GRPO vs SFT valid_seen "
-                  "| GRPO vs SFT dev | think + co-located fault turns of the teacher's search turns, valid_seen "
-                  "(SFT / SFT + GRPO) |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| run | SFT valid_seen | SFT dev | SFT + GRPO valid_seen | SFT + GRPO dev | GRPO vs SFT valid_seen "
+            "| GRPO vs SFT dev | think + co-located fault turns of the teacher's search turns, valid_seen "
+            "(SFT / SFT + GRPO) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         lines += [summary_row(label, episodes, panels) for label, (episodes, panels, _) in rows.items()]
         lines.append("")
     for label, (_, panels, sft) in rows.items():
-        lines += [f"## {label}", "", "| panel | won | search turns | think | co-located | action | other | "
-                  "lost games: first fault |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {label}",
+            "",
+            "| panel | won | search turns | think | co-located | action | other | lost games: first fault |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for name, r in panels.items():
             first = ", ".join(f"{g}: {k}" for g, k in r["lost_first_fault"].items()) or "-"
-            lines.append(f"| {name} | {r['won']}/{r['episodes']} | {r['search_turns']} | "
-                         + " | ".join(str(r["fault_turns"][k]) for k in KINDS) + f" | {first} |")
+            lines.append(
+                f"| {name} | {r['won']}/{r['episodes']} | {r['search_turns']} | "
+                + " | ".join(str(r["fault_turns"][k]) for k in KINDS)
+                + f" | {first} |"
+            )
         if sft:
-            lines += ["", f"SFT data: {sft['search_examples']} search examples, {sft['open_or_examine_there']} of "
-                          "them open or examine R where the agent stands."]
+            lines += [
+                "",
+                f"SFT data: {sft['search_examples']} search examples, {sft['open_or_examine_there']} of "
+                "them open or examine R where the agent stands.",
+            ]
         lines.append("")
     lines += [args.note] if args.note else []
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({label: {"run": str(runs[label]), "panels": p, "sft": sft}
-                                                     for label, (_, p, sft) in rows.items()}, indent=2) + "\n")
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {label: {"run": str(runs[label]), "panels": p, "sft": sft} for label, (_, p, sft) in rows.items()}, indent=2
+        )
+        + "\n"
+    )
     print("\n".join(lines))
 
 

@@ -20,8 +20,14 @@ def pair_seed(a: dict[str, list[dict]], b: dict[str, list[dict]], names: tuple[s
     out = {}
     for p in PANELS:
         c = paired(a[p], b[p])
-        out[p] = {"games": c["n"], names[0]: sum(e["won"] for e in a[p]), names[1]: sum(e["won"] for e in b[p]),
-                  "wins": c["b_only"], "losses": c["a_only"], "p": c["p"]}
+        out[p] = {
+            "games": c["n"],
+            names[0]: sum(e["won"] for e in a[p]),
+            names[1]: sum(e["won"] for e in b[p]),
+            "wins": c["b_only"],
+            "losses": c["a_only"],
+            "p": c["p"],
+        }
     return out
 
 
@@ -39,6 +45,8 @@ def table_row(label: str, row: dict, names: tuple[str, str], last: str) -> str:
     """A markdown row ``| label | a/n | b/n | wins | losses | p | a dev/n | b dev/n | wins | losses | last |``
     of one `pair_seed` result."""
     v, d = row["valid_seen"], row["dev"]
-    return (f"| {label} | {v[names[0]]}/{v['games']} | {v[names[1]]}/{v['games']} | {v['wins']} | {v['losses']} | "
-            f"{v['p']:.3g} | {d[names[0]]}/{d['games']} | {d[names[1]]}/{d['games']} | {d['wins']} | "
-            f"{d['losses']} | {last} |")
+    return (
+        f"| {label} | {v[names[0]]}/{v['games']} | {v[names[1]]}/{v['games']} | {v['wins']} | {v['losses']} | "
+        f"{v['p']:.3g} | {d[names[0]]}/{d['games']} | {d[names[1]]}/{d['games']} | {d['wins']} | "
+        f"{d['losses']} | {last} |"
+    )

@@ -28,18 +28,30 @@ from evoharness.runtime.synthetic import replay_backend  # noqa: E402
 
 WORKLOAD = {
     "workload": {
-        "name": "long_tail_small", "groups_per_step": 4, "group_size": 4, "initial_prompt_tokens": 500,
+        "name": "long_tail_small",
+        "groups_per_step": 4,
+        "group_size": 4,
+        "initial_prompt_tokens": 500,
         "turns": {"kind": "lognormal", "median": 8, "sigma": 0.9, "max": 80},
         "completion_tokens": {"kind": "lognormal", "median": 200, "sigma": 0.5},
         "prompt_tokens": {"kind": "lognormal", "median": 400, "sigma": 0.7},
         "tool_latency_s": {"kind": "lognormal", "median": 2.0, "sigma": 0.8},
-        "timeout_s": 600, "timeout_ref_tps": 30,
+        "timeout_s": 600,
+        "timeout_ref_tps": 30,
     },
-    "cluster": {"cells": 3, "accelerators_per_cell": 8, "capacity": 6, "gen_tps_single": 50.0,
-                "gen_concurrency_exponent": 1.0, "prefill_speedup": 50.0, "train_tps": 2000.0,
-                "weight_sync_s": 3.0},
+    "cluster": {
+        "cells": 3,
+        "accelerators_per_cell": 8,
+        "capacity": 6,
+        "gen_tps_single": 50.0,
+        "gen_concurrency_exponent": 1.0,
+        "prefill_speedup": 50.0,
+        "train_tps": 2000.0,
+        "weight_sync_s": 3.0,
+    },
     "policy": {"staleness": 1, "async_train_cells": 1},
-    "steps": 3, "seed": 1,
+    "steps": 3,
+    "seed": 1,
 }
 POLICIES = ("colocate", "async", "elastic", "elastic-async")
 
@@ -52,12 +64,16 @@ def main() -> None:
 def table(SCALE: float) -> None:  # noqa: N803 - the module constant's name, per run
     cfg = SimConfig.model_validate(WORKLOAD)
     t0 = time.perf_counter()
-    print(f"# measured (replay, {cfg.cluster.cells} cell processes) vs simulated, "
-          f"{cfg.workload.groups_per_step}x{cfg.workload.group_size} executions/step, {cfg.steps} steps, "
-          f"time_scale {SCALE} (simulated seconds shown)")
-    print(f"  {'policy':>14} {'measured s':>10} {'simulated s':>11} {'sim/meas':>8} {'s/step':>7} "
-          f"{'idle R meas/sim':>15} {'idle T meas/sim':>15} {'switches':>8} {'switch->T s':>11} {'aborted':>7} "
-          f"{'stale max':>9}")
+    print(
+        f"# measured (replay, {cfg.cluster.cells} cell processes) vs simulated, "
+        f"{cfg.workload.groups_per_step}x{cfg.workload.group_size} executions/step, {cfg.steps} steps, "
+        f"time_scale {SCALE} (simulated seconds shown)"
+    )
+    print(
+        f"  {'policy':>14} {'measured s':>10} {'simulated s':>11} {'sim/meas':>8} {'s/step':>7} "
+        f"{'idle R meas/sim':>15} {'idle T meas/sim':>15} {'switches':>8} {'switch->T s':>11} {'aborted':>7} "
+        f"{'stale max':>9}"
+    )
     for p in POLICIES:
         sim = simulate(cfg, p)
         sched = build_scheduler(p, cfg)
@@ -70,12 +86,16 @@ def table(SCALE: float) -> None:  # noqa: N803 - the module constant's name, per
         m = st.metrics()
         meas = st.wall_s / SCALE
         sm = sim.metrics
-        print(f"  {p:>14} {meas:10.0f} {sim.wall_s:11.0f} {sim.wall_s / meas:7.2f}x "
-              f"{m['timing_s/step'] / SCALE:7.0f} {100 * idle['idle_rollout']:7.1f}/{100 * sm['idle_rollout']:5.1f}% "
-              f"{100 * idle['idle_train']:7.1f}/{100 * sm['idle_train']:5.1f}% {st.switches:8d} "
-              f"{m['runtime/switch_to_train_s'] / SCALE:11.1f} {st.aborted_turns:7d} {m['runtime/staleness_max']:9.0f}")
-    print(f"  (switch->T: measured rollout->train latency; the workload charges "
-          f"{cfg.cluster.switch_to_train_s} s)\n(ran in {time.perf_counter() - t0:.0f} s)")
+        print(
+            f"  {p:>14} {meas:10.0f} {sim.wall_s:11.0f} {sim.wall_s / meas:7.2f}x "
+            f"{m['timing_s/step'] / SCALE:7.0f} {100 * idle['idle_rollout']:7.1f}/{100 * sm['idle_rollout']:5.1f}% "
+            f"{100 * idle['idle_train']:7.1f}/{100 * sm['idle_train']:5.1f}% {st.switches:8d} "
+            f"{m['runtime/switch_to_train_s'] / SCALE:11.1f} {st.aborted_turns:7d} {m['runtime/staleness_max']:9.0f}"
+        )
+    print(
+        f"  (switch->T: measured rollout->train latency; the workload charges "
+        f"{cfg.cluster.switch_to_train_s} s)\n(ran in {time.perf_counter() - t0:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

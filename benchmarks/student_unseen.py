@@ -64,29 +64,48 @@ def main() -> None:
         for i, (name, policy) in enumerate(systems):
             s = evaluate(eval_config(cfg, Path(tmp), f"s{i}", policy, run / "experience.json", games), progress=False)
             won = {e["task_id"]: e["won"] for e in read_jsonl(Path(tmp) / "eval" / f"s{i}" / "episodes.jsonl")}
-            rows.append({"system": name, "overall": s["overall"], "won": [won[g] for g in games],
-                         "by_type": {tt: {"won": v["won"], "n": v["n"]} for tt, v in s["by_type"].items()}})
+            rows.append(
+                {
+                    "system": name,
+                    "overall": s["overall"],
+                    "won": [won[g] for g in games],
+                    "by_type": {tt: {"won": v["won"], "n": v["n"]} for tt, v in s["by_type"].items()},
+                }
+            )
             print(name, f"{s['overall']['won']}/{s['overall']['n']}", flush=True)
     res = Path(args.results)
     res.mkdir(parents=True, exist_ok=True)
     (res / "unseen.json").write_text(json.dumps({"run": str(run), "games": games, "systems": rows}, indent=1))
     types = sorted(rows[0]["by_type"])
-    lines = [f"# Student on ALFWorld train games outside the bundled pack (run `{run}`)", "",
-             f"{len(games)} games, {args.per_type} per task type, drawn (seed {args.seed}) from the ALFWorld "
-             f"json_2.1.1 train release among the {sum(t.task_id not in bundled for t in release)} the "
-             "repository does not bundle; never trained or developed on. The run's evaluation settings: BPE harness, "
-             f"its experience store, greedy, constrained decoding, step cap {cfg.max_steps}, early stop after "
-             f"{cfg.stop_repeats} repeats.", "",
-             "| system | " + " | ".join(types) + " | all | steps/ep | stopped early |",
-             "|---|" + "---|" * (len(types) + 3)]
+    lines = [
+        f"# Student on ALFWorld train games outside the bundled pack (run `{run}`)",
+        "",
+        f"{len(games)} games, {args.per_type} per task type, drawn (seed {args.seed}) from the ALFWorld "
+        f"json_2.1.1 train release among the {sum(t.task_id not in bundled for t in release)} the "
+        "repository does not bundle; never trained or developed on. The run's evaluation settings: BPE harness, "
+        f"its experience store, greedy, constrained decoding, step cap {cfg.max_steps}, early stop after "
+        f"{cfg.stop_repeats} repeats.",
+        "",
+        "| system | " + " | ".join(types) + " | all | steps/ep | stopped early |",
+        "|---|" + "---|" * (len(types) + 3),
+    ]
     for r in rows:
         o = r["overall"]
-        lines.append(f"| `{r['system']}` | " + " | ".join(f"{r['by_type'][t]['won']}/{r['by_type'][t]['n']}" for t in types)
-                     + f" | **{o['success']}%** ({o['won']}/{o['n']}) | {o['mean_steps']} | {o['stopped_early']} |")
+        lines.append(
+            f"| `{r['system']}` | "
+            + " | ".join(f"{r['by_type'][t]['won']}/{r['by_type'][t]['n']}" for t in types)
+            + f" | **{o['success']}%** ({o['won']}/{o['n']}) | {o['mean_steps']} | {o['stopped_early']} |"
+        )
     if len(rows) > 2:  # each later model paired per game against the first (e.g. SFT + GRPO against SFT)
         base = rows[1]
-        lines += ["", f"Paired per game against `{base['system']}`: wins = games only the model won, losses = games "
-                  "only the first won; p = exact two-sided sign test.", "", "| model | wins | losses | p |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"Paired per game against `{base['system']}`: wins = games only the model won, losses = games "
+            "only the first won; p = exact two-sided sign test.",
+            "",
+            "| model | wins | losses | p |",
+            "|---|---|---|---|",
+        ]
         for r in rows[2:]:
             w = sum(a and not b for a, b in zip(r["won"], base["won"]))
             lost = sum(b and not a for a, b in zip(r["won"], base["won"]))

@@ -31,8 +31,13 @@ def main() -> None:
 
     torch.set_num_threads(1)
     t = time.perf_counter()
-    eng = VLLMEngine(spec["model"], stop_ids=[], max_model_len=1024,
-                     max_num_seqs=max(map(int, spec["batches"])), max_num_batched_tokens=32768)
+    eng = VLLMEngine(
+        spec["model"],
+        stop_ids=[],
+        max_model_len=1024,
+        max_num_seqs=max(map(int, spec["batches"])),
+        max_num_batched_tokens=32768,
+    )
     eng.generate([GenRequest([1, 2, 3])], 2)
     startup = time.perf_counter() - t
     sd = load_model(spec["model"]).state_dict()

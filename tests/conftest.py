@@ -69,8 +69,15 @@ def teacher_examples(valid_seen, tmp_path_factory):
     tasks = [t for tt in TASK_TYPES for t in [t for t in valid_seen if t.task_type == tt][:3]]
     engine = pick_engine(tasks[0])
     out = tmp_path_factory.mktemp("teacher_examples") / "traces.jsonl"
-    collect_traces(tasks, TeacherPolicy(), bpe_harness_factory(), lambda t: make_env(t, engine=engine), out,
-                   batch_size=6, progress=False)
+    collect_traces(
+        tasks,
+        TeacherPolicy(),
+        bpe_harness_factory(),
+        lambda t: make_env(t, engine=engine),
+        out,
+        batch_size=6,
+        progress=False,
+    )
     return traces_to_sft(out)
 
 
@@ -104,11 +111,18 @@ def chat_server():
                     self.end_headers()
                     self.wfile.write(b'{"error": {"message": "boom"}}')
                     return
-                data = json.dumps({
-                    "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": out}}],
-                    "usage": {"prompt_tokens": 123, "completion_tokens": 9, "total_tokens": 132},
-                }).encode()
+                data = json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": out}}
+                        ],
+                        "usage": {"prompt_tokens": 123, "completion_tokens": 9, "total_tokens": 132},
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

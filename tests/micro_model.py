@@ -10,8 +10,14 @@ from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.models.init import init_model
 from evoharness.models.tokenizer import build_tokenizer
 
-MICRO = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
+MICRO = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
 def build_micro_model_dir(d: Path, **init: float) -> Path:

@@ -20,9 +20,20 @@ if TYPE_CHECKING:
 RAY_STALL_S = 300.0
 
 # the in-process run's per-step numbers a runtime run must reproduce exactly, and to float noise
-EXACT = ("success", "reward", "steps_per_episode", "completion_tokens_per_episode", "invalid_per_episode",
-         "experience_ops", "experience_epoch", "policy_version", "train/n_tokens", "adv/signal_groups",
-         "prompt/cut_tokens", "rollout/env_errors")
+EXACT = (
+    "success",
+    "reward",
+    "steps_per_episode",
+    "completion_tokens_per_episode",
+    "invalid_per_episode",
+    "experience_ops",
+    "experience_epoch",
+    "policy_version",
+    "train/n_tokens",
+    "adv/signal_groups",
+    "prompt/cut_tokens",
+    "rollout/env_errors",
+)
 CLOSE = ("train/loss", "train/kl", "train/entropy", "train/grad_norm", "train/forced_fraction")
 
 
@@ -31,8 +42,16 @@ def rl_config(model_dir: Path, out: Path, steps: int = 2, **runtime: Any) -> RLC
     ``cfg.runtime`` fields (none: one cell in process; ``cells`` > 1 without a ``backend``: processes)."""
     from evoharness.config.rl import RLConfig
 
-    cfg = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=steps, max_steps=4, max_new_tokens=12,
-                   max_prompt_tokens=512, decode_threads=1, seed=3)
+    cfg = RLConfig(
+        model_path=str(model_dir),
+        out_dir=str(out),
+        steps=steps,
+        max_steps=4,
+        max_new_tokens=12,
+        max_prompt_tokens=512,
+        decode_threads=1,
+        seed=3,
+    )
     cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 2, 1e-3
     cfg.grpo.temperature, cfg.grpo.micro_batch_size = 1.0, 8
     if runtime.get("cells", 1) > 1:
@@ -64,7 +83,7 @@ def assert_same_update(final: Path, ref_w: dict, model_dir: Path) -> None:
     once; another sample or update would differ by ~100%)."""
     w0 = load_file(str(model_dir / "model.safetensors"))
     w = load_file(str(final / "model.safetensors"))
-    assert max(float((w[k] - w0[k]).abs().max()) for k in w0) > 0      # the updates changed the weights
+    assert max(float((w[k] - w0[k]).abs().max()) for k in w0) > 0  # the updates changed the weights
     for k in ref_w:
         moved = (ref_w[k] - w0[k]).abs().max()
         assert (w[k] - ref_w[k]).abs().max() <= 1e-2 * moved + 1e-7, k

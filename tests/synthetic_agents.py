@@ -21,8 +21,9 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +44,18 @@ class TokenAgents:
             version into `directory` (a `WeightStore` keeps only the newest two).
     """
 
-    def __init__(self, sim: SimConfig, tokenizer_dir: str | Path, grpo: GRPOConfig, max_new_tokens: int = 6,
-                 prompt_tokens: int = 12, tool_tokens: int = 3, max_turns: int = 3, time_scale: float = 1e-3,
-                 keep_weights: tuple[WeightStore, Path] | None = None):
+    def __init__(
+        self,
+        sim: SimConfig,
+        tokenizer_dir: str | Path,
+        grpo: GRPOConfig,
+        max_new_tokens: int = 6,
+        prompt_tokens: int = 12,
+        tool_tokens: int = 3,
+        max_turns: int = 3,
+        time_scale: float = 1e-3,
+        keep_weights: tuple[WeightStore, Path] | None = None,
+    ):
         from evoharness.models.init import load_tokenizer
 
         tok = load_tokenizer(tokenizer_dir)
@@ -54,14 +64,18 @@ class TokenAgents:
         self.seed, self.steps, self.grpo = sim.seed, sim.steps, grpo
         self.draw = WorkloadDraw(sim)
         self.N, self.G = self.draw.N, sim.workload.group_size
-        self.max_new, self.prompt_len, self.tool_len, self.max_turns = max_new_tokens, prompt_tokens, tool_tokens, \
-            max_turns
+        self.max_new, self.prompt_len, self.tool_len, self.max_turns = (
+            max_new_tokens,
+            prompt_tokens,
+            tool_tokens,
+            max_turns,
+        )
         self.scale, self.keep = time_scale, keep_weights
         self.x_ctx: dict[int, list[int]] = {}
         # execution -> per answered call (prompt ids, completion ids, behaviour log-probs, weights version)
         self.x_rec: dict[int, list[tuple[list[int], list[int], list[float], int]]] = {}
         self.x_t: dict[int, float] = {}
-        self.records: list[dict[str, Any]] = []         # what `step_done` returned, in order
+        self.records: list[dict[str, Any]] = []  # what `step_done` returned, in order
 
     # ---- executions --------------------------------------------------------------------------
     def _random_ids(self, n: int, *key: int) -> list[int]:
@@ -78,8 +92,12 @@ class TokenAgents:
         if self.finished(e):
             return None
         k = len(self.x_rec[e])
-        return (list(self.x_ctx[e]), self.max_new, (self.seed * 1_000_003 + e * 101 + k) & 0x7FFFFFFF,
-                self.grpo.temperature)
+        return (
+            list(self.x_ctx[e]),
+            self.max_new,
+            (self.seed * 1_000_003 + e * 101 + k) & 0x7FFFFFFF,
+            self.grpo.temperature,
+        )
 
     def reply(self, e: int, result: dict[str, Any]) -> None:
         ids, logprobs, version = result["result"]
@@ -101,8 +119,10 @@ class TokenAgents:
         return len(self.x_ctx.get(e, ()))
 
     def calls(self, e: int) -> list[dict[str, Any]]:
-        return [{"prompt_tokens": len(p), "completion_tokens": len(c), "policy_version": v}
-                for p, c, _, v in self.x_rec.get(e, [])]
+        return [
+            {"prompt_tokens": len(p), "completion_tokens": len(c), "policy_version": v}
+            for p, c, _, v in self.x_rec.get(e, [])
+        ]
 
     def trace_key(self, e: int) -> tuple[str, str, float]:
         return f"tokens-g{(e % self.N) // self.G}", f"e{e}", round(time.monotonic() - self.x_t.get(e, 0.0), 4)
@@ -145,8 +165,9 @@ class TokenAgents:
         updates = plan_updates([r for e in sorted(executions) for r in self._rows(e)], self.grpo)
         return [dict(plan, updates=[u[r::ranks] for u in updates], scale=1.0) for r in range(ranks)]
 
-    def step_done(self, version: int, executions: list[int], stats: dict[str, Any],
-                  timing: dict[str, float]) -> dict[str, Any]:
+    def step_done(
+        self, version: int, executions: list[int], stats: dict[str, Any], timing: dict[str, float]
+    ) -> dict[str, Any]:
         """The step's record: `train.step.merged_update_metrics` of `stats`, the micro-batches that
         reached the update, the completion tokens of its executions (what the update must have
         trained, each once) and the per-rank update metrics."""
@@ -155,10 +176,15 @@ class TokenAgents:
         if self.keep is not None and self.keep[0].path(version).is_file():
             self.keep[1].mkdir(parents=True, exist_ok=True)
             shutil.copy(self.keep[0].path(version), self.keep[1] / f"v{version}.safetensors")
-        rec = {"step": version, "executions": len(executions), "micro_batches": len(stats["micro"]),
-               "completion_tokens": sum(len(c) for e in executions for _, c, _, _ in self.x_rec[e]),
-               "reward": sum(self.reward(e) for e in executions) / max(1, len(executions)),
-               "ranks": stats["ranks"], **merged_update_metrics(**stats)}
+        rec = {
+            "step": version,
+            "executions": len(executions),
+            "micro_batches": len(stats["micro"]),
+            "completion_tokens": sum(len(c) for e in executions for _, c, _, _ in self.x_rec[e]),
+            "reward": sum(self.reward(e) for e in executions) / max(1, len(executions)),
+            "ranks": stats["ranks"],
+            **merged_update_metrics(**stats),
+        }
         self.records.append(rec)
         return rec
 
@@ -178,10 +204,22 @@ def token_grpo(lr: float = 1e-2, **over: Any) -> GRPOConfig:
     return GRPOConfig(**{"kl_beta": 0.0, "lr": lr, "grad_clip": 1.0, "temperature": 1.0, "off_policy": "ppo", **over})
 
 
-def token_backend(sim: SimConfig, roles: list, model_dir: str | Path, work_dir: str | Path, backend: str = "local",
-                  grpo: GRPOConfig | None = None, training: Any = None, via_gateway: bool = False,
-                  state: dict[str, Any] | None = None, version: int = 0, keep_weights: Path | None = None,
-                  time_scale: float = 1e-3, ready_timeout_s: float = 300.0, **ray: Any) -> Any:
+def token_backend(
+    sim: SimConfig,
+    roles: list,
+    model_dir: str | Path,
+    work_dir: str | Path,
+    backend: str = "local",
+    grpo: GRPOConfig | None = None,
+    training: Any = None,
+    via_gateway: bool = False,
+    state: dict[str, Any] | None = None,
+    version: int = 0,
+    keep_weights: Path | None = None,
+    time_scale: float = 1e-3,
+    ready_timeout_s: float = 300.0,
+    **ray: Any,
+) -> Any:
     """A `CellBackend` of bare-engine model cells (one torch thread each) playing `TokenAgents`:
     weights versions in ``work_dir/weights``, the core alone training by default
     (`ModelTraining("single")`)."""
@@ -191,18 +229,33 @@ def token_backend(sim: SimConfig, roles: list, model_dir: str | Path, work_dir: 
 
     grpo = grpo or token_grpo()
     weights = WeightStore(Path(work_dir) / "weights")
-    make_worker = functools.partial(ModelCell, factory=EngineCellFactory(str(model_dir), grpo, threads=1),
-                                    weights=weights, version=version)
-    agents = TokenAgents(sim, model_dir, grpo, time_scale=time_scale,
-                         keep_weights=(weights, Path(keep_weights)) if keep_weights else None)
+    make_worker = functools.partial(
+        ModelCell, factory=EngineCellFactory(str(model_dir), grpo, threads=1), weights=weights, version=version
+    )
+    agents = TokenAgents(
+        sim,
+        model_dir,
+        grpo,
+        time_scale=time_scale,
+        keep_weights=(weights, Path(keep_weights)) if keep_weights else None,
+    )
     gateway = None
     if via_gateway:
         from evoharness.runtime.gateway_cells import CellGateway
 
         gateway = CellGateway(sim.cluster.cells)
-    return CellBackend(sim, roles, make_transport(backend, **ray), make_worker, agents,
-                       training or ModelTraining("single"), work_dir, gateway=gateway, state=state,
-                       ready_timeout_s=ready_timeout_s)
+    return CellBackend(
+        sim,
+        roles,
+        make_transport(backend, **ray),
+        make_worker,
+        agents,
+        training or ModelTraining("single"),
+        work_dir,
+        gateway=gateway,
+        state=state,
+        ready_timeout_s=ready_timeout_s,
+    )
 
 
 class KillOnCommand:
@@ -238,6 +291,7 @@ class DiesMidReply(TimedCell):
 
     def submit(self, kind: str, token: int, payload: Any, seconds: float = 0.0) -> None:
         if payload == DIE:
+
             def die() -> None:
                 time.sleep(0.5)
                 os.kill(os.getpid(), signal.SIGKILL)

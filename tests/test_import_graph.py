@@ -21,7 +21,7 @@ def import_graph() -> dict[str, set[str]]:
     """Package -> the packages its modules import."""
     edges: dict[str, set[str]] = defaultdict(set)
     for f in SRC.rglob("*.py"):
-        if "data" in f.relative_to(SRC).parts:         # bundled task repositories, not the product
+        if "data" in f.relative_to(SRC).parts:  # bundled task repositories, not the product
             continue
         module = ".".join(f.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__")
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
@@ -45,7 +45,7 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                return path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt]
             if nxt not in state and (found := visit(nxt, path + [nxt])):
                 return found
         state[node] = 2
@@ -59,7 +59,7 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_between_packages():
     edges = import_graph()
-    assert edges["recipes"] >= {"runtime", "train"}          # the graph is read (not empty)
+    assert edges["recipes"] >= {"runtime", "train"}  # the graph is read (not empty)
     assert _cycle(edges) is None, " -> ".join(_cycle(edges))
 
 
@@ -77,6 +77,11 @@ def test_the_cycle_finder_finds_cycles():
 
 
 def test_no_untyped_configs():
-    offenders = [f"{f.relative_to(SRC)}:{i}" for f in SRC.rglob("*.py") if "data" not in f.relative_to(SRC).parts
-                 for i, line in enumerate(f.read_text().splitlines(), 1) if "cfg: Any" in line]
+    offenders = [
+        f"{f.relative_to(SRC)}:{i}"
+        for f in SRC.rglob("*.py")
+        if "data" not in f.relative_to(SRC).parts
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if "cfg: Any" in line
+    ]
     assert offenders == []

@@ -67,7 +67,7 @@ def split_items(listing: str) -> list[str] | None:
     if len(parts) > 1:
         if not parts[-1].startswith("and "):
             return None
-        parts[-1] = parts[-1][len("and "):]
+        parts[-1] = parts[-1][len("and ") :]
     items = [p[2:] for p in parts if p.startswith("a ")]
     return items if len(items) == len(parts) and all(re.fullmatch(r"[a-z]+ \d+", i) for i in items) else None
 
@@ -92,7 +92,7 @@ def _edit(text: str, obs: str, new_obs: str, drop: set[str], add: str | None) ->
     kept = [c for c in adm if not any(re.search(rf"\b{re.escape(o)}\b", c) for o in drop)]
     if add:
         kept = sorted(kept + [add])
-    text = text[: m.start(1)] + ", ".join(kept) + text[m.end(1):]
+    text = text[: m.start(1)] + ", ".join(kept) + text[m.end(1) :]
     return text.replace(obs, new_obs)
 
 
@@ -160,8 +160,12 @@ def counterfactual(example: dict, rng: random.Random) -> dict | None:
     takes = re.search(rf"<action>take ({goal} \d+) from ", completion)
     if (kind == "removed" and takes) or (kind == "inserted" and not (takes and takes.group(1) == new)):
         return None
-    return {**example, "messages": msgs[:-1] + [{"role": "user", "content": new_text}],
-            "completion": completion, "counterfactual": kind}
+    return {
+        **example,
+        "messages": msgs[:-1] + [{"role": "user", "content": new_text}],
+        "completion": completion,
+        "counterfactual": kind,
+    }
 
 
 def add_counterfactuals(examples: list[dict], rate: float, seed: int = 0) -> list[dict]:

@@ -6,6 +6,7 @@ import random
 import re
 
 import pytest
+
 from evoharness.policies.teacher import current_subgoal, location, parse_prompt
 from experiments.counterfactual.counterfactual import add_counterfactuals, counterfactual, join_items, split_items
 
@@ -32,7 +33,7 @@ def test_object_lists_round_trip_on_every_real_observation(examples):
 def test_twins_differ_only_in_what_the_agent_sees_and_flip_the_teachers_label(examples):
     out = add_counterfactuals(examples, 1.0, seed=0)
     assert out[: len(examples)] == examples
-    twins = out[len(examples):]
+    twins = out[len(examples) :]
     # the teacher tracks the goal object while it searches, and a live TRACK RESULT that shows it
     # in view cannot be edited back to "not seen yet": removals are rare, insertions common
     kinds = [t["counterfactual"] for t in twins]

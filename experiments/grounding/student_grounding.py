@@ -74,8 +74,10 @@ def pairs(examples: list[dict], rng: random.Random, limit: int | None = None) ->
             continue
         removed = twin["counterfactual"] == "removed"  # the real state showed the goal object
         pair = len(out) // 2
-        out += [{**ex, "probe_kind": "pos" if removed else "neg", "pair": pair},
-                {**twin, "probe_kind": "twin_neg" if removed else "twin_pos", "pair": pair}]
+        out += [
+            {**ex, "probe_kind": "pos" if removed else "neg", "pair": pair},
+            {**twin, "probe_kind": "twin_neg" if removed else "twin_pos", "pair": pair},
+        ]
         if limit and len(out) >= 2 * limit:
             break
     return out
@@ -87,7 +89,9 @@ def dev_states(run: Path) -> list[dict]:
 
     cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        return pairs(dev_teacher_examples(cfg, run / "experience.json", Path(tmp) / "dev_traces.jsonl"), random.Random(0))
+        return pairs(
+            dev_teacher_examples(cfg, run / "experience.json", Path(tmp) / "dev_traces.jsonl"), random.Random(0)
+        )
 
 
 def train_states(run: Path, n: int) -> list[dict]:
@@ -100,10 +104,20 @@ def train_states(run: Path, n: int) -> list[dict]:
 
 def decision_words(states: list[dict]) -> tuple[str, str]:
     """The first reason word of the teacher's 'goal here' and 'goal not here' labels (one each)."""
-    first = {k: {(m.group(1) if (m := re.match(r"<think>(\w+)", s["completion"])) else None)
-                 for s in states if s["probe_kind"].endswith(k)} for k in ("pos", "neg")}
-    if (len(first["pos"]) != 1 or len(first["neg"]) != 1 or first["pos"] == first["neg"]
-            or None in first["pos"] | first["neg"]):
+    first = {
+        k: {
+            (m.group(1) if (m := re.match(r"<think>(\w+)", s["completion"])) else None)
+            for s in states
+            if s["probe_kind"].endswith(k)
+        }
+        for k in ("pos", "neg")
+    }
+    if (
+        len(first["pos"]) != 1
+        or len(first["neg"]) != 1
+        or first["pos"] == first["neg"]
+        or None in first["pos"] | first["neg"]
+    ):
         raise ValueError(f"the teacher's search reasons do not start with one word per decision: {first}")
     return first["pos"].pop(), first["neg"].pop()
 
@@ -135,8 +149,14 @@ def probe(model_dir: Path, states: dict[str, list[dict]], words: tuple[str, str]
                 visible = s["probe_kind"].endswith("pos")
                 acc[s["probe_kind"]].append(((p > 0.5) == visible, p))
                 shown.setdefault(s["pair"], {})[visible] = p
-            out[panel] = {k: {"n": len(v), "acc": sum(r for r, _ in v) / max(1, len(v)),
-                              "p_here": sum(p for _, p in v) / max(1, len(v))} for k, v in acc.items()}
+            out[panel] = {
+                k: {
+                    "n": len(v),
+                    "acc": sum(r for r, _ in v) / max(1, len(v)),
+                    "p_here": sum(p for _, p in v) / max(1, len(v)),
+                }
+                for k, v in acc.items()
+            }
             out[panel]["reading"] = sum(d[True] - d[False] for d in shown.values()) / max(1, len(shown))
     return out
 
@@ -189,8 +209,11 @@ def main() -> None:
     if missing := [str(m) for m in models if not (m / "config.json").is_file()]:
         ap.error(f"not model directories: {', '.join(missing)}")
     if args.checkpoints:
-        models = [run / "model_init", *sorted((run / "sft" / "checkpoints").glob("step_*")),
-                  *(Path(m) for m in args.models)]
+        models = [
+            run / "model_init",
+            *sorted((run / "sft" / "checkpoints").glob("step_*")),
+            *(Path(m) for m in args.models),
+        ]
     states = {"dev": dev_states(run), "train": train_states(run, args.train_pairs)}
     words = decision_words(states["dev"] + states["train"])
     max_prompt = json.loads((run / "run_config.json").read_text())["sft"]["max_prompt_tokens"]
@@ -198,32 +221,64 @@ def main() -> None:
     for m in models:
         r = probe(m, states, words, max_prompt)
         rows.append((m, r))
-        print(m, " ".join(f"{p}:{k}={r[p][k]['acc']:.2f}" for p in r for k in KINDS),
-              " ".join(f"{p}:reading={r[p]['reading']:.2f}" for p in r), flush=True)
+        print(
+            m,
+            " ".join(f"{p}:{k}={r[p][k]['acc']:.2f}" for p in r for k in KINDS),
+            " ".join(f"{p}:reading={r[p]['reading']:.2f}" for p in r),
+            flush=True,
+        )
     res = Path(args.results)
     res.mkdir(parents=True, exist_ok=True)
-    (res / "grounding.json").write_text(json.dumps(
-        {"run": str(run), "decision_words": words, "states": {p: len(v) for p, v in states.items()},
-         "models": [{"model": str(m), **r} for m, r in rows]}, indent=1))
-    lines = [f"# Grounding probe (issue 11): run `{run}`", "",
-             f"The model's first reason word at the teacher's goal-search states: {words[0]!r} (the goal object is "
-             f"here) vs {words[1]!r} (it is not); accuracy of the larger of the two logits. `dev`: "
-             f"{len(states['dev']) // 2} search steps of the run's development games and their twins; `train`: "
-             f"{len(states['train']) // 2} of its SFT examples and their twins (pos/neg: the real state shows the goal "
-             "object or not; twin_*: the same state with it inserted or removed, relabelled by the teacher). "
-             "Reading gives high accuracy on all four; deciding from priors gives twins below 0.5.", "",
-             "`reading`: the mean over pairs of P(here) on the state showing the goal minus P(here) on its twin "
-             "without it (0: the observation is ignored; 1: it decides).", "",
-             "| model | " + " | ".join(f"{p} {k}" for p in states for k in (*KINDS, "reading")) + " |",
-             "|---|" + "---|" * (len(states) * (len(KINDS) + 1))]
+    (res / "grounding.json").write_text(
+        json.dumps(
+            {
+                "run": str(run),
+                "decision_words": words,
+                "states": {p: len(v) for p, v in states.items()},
+                "models": [{"model": str(m), **r} for m, r in rows],
+            },
+            indent=1,
+        )
+    )
+    lines = [
+        f"# Grounding probe (issue 11): run `{run}`",
+        "",
+        f"The model's first reason word at the teacher's goal-search states: {words[0]!r} (the goal object is "
+        f"here) vs {words[1]!r} (it is not); accuracy of the larger of the two logits. `dev`: "
+        f"{len(states['dev']) // 2} search steps of the run's development games and their twins; `train`: "
+        f"{len(states['train']) // 2} of its SFT examples and their twins (pos/neg: the real state shows the goal "
+        "object or not; twin_*: the same state with it inserted or removed, relabelled by the teacher). "
+        "Reading gives high accuracy on all four; deciding from priors gives twins below 0.5.",
+        "",
+        "`reading`: the mean over pairs of P(here) on the state showing the goal minus P(here) on its twin "
+        "without it (0: the observation is ignored; 1: it decides).",
+        "",
+        "| model | " + " | ".join(f"{p} {k}" for p in states for k in (*KINDS, "reading")) + " |",
+        "|---|" + "---|" * (len(states) * (len(KINDS) + 1)),
+    ]
     for m, r in rows:
-        lines.append(f"| `{m}` | " + " | ".join(f"{r[p][k]:.2f}" if k == "reading" else
-                                               f"{r[p][k]['acc']:.2f}" if r[p][k]["n"] else "-"
-                                               for p in states for k in (*KINDS, "reading")) + " |")
-    lines += ["", *(f"- {r}" for r in READING.get(str(run), [])), "", f"Machine load average (1 min) at start {load0:.2f}, at end "
-              f"{os.getloadavg()[0]:.2f} (accuracies do not depend on it)."]
-    lines += ["", "n per column: " + ", ".join(f"{p} {k} {rows[0][1][p][k]['n']}" for p in states for k in KINDS)
-              if rows else "", "", f"Command: `python -m experiments.grounding.student_grounding {' '.join(sys.argv[1:])}`"]
+        lines.append(
+            f"| `{m}` | "
+            + " | ".join(
+                f"{r[p][k]:.2f}" if k == "reading" else f"{r[p][k]['acc']:.2f}" if r[p][k]["n"] else "-"
+                for p in states
+                for k in (*KINDS, "reading")
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        *(f"- {r}" for r in READING.get(str(run), [])),
+        "",
+        f"Machine load average (1 min) at start {load0:.2f}, at end "
+        f"{os.getloadavg()[0]:.2f} (accuracies do not depend on it).",
+    ]
+    lines += [
+        "",
+        "n per column: " + ", ".join(f"{p} {k} {rows[0][1][p][k]['n']}" for p in states for k in KINDS) if rows else "",
+        "",
+        f"Command: `python -m experiments.grounding.student_grounding {' '.join(sys.argv[1:])}`",
+    ]
     curve = [(_step(m), r) for m, r in rows if _step(m) is not None]
     if len(curve) > 1:
         plot(res / "grounding.png", curve)

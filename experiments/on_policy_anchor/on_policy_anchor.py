@@ -40,15 +40,21 @@ from evoharness.train.sft_anchor import SFTAnchor
 class OnPolicyAnchorConfig(SFTAnchorConfig):
     """`SFTAnchorConfig` with the on-policy term's settings (the fields the product once carried)."""
 
-    on_policy_coef: float = Field(0.0, ge=0.0, description="weight of the NLL of the teacher's labels at the "
-                                  "step's rollout states where the policy acted otherwise (0: off)")
+    on_policy_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="weight of the NLL of the teacher's labels at the "
+        "step's rollout states where the policy acted otherwise (0: off)",
+    )
     on_policy_states: int = Field(64, gt=0, description="most relabelled states per RL step (a seeded sample)")
     on_policy_filter: Literal["lost_env", "all"] = Field(
-        "lost_env", description="which disagreements: lost episodes' where the teacher acts in the world, or all")
+        "lost_env", description="which disagreements: lost episodes' where the teacher acts in the world, or all"
+    )
 
 
-def relabel_states(trajectories: list, seed: int, step: int, limit: int,
-                   which: Literal["lost_env", "all"] = "lost_env") -> list[dict[str, Any]]:
+def relabel_states(
+    trajectories: list, seed: int, step: int, limit: int, which: Literal["lost_env", "all"] = "lost_env"
+) -> list[dict[str, Any]]:
     """The scripted teacher's labels at the lost episodes' states where it would take an environment
     action and the policy took another action (module docstring).
 
@@ -74,8 +80,9 @@ def relabel_states(trajectories: list, seed: int, step: int, limit: int,
             seen.add(key)
             label = teacher_label(turn.messages)
             action = split_completion(label)[1].strip()
-            if split_completion(turn.completion)[1].strip() != action and \
-                    (which == "all" or action.split(" ", 1)[0] not in META_VERBS):
+            if split_completion(turn.completion)[1].strip() != action and (
+                which == "all" or action.split(" ", 1)[0] not in META_VERBS
+            ):
                 out.append({"messages": turn.messages, "completion": label})
     if len(out) > limit:
         keep = sorted(random.Random(f"relabel:{seed}:{step}").sample(range(len(out)), limit))
@@ -88,14 +95,18 @@ class OnPolicyAnchor(SFTAnchor):
 
     cfg: OnPolicyAnchorConfig
 
-    def for_step(self, model: Any, step: int, amp: Callable | None = None,
-                 relabelled: list[dict[str, Any]] | None = None) -> Callable[[int], dict[str, float]]:
+    def for_step(
+        self, model: Any, step: int, amp: Callable | None = None, relabelled: list[dict[str, Any]] | None = None
+    ) -> Callable[[int], dict[str, float]]:
         """`SFTAnchor.for_step`'s update j, then ``on_policy_coef ·`` the mean completion NLL of its
         share (every U-th) of `relabelled` (`relabel_states`). Returns the anchor's metrics plus
         ``on_policy_nll`` and ``on_policy_states`` when update j has relabelled states."""
         base = super().for_step(model, step, amp)
-        extra = tokenize_examples(self.tokenizer, relabelled, self.cfg.max_prompt_tokens,
-                                  self.cfg.max_completion_tokens) if relabelled else []
+        extra = (
+            tokenize_examples(self.tokenizer, relabelled, self.cfg.max_prompt_tokens, self.cfg.max_completion_tokens)
+            if relabelled
+            else []
+        )
 
         def nll_of(rows: list) -> tuple[Any, int]:
             with (amp or nullcontext)():
@@ -104,7 +115,7 @@ class OnPolicyAnchor(SFTAnchor):
 
         def anchor(j: int) -> dict[str, float]:
             m = base(j)
-            if mine := extra[j::self.updates_per_step]:
+            if mine := extra[j :: self.updates_per_step]:
                 # padded-token batches, one backward each, weighted to one mean over all M_j tokens
                 total, m_sum = sum(len(ids) - n_prompt for ids, n_prompt in mine), 0.0
                 for idx in plan_epoch([len(r[0]) for r in mine], self.cfg.batch_tokens, self.seed, step):

@@ -54,9 +54,13 @@ class StrayingTeacher:
 def played(policy, kind: str = "bpe", n_games: int = 3, max_steps: int = 12) -> list:
     """Real train games played by `policy` through a fresh harness of `kind`."""
     tasks = discover_games("train")[:n_games]
-    return run_episodes([EpisodeSpec(t, f"{policy.name}{i}") for i, t in enumerate(tasks)],
-                        lambda t: make_env(t, engine="fast"), lambda: make_harness(HarnessConfig(kind=kind)),
-                        policy, max_steps=max_steps)
+    return run_episodes(
+        [EpisodeSpec(t, f"{policy.name}{i}") for i, t in enumerate(tasks)],
+        lambda t: make_env(t, engine="fast"),
+        lambda: make_harness(HarnessConfig(kind=kind)),
+        policy,
+        max_steps=max_steps,
+    )
 
 
 def user_of(messages: list[dict]) -> str:
@@ -70,8 +74,9 @@ def test_relabel_keeps_lost_states_where_the_teacher_would_act_otherwise_in_the_
 
     def differs(turn, env_only: bool) -> bool:
         label = split_completion(teacher_completion(user_of(turn.messages)))[1].strip()
-        return label != split_completion(turn.completion)[1].strip() and \
-            not (env_only and label.split()[0] in META_VERBS)
+        return label != split_completion(turn.completion)[1].strip() and not (
+            env_only and label.split()[0] in META_VERBS
+        )
 
     everything = relabel_states(random_trajs + teacher_trajs, seed=0, step=0, limit=1000, which="all")
     lost_env = relabel_states(random_trajs + teacher_trajs, seed=0, step=0, limit=1000)
@@ -95,19 +100,25 @@ def test_relabel_keeps_lost_states_where_the_teacher_would_act_otherwise_in_the_
 
 def test_the_on_policy_term_is_one_mean_over_each_updates_relabelled_tokens(model_dir, tmp_path):
     data = write_examples(tmp_path / "sft.jsonl")
-    cfg = OnPolicyAnchorConfig(data_path=str(data), coef=1.0, on_policy_coef=0.5, batch_tokens=1200,
-                               max_prompt_tokens=512, max_completion_tokens=64)
+    cfg = OnPolicyAnchorConfig(
+        data_path=str(data),
+        coef=1.0,
+        on_policy_coef=0.5,
+        batch_tokens=1200,
+        max_prompt_tokens=512,
+        max_completion_tokens=64,
+    )
     tok, model = load_tokenizer(model_dir), load_model(model_dir, "cpu", torch.float32)
     relabelled = relabel_states(played(StrayingTeacher()), seed=0, step=0, limit=12, which="all")
     anchor = OnPolicyAnchor(cfg, tok, seed=0, updates_per_step=2)
-    metrics_1 = anchor.for_step(model, 0, relabelled=relabelled)(1)   # update 1 of step 0
+    metrics_1 = anchor.for_step(model, 0, relabelled=relabelled)(1)  # update 1 of step 0
     got = [p.grad.clone() for p in model.parameters()]
     # by hand: update 1's SFT batch and every other relabelled state, each as one padded batch
     model.zero_grad()
     loss, n = completion_loss(model, *collate(anchor.batch(1), tok.pad_token_id or 0))
     (loss / n).backward()
     rows = tokenize_examples(tok, relabelled, 512, 64)[1::2]
-    assert len(plan_epoch([len(r[0]) for r in rows], cfg.batch_tokens, 0, 0)) > 1   # the anchor cut them into several
+    assert len(plan_epoch([len(r[0]) for r in rows], cfg.batch_tokens, 0, 0)) > 1  # the anchor cut them into several
     loss, m = completion_loss(model, *collate(rows, tok.pad_token_id or 0))
     (0.5 * loss / m).backward()
     for g, p in zip(got, model.parameters()):

@@ -57,7 +57,7 @@ def sort_admissible(text: str) -> str:
     lines = text.split("\n")
     for i, line in enumerate(lines):
         if line.startswith(_ADMISSIBLE):
-            lines[i] = _ADMISSIBLE + ", ".join(sorted(line[len(_ADMISSIBLE):].split(", ")))
+            lines[i] = _ADMISSIBLE + ", ".join(sorted(line[len(_ADMISSIBLE) :].split(", ")))
     return "\n".join(lines)
 
 

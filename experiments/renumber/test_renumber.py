@@ -6,6 +6,7 @@ import random
 import re
 
 import pytest
+
 from evoharness.train.dagger import teacher_label
 from experiments.renumber.renumber import renumber_example, renumber_examples, renumber_text, sort_admissible
 
@@ -25,11 +26,13 @@ def test_a_rewrite_shifts_every_receptacle_and_nothing_else_and_undoes_exactly(t
         assert teacher_label(r["messages"]) == r["completion"]
         back = {t: -k for t, k in r["renumbered"].items()}
         # undone and sorted as the environment sorts its admissible list, every message is the original
-        assert [sort_admissible(renumber_text(m["content"], back)) for m in r["messages"]] == \
-            [m["content"] for m in ex["messages"]]
+        assert [sort_admissible(renumber_text(m["content"], back)) for m in r["messages"]] == [
+            m["content"] for m in ex["messages"]
+        ]
         assert renumber_text(r["completion"], back) == ex["completion"]
-        admissible = next(line for line in r["messages"][-1]["content"].split("\n")
-                          if line.startswith("ADMISSIBLE COMMANDS: "))[len("ADMISSIBLE COMMANDS: "):].split(", ")
+        admissible = next(
+            line for line in r["messages"][-1]["content"].split("\n") if line.startswith("ADMISSIBLE COMMANDS: ")
+        )[len("ADMISSIBLE COMMANDS: ") :].split(", ")
         assert admissible == sorted(admissible)
         if m := SEARCH_RE.search(ex["completion"]):
             assert SEARCH_RE.search(r["completion"]).group(2) == str(int(m.group(2)) + r["renumbered"][m.group(1)])
@@ -38,7 +41,10 @@ def test_a_rewrite_shifts_every_receptacle_and_nothing_else_and_undoes_exactly(t
 def test_names_that_are_not_receptacle_instances_keep_their_numbers():
     text = "You arrive at loc 10. On the desk 1, you see a desklamp 1 and a cd 2. Unsearched (3): shelf 9, drawer 2."
     out = renumber_text(text, {"desk": 4, "shelf": 3, "drawer": 1})
-    assert out == "You arrive at loc 10. On the desk 5, you see a desklamp 1 and a cd 2. Unsearched (3): shelf 12, drawer 3."
+    assert (
+        out
+        == "You arrive at loc 10. On the desk 5, you see a desklamp 1 and a cd 2. Unsearched (3): shelf 12, drawer 3."
+    )
 
 
 def test_a_rewrite_the_teacher_would_label_otherwise_is_dropped(teacher_examples):

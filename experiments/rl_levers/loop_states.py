@@ -50,9 +50,17 @@ def loop_states(episodes: list[dict]) -> list[dict]:
         teacher = teacher_completion(t.messages[-1]["content"])
         action = teacher.split("<action>")[-1].split("</action>")[0].strip()
         if action != t.action:
-            out.append({"task_id": e["task_id"], "task_type": e["task_type"], "prompt_ids": t.prompt_token_ids,
-                        "student": t.completion, "teacher": teacher,
-                        "student_action": t.action, "teacher_action": action})
+            out.append(
+                {
+                    "task_id": e["task_id"],
+                    "task_type": e["task_type"],
+                    "prompt_ids": t.prompt_token_ids,
+                    "student": t.completion,
+                    "teacher": teacher,
+                    "student_action": t.action,
+                    "teacher_action": action,
+                }
+            )
     return out
 
 
@@ -62,7 +70,7 @@ def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) 
 
     ids = torch.tensor([prompt_ids + completion_ids])
     with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0, len(prompt_ids) - 1:-1].float(), -1)
+        logp = torch.log_softmax(model(ids).logits[0, len(prompt_ids) - 1 : -1].float(), -1)
     return float(logp.gather(1, torch.tensor(completion_ids)[:, None]).sum())
 
 
@@ -86,36 +94,67 @@ def main() -> None:
         sys.exit(f"{args.episodes}: no lost episode with a repeated action the teacher would not repeat")
     models = [m.split("=", 1) for m in args.models]
     tok = AutoTokenizer.from_pretrained(models[0][1])
-    enc = {s: tok.encode(s, add_special_tokens=False) + [tok.eos_token_id]
-           for st in states for s in (st["teacher"], st["student"])}
+    enc = {
+        s: tok.encode(s, add_special_tokens=False) + [tok.eos_token_id]
+        for st in states
+        for s in (st["teacher"], st["student"])
+    }
     rows = []
     for name, path in models:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        lp = [(completion_logprob(model, st["prompt_ids"], enc[st["teacher"]]),
-               completion_logprob(model, st["prompt_ids"], enc[st["student"]])) for st in states]
+        lp = [
+            (
+                completion_logprob(model, st["prompt_ids"], enc[st["teacher"]]),
+                completion_logprob(model, st["prompt_ids"], enc[st["student"]]),
+            )
+            for st in states
+        ]
         margins = [t - s for t, s in lp]
-        rows.append({"model": name, "path": path, "margin": sum(margins) / len(margins),
-                     "teacher_logp": sum(t for t, _ in lp) / len(lp), "student_logp": sum(s for _, s in lp) / len(lp),
-                     "flipped": sum(m > 0 for m in margins), "n": len(margins)})
+        rows.append(
+            {
+                "model": name,
+                "path": path,
+                "margin": sum(margins) / len(margins),
+                "teacher_logp": sum(t for t, _ in lp) / len(lp),
+                "student_logp": sum(s for _, s in lp) / len(lp),
+                "flipped": sum(m > 0 for m in margins),
+                "n": len(margins),
+            }
+        )
     kinds = Counter(f"{st['student_action']} -> {st['teacher_action'].split()[0]} ({st['task_type']})" for st in states)
-    lines = [
-        "# The teacher's margin where the student's lost episodes start to loop", "",
-        f"`python -m experiments.rl_levers.loop_states {' '.join(sys.argv[1:])}`", "",
-        f"{len(states)} loop states (the first repeated action of a lost episode that the teacher would not repeat) "
-        f"in `{args.episodes}`. Mean log P (nats, summed over the completion) of the teacher's completion and of the "
-        "student's repeat given the student's prompt; margin = their difference; flipped: states where the "
-        "teacher's is the likelier.", "",
-        "| model | log P teacher | log P repeat | margin | flipped |",
-        "|---|---|---|---|---|",
-    ] + [f"| {r['model']} | {r['teacher_logp']:.2f} | {r['student_logp']:.2f} | {r['margin']:.2f} | "
-         f"{r['flipped']}/{r['n']} |" for r in rows] + [
-        "", "States (student's repeat -> teacher's action): " + ", ".join(f"{k}: {v}" for k, v in kinds.most_common()) + ".",
-    ] + ([args.note] if args.note else [])
+    lines = (
+        [
+            "# The teacher's margin where the student's lost episodes start to loop",
+            "",
+            f"`python -m experiments.rl_levers.loop_states {' '.join(sys.argv[1:])}`",
+            "",
+            f"{len(states)} loop states (the first repeated action of a lost episode that the teacher would "
+            f"not repeat) in `{args.episodes}`. Mean log P (nats, summed over the completion) of the teacher's "
+            "completion and of the student's repeat given the student's prompt; margin = their difference; "
+            "flipped: states where the teacher's is the likelier.",
+            "",
+            "| model | log P teacher | log P repeat | margin | flipped |",
+            "|---|---|---|---|---|",
+        ]
+        + [
+            f"| {r['model']} | {r['teacher_logp']:.2f} | {r['student_logp']:.2f} | {r['margin']:.2f} | "
+            f"{r['flipped']}/{r['n']} |"
+            for r in rows
+        ]
+        + [
+            "",
+            "States (student's repeat -> teacher's action): "
+            + ", ".join(f"{k}: {v}" for k, v in kinds.most_common())
+            + ".",
+        ]
+        + ([args.note] if args.note else [])
+    )
     res = Path(args.results)
     res.parent.mkdir(parents=True, exist_ok=True)
     res.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    res.with_suffix(".json").write_text(json.dumps({"episodes": args.episodes, "kinds": dict(kinds), "rows": rows},
-                                                   indent=1))
+    res.with_suffix(".json").write_text(
+        json.dumps({"episodes": args.episodes, "kinds": dict(kinds), "rows": rows}, indent=1)
+    )
     print("\n".join(lines))
 
 

@@ -38,8 +38,11 @@ def extrapolate(sft: Path, rl: Path, alpha: float, out: Path) -> Path:
                 shutil.copy2(f, tmp / f.name)
         for f in rl.glob("*.safetensors"):
             base, end = load_file(str(sft / f.name)), load_file(str(f))
-            save_file({k: (base[k].float() + alpha * (v.float() - base[k].float())).to(v.dtype)
-                       for k, v in end.items()}, str(tmp / f.name), metadata={"format": "pt"})
+            save_file(
+                {k: (base[k].float() + alpha * (v.float() - base[k].float())).to(v.dtype) for k, v in end.items()},
+                str(tmp / f.name),
+                metadata={"format": "pt"},
+            )
 
     return out if (out / "config.json").exists() else atomic_dir(out, write)
 
@@ -55,8 +58,10 @@ def run_alphas(run: Path, alphas: list[float], out: Path) -> dict:
     systems = json.loads((run / "systems.json").read_text())
     out = out / f"seed{cfg.seed}"
     dev_ids = [t.task_id for t in dev_split(cfg)[1]]
-    panels = {"dev": (dev_ids, "dev_sft", f"dev_{systems['sft_grpo']}"),
-              cfg.eval_split: (None, "sft", systems["sft_grpo"])}
+    panels = {
+        "dev": (dev_ids, "dev_sft", f"dev_{systems['sft_grpo']}"),
+        cfg.eval_split: (None, "sft", systems["sft_grpo"]),
+    }
 
     def episodes(ev: Path) -> list[dict]:
         return read_jsonl(ev / "episodes.jsonl")
@@ -65,17 +70,26 @@ def run_alphas(run: Path, alphas: list[float], out: Path) -> dict:
     for a in alphas:
         d = out / f"a{a:g}"
         model = extrapolate(run / "sft" / "final", run / "rl" / "final", a, d / "model")
-        evaluate_many([eval_config(cfg, d, f"{p}_final", model_policy(cfg, model), model / "experience.json", games)
-                       for p, (games, _, _) in panels.items()
-                       if not (d / "eval" / f"{p}_final" / "summary.json").exists()])
+        evaluate_many(
+            [
+                eval_config(cfg, d, f"{p}_final", model_policy(cfg, model), model / "experience.json", games)
+                for p, (games, _, _) in panels.items()
+                if not (d / "eval" / f"{p}_final" / "summary.json").exists()
+            ]
+        )
         rows.append({"alpha": a, **{p: episodes(d / "eval" / f"{p}_final") for p in panels}})
     base = {p: episodes(run / "eval" / sft_dir) for p, (_, sft_dir, _) in panels.items()}
     for r in rows:
         for p, b in base.items():
             cmp = paired(b, r[p])
             r[p] = {"won": sum(e["won"] for e in r[p]), "n": cmp["n"], "wins": cmp["b_only"], "losses": cmp["a_only"]}
-    return {"run": str(run), "seed": cfg.seed, "eval_split": cfg.eval_split,
-            "sft": {p: sum(e["won"] for e in b) for p, b in base.items()}, "rows": rows}
+    return {
+        "run": str(run),
+        "seed": cfg.seed,
+        "eval_split": cfg.eval_split,
+        "sft": {p: sum(e["won"] for e in b) for p, b in base.items()},
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -95,26 +109,45 @@ def main() -> None:
 
     def cells(got: list[dict]) -> str:
         w, lo = sum(g["wins"] for g in got), sum(g["losses"] for g in got)
-        return (f"{sum(g['won'] for g in got)}/{sum(g['n'] for g in got)} | {w} | {lo} | "
-                f"{float(f'{sign_test(w, lo):.3g}')}")
+        return (
+            f"{sum(g['won'] for g in got)}/{sum(g['n'] for g in got)} | {w} | {lo} | {float(f'{sign_test(w, lo):.3g}')}"
+        )
 
-    lines = ["# Extrapolating the GRPO stage's weights", "",
-             f"`python -m experiments.rl_levers.rl_extrapolate {' '.join(sys.argv[1:])}`. Each row: theta_SFT + alpha * "
-             "(theta_RL - theta_SFT) from one main job's SFT model and its RL stage's final model (the seed soup; "
-             "alpha 1 is that model itself), greedy, cap 50. wins / losses: games only it / only SFT won; p: "
-             "exact two-sided sign test. dev chose nothing here; it is the set a choice of alpha would use.", "",
-             "| SFT seed | SFT | alpha | " + " | ".join(f"{p} | wins | losses | p" for p in panels) + " |",
-             "|---" * (3 + 4 * len(panels)) + "|"]
-    lines += [f"| {run['seed']} | {' / '.join(str(run['sft'][p]) for p in panels)} | {r['alpha']:g} | "
-              + " | ".join(cells([r[p]]) for p in panels) + " |" for run in runs for r in run["rows"]]
+    lines = [
+        "# Extrapolating the GRPO stage's weights",
+        "",
+        f"`python -m experiments.rl_levers.rl_extrapolate {' '.join(sys.argv[1:])}`. Each row: theta_SFT + alpha * "
+        "(theta_RL - theta_SFT) from one main job's SFT model and its RL stage's final model (the seed soup; "
+        "alpha 1 is that model itself), greedy, cap 50. wins / losses: games only it / only SFT won; p: "
+        "exact two-sided sign test. dev chose nothing here; it is the set a choice of alpha would use.",
+        "",
+        "| SFT seed | SFT | alpha | " + " | ".join(f"{p} | wins | losses | p" for p in panels) + " |",
+        "|---" * (3 + 4 * len(panels)) + "|",
+    ]
+    lines += [
+        f"| {run['seed']} | {' / '.join(str(run['sft'][p]) for p in panels)} | {r['alpha']:g} | "
+        + " | ".join(cells([r[p]]) for p in panels)
+        + " |"
+        for run in runs
+        for r in run["rows"]
+    ]
     if len(runs) > 1:
-        lines += ["", "Pooled over the SFT models:", "", "| alpha | " + " | ".join(f"{p} | wins | losses | p"
-                                                                               for p in panels) + " |",
-                  "|---" * (1 + 4 * len(panels)) + "|"]
+        lines += [
+            "",
+            "Pooled over the SFT models:",
+            "",
+            "| alpha | " + " | ".join(f"{p} | wins | losses | p" for p in panels) + " |",
+            "|---" * (1 + 4 * len(panels)) + "|",
+        ]
         for a in [1.0] + args.alphas:
-            lines.append(f"| {a:g} | " + " | ".join(
-                cells([r[p] for run in runs for r in run["rows"] if r["alpha"] == a]) for p in panels) + " |")
-    lines += ["", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}."] + ([args.note] if args.note else [])
+            lines.append(
+                f"| {a:g} | "
+                + " | ".join(cells([r[p] for run in runs for r in run["rows"] if r["alpha"] == a]) for p in panels)
+                + " |"
+            )
+    lines += ["", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}."] + (
+        [args.note] if args.note else []
+    )
     write_results(args.results, lines, runs)
 
 

@@ -120,10 +120,15 @@ ARMS = {
     "t15_anchor_8_seed1": {**_SCREENED, "steps": 8, "temperature": 1.5, "anchor": 1.0, "seed": 1},
     "t15_lr2e4_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 2e-4, "anchor": 1.0},
     "t15_lr3e4_anchor4_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "anchor": 4.0},
-    "t15_lr3e4_kl01_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "kl_beta": 0.1,
-                                "anchor": 1.0},
-    "t15_lost_lr3e4_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "anchor": 1.0,
-                                "lost_only": True},
+    "t15_lr3e4_kl01_anchor_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "lr": 3e-4, "kl_beta": 0.1, "anchor": 1.0},
+    "t15_lost_lr3e4_anchor_8": {
+        **_SCREENED,
+        "steps": 8,
+        "temperature": 1.5,
+        "lr": 3e-4,
+        "anchor": 1.0,
+        "lost_only": True,
+    },
     # where the signal is: every turn of each episode trained (the decisive turn is one of ~24; 8 sampled
     # turns miss it two times in three), more screened games (400: more lost ones)
     "t15_all_8": {**_SCREENED, "steps": 8, "temperature": 1.5, "train_turns": None},
@@ -186,8 +191,12 @@ ARMS = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", nargs="+", default=["runs/main"],
-                    help="finished main jobs (their SFT models and dev evaluations); several: one per seed")
+    ap.add_argument(
+        "--run",
+        nargs="+",
+        default=["runs/main"],
+        help="finished main jobs (their SFT models and dev evaluations); several: one per seed",
+    )
     ap.add_argument("--out", default="runs/rl_levers", help="arm directories (several runs: <out>/seed<S>)")
     ap.add_argument("--results", default="benchmarks/results/student/rl_levers")
     ap.add_argument("--arms", nargs="+", default=[a for a in ARMS if not ARMS[a].get("relabel")], choices=list(ARMS))
@@ -196,8 +205,10 @@ def main() -> None:
     ap.add_argument("--note", default="", help="a line for the report (how the arms ran: alone, side by side)")
     args = ap.parse_args()
     if relabel := [a for a in args.arms if ARMS[a].get("relabel")]:
-        sys.exit(f"{', '.join(relabel)}: on-policy teacher labels left the product (no RL loop hands the anchor "
-                 "its rollout states); see experiments/on_policy_anchor/JOURNAL.md for how to rerun them")
+        sys.exit(
+            f"{', '.join(relabel)}: on-policy teacher labels left the product (no RL loop hands the anchor "
+            "its rollout states); see experiments/on_policy_anchor/JOURNAL.md for how to rerun them"
+        )
 
     import torch
 
@@ -208,62 +219,95 @@ def main() -> None:
     runs = [run_arms(Path(r), Path(args.out), args, len(args.run) > 1) for r in args.run]
     names = ["dev"] + ([runs[0]["eval_split"]] if args.valid_seen else [])
     several = len(runs) > 1
-    head = (f"# GRPO levers ({len(runs)} main jobs' SFT models, seeds {', '.join(str(r['seed']) for r in runs)})"
-            if several else f"# GRPO levers (one main job's SFT model, seed {runs[0]['seed']})")
+    head = (
+        f"# GRPO levers ({len(runs)} main jobs' SFT models, seeds {', '.join(str(r['seed']) for r in runs)})"
+        if several
+        else f"# GRPO levers (one main job's SFT model, seed {runs[0]['seed']})"
+    )
     sft_dev = ", ".join(f"{r['sft_dev']}/{r['n_dev']}" for r in runs)
     lines = [
-        head, "",
+        head,
+        "",
         f"`python -m experiments.rl_levers.rl_levers {' '.join(sys.argv[1:])}`; SFT on the development games: "
         f"{sft_dev}. Each arm: its GRPO steps, each on its games per step x its samples "
         "per game (trained turns: per episode, drawn), T_max 30, then its final model on the development games "
-        "(greedy, cap 50). wins / losses: games only the arm / only SFT won; p: exact two-sided sign test.", "",
+        "(greedy, cap 50). wins / losses: games only the arm / only SFT won; p: exact two-sided sign test.",
+        "",
         "| " + ("SFT seed | " if several else "") + "arm | RL games | branches | steps | games/step | samples | "
         "trained turns | T | lr | KL β | epochs | anchor | advantage | RL seed | RL s | "
-        + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
+        + " | ".join(f"{p} | wins | losses | p" for p in names)
+        + " |",
         "|---" * (15 + several + 4 * len(names)) + "|",
-    ] + [("| " + (f"{run['seed']} | " if several else "") + f"{r['arm']} | {r['rl_games']} | {_branches(r)} | "
-          f"{r['steps']} | {r['games_per_step']} | {r['samples']} | "
-          f"{r['train_turns'] or 'all'} | {r['temperature']} | {_lr(r)} | "
-          f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {_anchor(r)} | "
-          f"{r['estimator']} | {_seeds(r)} | {r['rl_seconds']} | "
-          + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
-          + " |") for run in runs for r in run["rows"]]
+    ] + [
+        (
+            "| " + (f"{run['seed']} | " if several else "") + f"{r['arm']} | {r['rl_games']} | {_branches(r)} | "
+            f"{r['steps']} | {r['games_per_step']} | {r['samples']} | "
+            f"{r['train_turns'] or 'all'} | {r['temperature']} | {_lr(r)} | "
+            f"{r.get('kl_beta', 0.01):g} | {r.get('epochs', 1)} | {_anchor(r)} | "
+            f"{r['estimator']} | {_seeds(r)} | {r['rl_seconds']} | "
+            + " | ".join(f"{r[p]['won']}/{r[p]['n']} | {r[p]['wins']} | {r[p]['losses']} | {r[p]['p']}" for p in names)
+            + " |"
+        )
+        for run in runs
+        for r in run["rows"]
+    ]
     if several:  # each arm's wins and losses summed over the independent SFT models (a fair coin each under H0)
-        lines += ["", "Pooled over the SFT models (sums; p: the exact sign test on the summed wins and losses):", "",
-                  "| arm | " + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
-                  "|---" * (1 + 4 * len(names)) + "|"]
+        lines += [
+            "",
+            "Pooled over the SFT models (sums; p: the exact sign test on the summed wins and losses):",
+            "",
+            "| arm | " + " | ".join(f"{p} | wins | losses | p" for p in names) + " |",
+            "|---" * (1 + 4 * len(names)) + "|",
+        ]
         for arm in args.arms:
             cells = []
             for p in names:
                 got = [r[p] for run in runs for r in run["rows"] if r["arm"] == arm]
                 w, lo = sum(g["wins"] for g in got), sum(g["losses"] for g in got)
-                cells.append(f"{sum(g['won'] for g in got)}/{sum(g['n'] for g in got)} | {w} | {lo} | "
-                             f"{float(f'{sign_test(w, lo):.3g}')}")
+                cells.append(
+                    f"{sum(g['won'] for g in got)}/{sum(g['n'] for g in got)} | {w} | {lo} | "
+                    f"{float(f'{sign_test(w, lo):.3g}')}"
+                )
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    lines += ["", f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
-              "at the given threads (arms may have run side by side: compare them only within one run)."]
+    lines += [
+        "",
+        f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
+        "at the given threads (arms may have run side by side: compare them only within one run).",
+    ]
     lines += [args.note] if args.note else []
     res = Path(args.results)
     res.parent.mkdir(parents=True, exist_ok=True)
     res.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    res.with_suffix(".json").write_text(json.dumps(
-        {"run": args.run[0], "rows": runs[0]["rows"]} if not several else
-        {"runs": [{"run": r["run"], "seed": r["seed"], "rows": r["rows"]} for r in runs]}, indent=1))
+    res.with_suffix(".json").write_text(
+        json.dumps(
+            {"run": args.run[0], "rows": runs[0]["rows"]}
+            if not several
+            else {"runs": [{"run": r["run"], "seed": r["seed"], "rows": r["rows"]} for r in runs]},
+            indent=1,
+        )
+    )
     print("\n".join(lines))
 
 
 def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> dict:
     """Train and evaluate ``args.arms`` from the SFT model of main job `run` (arm directories in
     `out`, or ``out/seed<S>`` when `per_seed`); returns the run's seed, SFT dev wins and rows."""
+    from evoharness.config.rl import Branch
+    from evoharness.config.sft import SFTAnchorConfig
     from evoharness.eval.evaluate import evaluate_many
     from evoharness.eval.run_report import sign_test
     from evoharness.files import read_jsonl
-    from evoharness.pipeline import (RunConfig, dev_split, eval_config, model_policy, rl_config, screen_rl_games,
-                                     screened_games)
+    from evoharness.pipeline import (
+        RunConfig,
+        dev_split,
+        eval_config,
+        model_policy,
+        rl_config,
+        screen_rl_games,
+        screened_games,
+    )
     from evoharness.recipes.alfworld import train_tasks
     from evoharness.recipes.rl import train_rl
-    from evoharness.config.rl import Branch
-    from evoharness.config.sft import SFTAnchorConfig
 
     cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())
     out = out / f"seed{cfg.seed}" if per_seed else out
@@ -303,8 +347,9 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
             n = arm["screen"] if branches is True else branches
             found = screen(n)["branches"]
             if arm.get("cycles"):  # the same screening's episodes, cycles too (`screened_games`)
-                found = screened_games(read_jsonl(out / f"screen{n}" / "eval" / "rl_screen" / "episodes.jsonl"),
-                                       cycles=True)["branches"]
+                found = screened_games(
+                    read_jsonl(out / f"screen{n}" / "eval" / "rl_screen" / "episodes.jsonl"), cycles=True
+                )["branches"]
             rl.branches = [Branch(**b) for b in found]
         rl.branch_turns, rl.branch_advantage = arm.get("branch_turns"), arm.get("branch_advantage", "both")
         rl.soup_seeds = arm.get("soup", 1)
@@ -317,23 +362,46 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
         if rl.soup_seeds > 1:  # its seeds' logged step times (seed runs copied in were timed elsewhere)
             secs = sum(r.get("timing_s/step", 0) for r in read_jsonl(d / "rl" / "metrics.jsonl"))
             (d / "rl_seconds.txt").write_text(f"{secs:.0f}")
-        row = {"arm": name, "seed": rl.seed, "lr": rl.grpo.lr, "samples": rl.grpo.group_size,
-               "train_turns": rl.grpo.max_train_turns,
-               "kl_beta": rl.grpo.kl_beta, "epochs": rl.grpo.epochs, "anchor": arm.get("anchor", 0), **arm,
-               "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)), "n_branches": len(rl.branches),
-               "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-"}
-        todo = [eval_config(cfg, d, f"{panel}_final", model_policy(cfg, final), final / "experience.json", games)
-                for panel, games, _ in panels if not (d / "eval" / f"{panel}_final" / "summary.json").exists()]
+        row = {
+            "arm": name,
+            "seed": rl.seed,
+            "lr": rl.grpo.lr,
+            "samples": rl.grpo.group_size,
+            "train_turns": rl.grpo.max_train_turns,
+            "kl_beta": rl.grpo.kl_beta,
+            "epochs": rl.grpo.epochs,
+            "anchor": arm.get("anchor", 0),
+            **arm,
+            "rl_games": len(rl.games) if rl.games else len(train_tasks(rl)),
+            "n_branches": len(rl.branches),
+            "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-",
+        }
+        todo = [
+            eval_config(cfg, d, f"{panel}_final", model_policy(cfg, final), final / "experience.json", games)
+            for panel, games, _ in panels
+            if not (d / "eval" / f"{panel}_final" / "summary.json").exists()
+        ]
         evaluate_many(todo)  # the panels in one pool of lock-step batches
-        for panel, games, base in panels:
+        for panel, _games, base in panels:
             ev = d / "eval" / f"{panel}_final"
             won = {e["task_id"]: e["won"] for e in read_jsonl(ev / "episodes.jsonl")}
             wins, losses = sum(won[g] and not base[g] for g in base), sum(base[g] and not won[g] for g in base)
-            row[panel] = {"won": sum(won.values()), "n": len(won), "wins": wins, "losses": losses,
-                          "p": float(f"{sign_test(wins, losses):.3g}")}
+            row[panel] = {
+                "won": sum(won.values()),
+                "n": len(won),
+                "wins": wins,
+                "losses": losses,
+                "p": float(f"{sign_test(wins, losses):.3g}"),
+            }
         rows.append(row)
-    return {"run": str(run), "seed": cfg.seed, "eval_split": cfg.eval_split, "sft_dev": sum(sft_dev.values()),
-            "n_dev": len(dev_ids), "rows": rows}
+    return {
+        "run": str(run),
+        "seed": cfg.seed,
+        "eval_split": cfg.eval_split,
+        "sft_dev": sum(sft_dev.values()),
+        "n_dev": len(dev_ids),
+        "rows": rows,
+    }
 
 
 def _lr(row: dict) -> str:
@@ -354,9 +422,11 @@ def _branches(row: dict) -> str:
     n = row["n_branches"]
     if not n:
         return "-"
-    notes = ([f"{row['branch_turns']} turns"] if row.get("branch_turns") else []) + (
-        ["advantage >= 0"] if row.get("branch_advantage") == "positive" else []) + (
-        ["cycles too"] if row.get("cycles") else [])
+    notes = (
+        ([f"{row['branch_turns']} turns"] if row.get("branch_turns") else [])
+        + (["advantage >= 0"] if row.get("branch_advantage") == "positive" else [])
+        + (["cycles too"] if row.get("cycles") else [])
+    )
     return f"{n} ({', '.join(notes)})" if notes else str(n)
 
 

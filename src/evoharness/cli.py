@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="EvoHarness: train and evaluate LLM agents on long-horizon tasks.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="EvoHarness: train and evaluate LLM agents on long-horizon tasks."
+)
 
 
 @app.callback()
@@ -23,36 +24,54 @@ def fail(msg: str) -> None:
 
 @app.command("eval")
 def eval_cmd(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (EvalConfig, or RepoEvalConfig with --env repo)."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML file (EvalConfig, or RepoEvalConfig with --env repo)."
+    ),
     env: str = typer.Option("alfworld", "--env", help="alfworld | repo (repository-building tasks)."),
-    tasks: Optional[str] = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
-    split: Optional[str] = typer.Option(None, help="train | valid_seen | valid_unseen"),
-    harness: Optional[str] = typer.Option(None, help="react | bpe"),
-    policy: Optional[str] = typer.Option(None, help="expert | noisy_expert | random | teacher | openai | hf; repo: reference | empty | openai"),
-    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1"),
-    model: Optional[str] = typer.Option(None, help="Model name at the endpoint."),
-    model_path: Optional[Path] = typer.Option(None, help="Local Hugging Face model directory (policy hf)."),
-    protocol: Optional[str] = typer.Option(None, help="panel (cap 50) | evoharness (cap 70) | random128"),
-    max_steps: Optional[int] = typer.Option(None, help="Step cap (overrides the protocol's)."),
-    workers: Optional[int] = typer.Option(None, help="Worker processes."),
-    limit: Optional[int] = typer.Option(None, help="Play only the first N episodes of the panel."),
-    engine: Optional[str] = typer.Option(None, help="textworld | fast"),
-    data_path: Optional[str] = typer.Option(None, help="ALFWORLD_DATA root; default: the bundled pack."),
-    out: Optional[Path] = typer.Option(None, help="Output directory."),
+    tasks: str | None = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
+    split: str | None = typer.Option(None, help="train | valid_seen | valid_unseen"),
+    harness: str | None = typer.Option(None, help="react | bpe"),
+    policy: str | None = typer.Option(
+        None, help="expert | noisy_expert | random | teacher | openai | hf; repo: reference | empty | openai"
+    ),
+    base_url: str | None = typer.Option(None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1"),
+    model: str | None = typer.Option(None, help="Model name at the endpoint."),
+    model_path: Path | None = typer.Option(None, help="Local Hugging Face model directory (policy hf)."),
+    protocol: str | None = typer.Option(None, help="panel (cap 50) | evoharness (cap 70) | random128"),
+    max_steps: int | None = typer.Option(None, help="Step cap (overrides the protocol's)."),
+    workers: int | None = typer.Option(None, help="Worker processes."),
+    limit: int | None = typer.Option(None, help="Play only the first N episodes of the panel."),
+    engine: str | None = typer.Option(None, help="textworld | fast"),
+    data_path: str | None = typer.Option(None, help="ALFWORLD_DATA root; default: the bundled pack."),
+    out: Path | None = typer.Option(None, help="Output directory."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set policy.temperature=0.7"),
 ) -> None:
     """Evaluate a policy with a harness on a fixed ALFWorld panel, or on repository tasks (--env repo)."""
     from evoharness.config.base import ConfigError, load_config
 
     if env == "repo":
-        alf_only = {"--split": split, "--harness": harness, "--model-path": model_path, "--protocol": protocol,
-                    "--max-steps": max_steps, "--engine": engine, "--data-path": data_path}
+        alf_only = {
+            "--split": split,
+            "--harness": harness,
+            "--model-path": model_path,
+            "--protocol": protocol,
+            "--max-steps": max_steps,
+            "--engine": engine,
+            "--data-path": data_path,
+        }
         if used := [k for k, v in alf_only.items() if v is not None]:
             fail(f"{', '.join(used)}: only for --env alfworld")
         from evoharness.eval.repo_eval import run_cli
 
-        flags = {"tasks": tasks, "policy.kind": policy, "policy.base_url": base_url, "policy.model": model,
-                 "workers": workers, "limit": limit, "out_dir": out and str(out)}
+        flags = {
+            "tasks": tasks,
+            "policy.kind": policy,
+            "policy.base_url": base_url,
+            "policy.model": model,
+            "workers": workers,
+            "limit": limit,
+            "out_dir": out and str(out),
+        }
         overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
         try:
             typer.echo(run_cli(config, overrides))
@@ -63,16 +82,25 @@ def eval_cmd(
         fail(f"unknown --env {env!r} (alfworld | repo)")
     if tasks is not None:
         fail("--tasks applies to --env repo only")
+    from evoharness.config.eval import EvalConfig
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.eval.evaluate import evaluate
-    from evoharness.config.eval import EvalConfig
     from evoharness.eval.report import markdown_table
 
     flags = {
-        "split": split, "harness.kind": harness, "policy.kind": policy, "policy.base_url": base_url,
-        "policy.model": model, "policy.model_path": model_path and str(model_path), "protocol": protocol,
-        "max_steps": max_steps, "workers": workers, "limit": limit, "env.engine": engine,
-        "env.data_path": data_path, "out_dir": out and str(out),
+        "split": split,
+        "harness.kind": harness,
+        "policy.kind": policy,
+        "policy.base_url": base_url,
+        "policy.model": model,
+        "policy.model_path": model_path and str(model_path),
+        "protocol": protocol,
+        "max_steps": max_steps,
+        "workers": workers,
+        "limit": limit,
+        "env.engine": engine,
+        "env.data_path": data_path,
+        "out_dir": out and str(out),
     }
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
     try:
@@ -86,10 +114,20 @@ def eval_cmd(
 
 @app.command("run")
 def run_cmd(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (RunConfig); default: the main "
-                                                                       "job, configs/main_job.toml of this checkout."),
-    budget_minutes: Optional[float] = typer.Option(None, help="Optional wall-clock cap (minutes) on the training stages; the default step budgets give the same model on any machine."),
-    out: Optional[Path] = typer.Option(None, help="Output directory (default runs/main); a rerun resumes."),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="TOML file (RunConfig); default: the main job, configs/main_job.toml of this checkout.",
+    ),
+    budget_minutes: float | None = typer.Option(
+        None,
+        help=(
+            "Optional wall-clock cap (minutes) on the training stages; the default step budgets give the same "
+            "model on any machine."
+        ),
+    ),
+    out: Path | None = typer.Option(None, help="Output directory (default runs/main); a rerun resumes."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set sft.lr=1e-3"),
 ) -> None:
     """The main job: teacher traces, tokenizer + model, SFT, GRPO, evaluation, report."""
@@ -114,13 +152,13 @@ def sft_cmd(
     examples: Path = typer.Option(..., help="SFT examples JSONL ({messages, completion} per line)."),
     model_path: Path = typer.Option(..., help="HF model directory to fine-tune."),
     out: Path = typer.Option(Path("runs/sft"), help="Output directory (resumes from its checkpoints)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (SFTConfig)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (SFTConfig)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set lr=1e-4"),
 ) -> None:
     """Stage 1 alone: supervised harness fine-tuning of any HF model directory."""
     from evoharness.config.base import ConfigError, load_config
-    from evoharness.train.sft import train_sft
     from evoharness.config.sft import SFTConfig
+    from evoharness.train.sft import train_sft
 
     try:
         cfg = load_config(SFTConfig, config, list(set_))
@@ -134,31 +172,44 @@ def sft_cmd(
 
 @app.command("rl")
 def rl_cmd(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file (RLConfig), e.g. configs/rl_qwen3_8b.toml."),
-    model_path: Optional[Path] = typer.Option(None, help="The SFT model directory (policy init and KL reference)."),
-    out: Optional[Path] = typer.Option(None, help="Output directory (resumes from its checkpoints)."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML file (RLConfig), e.g. configs/rl_qwen3_8b.toml."
+    ),
+    model_path: Path | None = typer.Option(None, help="The SFT model directory (policy init and KL reference)."),
+    out: Path | None = typer.Option(None, help="Output directory (resumes from its checkpoints)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set grpo.lr=1e-6"),
-    schedule: Optional[str] = typer.Option(None, help="colocate (default), async, elastic or elastic-async."),
-    cells: Optional[int] = typer.Option(None, help="Runtime cells K (default 1; more need --backend local or ray)."),
-    backend: Optional[str] = typer.Option(None, help="Where the cells run: inprocess (default: one cell, this "
-                                                     "process), local (a process per cell) or ray (Ray actors; "
-                                                     "needs the ray extra)."),
-    ray_address: Optional[str] = typer.Option(None, help="With --backend ray: the Ray cluster to join "
-                                                         "(default: start a local head on 127.0.0.1)."),
-    env: Optional[str] = typer.Option(None, "--env", help="alfworld (default) | repo (repository tasks)."),
-    tasks: Optional[str] = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
+    schedule: str | None = typer.Option(None, help="colocate (default), async, elastic or elastic-async."),
+    cells: int | None = typer.Option(None, help="Runtime cells K (default 1; more need --backend local or ray)."),
+    backend: str | None = typer.Option(
+        None,
+        help="Where the cells run: inprocess (default: one cell, this "
+        "process), local (a process per cell) or ray (Ray actors; "
+        "needs the ray extra).",
+    ),
+    ray_address: str | None = typer.Option(
+        None, help="With --backend ray: the Ray cluster to join (default: start a local head on 127.0.0.1)."
+    ),
+    env: str | None = typer.Option(None, "--env", help="alfworld (default) | repo (repository tasks)."),
+    tasks: str | None = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
 ) -> None:
     """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
     from evoharness.config.base import ConfigError, load_config
+    from evoharness.config.rl import RLConfig
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.recipes.rl import train_rl
-    from evoharness.config.rl import RLConfig
 
     if cells and cells > 1 and backend is None:
-        backend = "local"           # K cells and no backend named: a process per cell
-    flags = {"model_path": model_path and str(model_path), "out_dir": out and str(out),
-             "runtime.schedule": schedule, "runtime.cells": cells, "runtime.backend": backend,
-             "runtime.ray_address": ray_address, "env": env, "repo.tasks": tasks}
+        backend = "local"  # K cells and no backend named: a process per cell
+    flags = {
+        "model_path": model_path and str(model_path),
+        "out_dir": out and str(out),
+        "runtime.schedule": schedule,
+        "runtime.cells": cells,
+        "runtime.backend": backend,
+        "runtime.ray_address": ray_address,
+        "env": env,
+        "repo.tasks": tasks,
+    }
     if tasks is not None and env != "repo":
         fail("--tasks applies to --env repo only")
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
@@ -201,13 +252,14 @@ def distill_cmd(ctx: typer.Context) -> None:
 @app.command("simulate")
 def simulate_cmd(
     workload: Path = typer.Option(..., "--workload", "-w", help="Workload TOML or JSONL trace of executions."),
-    cells: Optional[int] = typer.Option(None, "--cells", "-k", help="K cells (default: the workload's cluster)."),
-    policies: str = typer.Option("colocate,async,elastic,elastic-async",
-                                 help="Comma-separated schedules: colocate, async, elastic, elastic-gated, "
-                                      "elastic-async."),
-    steps: Optional[int] = typer.Option(None, help="RL steps to simulate."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the workload draws."),
-    out: Optional[Path] = typer.Option(None, help="Write table.md, results.json and timeline.png here."),
+    cells: int | None = typer.Option(None, "--cells", "-k", help="K cells (default: the workload's cluster)."),
+    policies: str = typer.Option(
+        "colocate,async,elastic,elastic-async",
+        help="Comma-separated schedules: colocate, async, elastic, elastic-gated, elastic-async.",
+    ),
+    steps: int | None = typer.Option(None, help="RL steps to simulate."),
+    seed: int | None = typer.Option(None, help="Seed of the workload draws."),
+    out: Path | None = typer.Option(None, help="Write table.md, results.json and timeline.png here."),
     set_: list[str] = typer.Option([], "--set", help="Override any key: --set cluster.train_tps=3000"),
 ) -> None:
     """Simulate colocate / async / elastic / elastic-async rollout-train schedules of a workload on K cells."""
@@ -221,18 +273,38 @@ def simulate_cmd(
 
 @app.command("serve")
 def serve_cmd(
-    model_path: Optional[Path] = typer.Option(None, help="Local HF model directory served by the project's engine."),
-    backend: list[str] = typer.Option([], "--backend", help="OpenAI-compatible server (vLLM, SGLang), e.g. http://h:8000/v1; repeatable."),
-    workers: int = typer.Option(0, help="Run the engine in N worker processes instead of in-process (needs --model-path)."),
+    model_path: Path | None = typer.Option(None, help="Local HF model directory served by the project's engine."),
+    backend: list[str] = typer.Option(
+        [], "--backend", help="OpenAI-compatible server (vLLM, SGLang), e.g. http://h:8000/v1; repeatable."
+    ),
+    workers: int = typer.Option(
+        0, help="Run the engine in N worker processes instead of in-process (needs --model-path)."
+    ),
     host: str = typer.Option("127.0.0.1", help="Bind address (admin endpoints are unauthenticated: keep loopback)."),
     port: int = typer.Option(8000, help="Port."),
-    records: Optional[Path] = typer.Option(None, help="Directory of per-execution call records (JSONL); default: in memory."),
-    served_model_name: Optional[str] = typer.Option(None, help="Model name clients use (default: the model directory's name)."),
-    max_prompt_tokens: Optional[int] = typer.Option(None, help="Prompt budget of engine backends: a longer prompt drops its oldest history first, as LocalHFPolicy does."),
+    records: Path | None = typer.Option(
+        None, help="Directory of per-execution call records (JSONL); default: in memory."
+    ),
+    served_model_name: str | None = typer.Option(
+        None, help="Model name clients use (default: the model directory's name)."
+    ),
+    max_prompt_tokens: int | None = typer.Option(
+        None,
+        help="Prompt budget of engine backends: a longer prompt drops its oldest history first, as LocalHFPolicy does.",
+    ),
     max_batch: int = typer.Option(64, help="Calls per engine batch at most."),
-    threads: Optional[int] = typer.Option(None, help="Torch CPU threads per engine."),
-    wait_backends: float = typer.Option(60.0, help="Seconds to wait for each --backend server to answer /models before giving up."),
-    backend_grammar: str = typer.Option("regex", help="How --backend servers get action_grammar: regex (vLLM structured_outputs; not the engine's token masks) | xargs (vllm_xargs for a vLLM server started with --logits-processors evoharness.engines.vllm_grammar:ActionGrammarLogitsProcessor: exact masks and contract log-probs)."),
+    threads: int | None = typer.Option(None, help="Torch CPU threads per engine."),
+    wait_backends: float = typer.Option(
+        60.0, help="Seconds to wait for each --backend server to answer /models before giving up."
+    ),
+    backend_grammar: str = typer.Option(
+        "regex",
+        help=(
+            "How --backend servers get action_grammar: regex (vLLM structured_outputs; not the engine's token "
+            "masks) | xargs (vllm_xargs for a vLLM server started with --logits-processors "
+            "evoharness.engines.vllm_grammar:ActionGrammarLogitsProcessor: exact masks and contract log-probs)."
+        ),
+    ),
 ) -> None:
     """OpenAI-compatible gateway: routing, token-in/token-out records, transparent retry (QwenGyre)."""
     from evoharness.runtime.backends import BackendError, wait_for_server
@@ -241,9 +313,18 @@ def serve_cmd(
     if workers and not model_path:
         fail("--workers needs --model-path")
     try:
-        gw = build_gateway(str(model_path) if model_path else None, list(backend), workers, records,
-                           served_model_name, max_prompt_tokens, max_batch, threads, log_dir=records,
-                           backend_grammar=backend_grammar)
+        gw = build_gateway(
+            str(model_path) if model_path else None,
+            list(backend),
+            workers,
+            records,
+            served_model_name,
+            max_prompt_tokens,
+            max_batch,
+            threads,
+            log_dir=records,
+            backend_grammar=backend_grammar,
+        )
     except (ValueError, OSError) as e:
         fail(str(e))
     for url in backend:  # a clear error, not a lifespan traceback; a server still starting is waited for
@@ -255,8 +336,11 @@ def serve_cmd(
                 wait_for_server(url, wait_backends)
             except BackendError as e:
                 fail(f"backend {e}")
-    typer.echo(f"serving model {gw.served_model!r} at http://{host}:{port}/v1 "
-               f"({len(gw.backends)} backend(s); records: {records or 'in memory'})", err=True)
+    typer.echo(
+        f"serving model {gw.served_model!r} at http://{host}:{port}/v1 "
+        f"({len(gw.backends)} backend(s); records: {records or 'in memory'})",
+        err=True,
+    )
     serve(gw, host, port)
 
 

@@ -97,7 +97,6 @@ def truncate_jsonl(path: Path, step: int) -> None:
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
-
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The records of a JSONL file, in order; [] when it does not exist.
 

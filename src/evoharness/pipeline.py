@@ -1,4 +1,5 @@
-"""The main job: teacher traces -> tokenizer + model -> SFT (-> DAgger rounds) -> GRPO -> evaluations + learning curve -> report.
+"""The main job: teacher traces -> tokenizer + model -> SFT (-> DAgger rounds) -> GRPO ->
+evaluations + learning curve -> report.
 
 Each stage writes its outputs under ``out_dir`` and a ``.done`` marker; a rerun
 skips finished stages and resumes a stage that was interrupted (trace
@@ -23,9 +24,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from evoharness.config.eval import EvalConfig
 from evoharness.config.policy import PolicyConfig
@@ -57,8 +58,10 @@ def dev_split(cfg: RunConfig) -> tuple[list, list]:
     # stratified by task type, interleaved: any prefix (dev_eval_limit, curve_games) is balanced across types
     rng, by_id = random.Random(f"dev:{cfg.seed}"), {t.task_id: t for t in tasks}
     types = sorted({t.task_type for t in tasks})
-    pools = {tt: rng.sample(sorted(t.task_id for t in tasks if t.task_type == tt),
-                            sum(t.task_type == tt for t in tasks)) for tt in types}
+    pools = {
+        tt: rng.sample(sorted(t.task_id for t in tasks if t.task_type == tt), sum(t.task_type == tt for t in tasks))
+        for tt in types
+    }
     dev_ids = [pools[types[i % len(types)]][i // len(types)] for i in range(cfg.dev_games)]
     train = [t for t in tasks if t.task_id not in set(dev_ids)]
     return (train[: cfg.train_games] if cfg.train_games else train), [by_id[i] for i in dev_ids]
@@ -76,10 +79,18 @@ def dev_teacher_examples(cfg: RunConfig, store: Path, traces: Path, n_games: int
     from evoharness.rollout.collect import collect_traces, traces_to_sft
 
     traces.unlink(missing_ok=True)  # collect_traces resumes a file; these are always played afresh
-    collect_traces(dev_split(cfg)[1][:n_games], make_policy(cfg.teacher), lambda s: make_harness(cfg.harness, experience=s),
-                   lambda t: make_env(t, engine=cfg.env.engine, wording=cfg.env.wording), traces,
-                   max_steps=cfg.max_steps, batch_size=32, experience=ExperienceStore.load(store), seed=cfg.seed,
-                   progress=False)
+    collect_traces(
+        dev_split(cfg)[1][:n_games],
+        make_policy(cfg.teacher),
+        lambda s: make_harness(cfg.harness, experience=s),
+        lambda t: make_env(t, engine=cfg.env.engine, wording=cfg.env.wording),
+        traces,
+        max_steps=cfg.max_steps,
+        batch_size=32,
+        experience=ExperienceStore.load(store),
+        seed=cfg.seed,
+        progress=False,
+    )
     return traces_to_sft(traces)
 
 
@@ -113,9 +124,13 @@ def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
     rl_cfg.split = cfg.train_split
     rl_cfg.exclude_games = sorted(t.task_id for t in dev_split(cfg)[1])
     if rl_cfg.sft_anchor is not None and not rl_cfg.sft_anchor.data_path:  # the teacher rows SFT trained on
-        rl_cfg.sft_anchor = rl_cfg.sft_anchor.model_copy(update={
-            "data_path": str(out / "sft_examples.jsonl"), "max_prompt_tokens": cfg.sft.max_prompt_tokens,
-            "max_completion_tokens": cfg.sft.max_completion_tokens})
+        rl_cfg.sft_anchor = rl_cfg.sft_anchor.model_copy(
+            update={
+                "data_path": str(out / "sft_examples.jsonl"),
+                "max_prompt_tokens": cfg.sft.max_prompt_tokens,
+                "max_completion_tokens": cfg.sft.max_completion_tokens,
+            }
+        )
     if rl_cfg.max_minutes is None and cfg.budget_minutes is not None:
         rl_cfg.max_minutes = cfg.budget_minutes * cfg.rl_budget_share
     return rl_cfg
@@ -130,8 +145,16 @@ def screen_rl_games(cfg: RunConfig, run: Path, n: int, out: Path | None = None) 
     out = out or run
     train = dev_split(cfg)[0]
     picked = random.Random(f"rl_screen:{cfg.seed}").sample(train, min(n, len(train)))
-    evaluate(eval_config(cfg, out, "rl_screen", model_policy(cfg, sft_dirs(cfg, run)[-1] / "final"),
-                         run / "experience.json", [t.task_id for t in picked]))
+    evaluate(
+        eval_config(
+            cfg,
+            out,
+            "rl_screen",
+            model_policy(cfg, sft_dirs(cfg, run)[-1] / "final"),
+            run / "experience.json",
+            [t.task_id for t in picked],
+        )
+    )
     return screened_games(read_jsonl(out / "eval" / "rl_screen" / "episodes.jsonl"), cfg.rl_branch_cycles)
 
 
@@ -158,28 +181,50 @@ def screened_games(episodes: list[dict], cycles: bool = False) -> dict:
         starts = spam_turns(traj)[:1] + ([first_repeated_pair(traj)] if cycles else [])
         if (start := min((i for i in starts if i), default=0)) > 0:
             branches.append({"task_id": traj.task_id, "prefix": [t.completion for t in traj.turns[:start]]})
-    return {"games": lost + spread(won, len(lost)) if lost else won, "lost": lost, "screened": len(episodes),
-            "branches": branches}
+    return {
+        "games": lost + spread(won, len(lost)) if lost else won,
+        "lost": lost,
+        "screened": len(episodes),
+        "branches": branches,
+    }
 
 
 def model_policy(cfg: RunConfig, path: Path, temperature: float = 0.0) -> PolicyConfig:
     """A trained model as the evaluation policy, with the prompt budget SFT trained on."""
-    return PolicyConfig(kind="hf", model_path=str(path), temperature=temperature, constrained=cfg.constrained,
-                        max_tokens=cfg.rl.max_new_tokens, max_prompt_tokens=cfg.sft.max_prompt_tokens,
-                        seed=cfg.seed, num_threads=cfg.rl.decode_threads)
+    return PolicyConfig(
+        kind="hf",
+        model_path=str(path),
+        temperature=temperature,
+        constrained=cfg.constrained,
+        max_tokens=cfg.rl.max_new_tokens,
+        max_prompt_tokens=cfg.sft.max_prompt_tokens,
+        seed=cfg.seed,
+        num_threads=cfg.rl.decode_threads,
+    )
 
 
-def eval_config(cfg: RunConfig, out: Path, name: str, policy: PolicyConfig, store: Path,
-                games: list[str] | None = None) -> EvalConfig:
+def eval_config(
+    cfg: RunConfig, out: Path, name: str, policy: PolicyConfig, store: Path, games: list[str] | None = None
+) -> EvalConfig:
     """An evaluation stage's config: the run's harness with experience store `store`;
     `games` (train-split task ids): the development set instead of ``eval_split``."""
     harness = cfg.harness.model_copy(update={"experience_path": str(store)})
     split = cfg.train_split if games is not None else cfg.eval_split
     if games is None and cfg.eval_limit:
         games = balanced_subset(cfg.eval_split, cfg.env.data_path, cfg.eval_limit)
-    return EvalConfig(split=split, games=games, seed=cfg.seed, max_steps=cfg.max_steps,
-                      workers=cfg.eval_workers, batch_size=cfg.eval_batch, out_dir=str(out / "eval" / name),
-                      env=cfg.env, harness=harness, policy=policy, stop_repeats=cfg.stop_repeats)
+    return EvalConfig(
+        split=split,
+        games=games,
+        seed=cfg.seed,
+        max_steps=cfg.max_steps,
+        workers=cfg.eval_workers,
+        batch_size=cfg.eval_batch,
+        out_dir=str(out / "eval" / name),
+        env=cfg.env,
+        harness=harness,
+        policy=policy,
+        stop_repeats=cfg.stop_repeats,
+    )
 
 
 class Stage:
@@ -307,10 +352,19 @@ def collect(job: Job) -> None:
     from evoharness.rollout.collect import collect_traces, traces_to_sft, write_jsonl_atomic
 
     cfg = job.cfg
-    stats = collect_traces(job.train_tasks, make_policy(cfg.teacher),
-                           lambda store: make_harness(cfg.harness, experience=store), job.make_game, job.traces,
-                           samples=cfg.teacher_samples, max_steps=cfg.max_steps, batch_size=32,
-                           experience_path=job.experience, seed=cfg.seed, wording=cfg.env.wording)
+    stats = collect_traces(
+        job.train_tasks,
+        make_policy(cfg.teacher),
+        lambda store: make_harness(cfg.harness, experience=store),
+        job.make_game,
+        job.traces,
+        samples=cfg.teacher_samples,
+        max_steps=cfg.max_steps,
+        batch_size=32,
+        experience_path=job.experience,
+        seed=cfg.seed,
+        wording=cfg.env.wording,
+    )
     examples = traces_to_sft(job.traces)
     write_jsonl_atomic(job.sft_data, examples)
     job.log(f"  teacher won {stats.won}/{stats.played} train episodes; {len(examples)} SFT examples")
@@ -327,8 +381,9 @@ def build_model(job: Job) -> None:
     tok = build_tokenizer(corpus, job.model_dir, vocab_size=cfg.vocab_size)
     arch = {**PRESETS[cfg.model_preset], **cfg.model_overrides}
     model = init_model(arch, tok, out_dir=job.model_dir, seed=cfg.seed)
-    job.log(f"  tokenizer: {len(tok)} tokens; model: Qwen3 '{cfg.model_preset}', "
-            f"{count_params(model) / 1e6:.2f}M params")
+    job.log(
+        f"  tokenizer: {len(tok)} tokens; model: Qwen3 '{cfg.model_preset}', {count_params(model) / 1e6:.2f}M params"
+    )
 
 
 def sft(job: Job, r: int) -> None:
@@ -342,8 +397,9 @@ def sft(job: Job, r: int) -> None:
         sft_cfg.max_steps = cfg.dagger_sft_steps
         sft_cfg.lr = cfg.dagger_lr
     if sft_cfg.max_minutes is None:  # the SFT share of budget_minutes, split over the SFT stages
-        sft_cfg.max_minutes = (None if cfg.budget_minutes is None
-                               else cfg.budget_minutes * cfg.sft_budget_share / (1 + cfg.dagger_rounds))
+        sft_cfg.max_minutes = (
+            None if cfg.budget_minutes is None else cfg.budget_minutes * cfg.sft_budget_share / (1 + cfg.dagger_rounds)
+        )
     data = read_jsonl(job.sft_data) + [ex for k in range(1, r + 1) for ex in read_jsonl(job.out / f"dagger{k}.jsonl")]
     start = (cfg.model_path or job.model_dir) if r == 0 else sfts[r - 1] / "final"
     train_sft(sft_cfg, data, start, sfts[r])
@@ -363,14 +419,25 @@ def dagger(job: Job, r: int) -> None:
     store = load_experience(str(job.experience))
     student = make_policy(model_policy(cfg, job.sfts[r - 1] / "final"))
     try:
-        st = dagger_round(tasks, student, lambda: make_harness(cfg.harness, experience=store), job.make_game,
-                          job.out / f"dagger{r}.jsonl", beta=cfg.dagger_beta, seed=cfg.seed + r,
-                          max_steps=cfg.max_steps, batch_size=cfg.eval_batch, stop_repeats=cfg.stop_repeats,
-                          episode_prefix=f"dagger{r}")
+        st = dagger_round(
+            tasks,
+            student,
+            lambda: make_harness(cfg.harness, experience=store),
+            job.make_game,
+            job.out / f"dagger{r}.jsonl",
+            beta=cfg.dagger_beta,
+            seed=cfg.seed + r,
+            max_steps=cfg.max_steps,
+            batch_size=cfg.eval_batch,
+            stop_repeats=cfg.stop_repeats,
+            episode_prefix=f"dagger{r}",
+        )
     finally:
         student.close()
-    job.log(f"  student won {st.won}/{st.played} train games; {st.examples} labelled states "
-            f"(agreement with the teacher {st.agreement:.0%})")
+    job.log(
+        f"  student won {st.won}/{st.played} train games; {st.examples} labelled states "
+        f"(agreement with the teacher {st.agreement:.0%})"
+    )
 
 
 def rl_screen(job: Job) -> None:
@@ -379,8 +446,10 @@ def rl_screen(job: Job) -> None:
 
     games = screen_rl_games(job.cfg, job.out, job.cfg.rl_screen_games)
     atomic_write_text(job.out / "rl_games.json", json.dumps(games, indent=1))
-    job.log(f"  RL games: the {len(games['lost'])} of {games['screened']} screened training games the SFT model "
-            f"lost + {len(games['games']) - len(games['lost'])} it won")
+    job.log(
+        f"  RL games: the {len(games['lost'])} of {games['screened']} screened training games the SFT model "
+        f"lost + {len(games['games']) - len(games['lost'])} it won"
+    )
 
 
 def rl(job: Job) -> None:
@@ -404,13 +473,23 @@ def evaluate_system(job: Job, name: str, policy: PolicyConfig, store: Path | Non
     dev_games = job.dev_ids[: cfg.dev_eval_limit]
 
     def run() -> None:
-        for s, panel in zip(evaluate_many([eval_config(cfg, out, name, policy, store),
-                                           eval_config(cfg, out, f"dev_{name}", policy, store, dev_games)]),
-                            (cfg.eval_split, "dev")):
-            job.log(f"  {name} {panel}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
-                    f" ({s['overall'].get('stopped_early', 0)} stopped early)")
-    job.stage(f"eval_{name}", run,
-              (out / "eval" / name / "summary.json", out / "eval" / f"dev_{name}" / "summary.json"))
+        for s, panel in zip(
+            evaluate_many(
+                [
+                    eval_config(cfg, out, name, policy, store),
+                    eval_config(cfg, out, f"dev_{name}", policy, store, dev_games),
+                ]
+            ),
+            (cfg.eval_split, "dev"),
+        ):
+            job.log(
+                f"  {name} {panel}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
+                f" ({s['overall'].get('stopped_early', 0)} stopped early)"
+            )
+
+    job.stage(
+        f"eval_{name}", run, (out / "eval" / name / "summary.json", out / "eval" / f"dev_{name}" / "summary.json")
+    )
 
 
 def choose_sft_grpo(job: Job) -> tuple[dict | None, str]:
@@ -429,8 +508,9 @@ def choose_sft_grpo(job: Job) -> tuple[dict | None, str]:
     if last_rl is not None:  # the usual choice: evaluated before the choice, both panels at once
         evaluate_system(job, "rl_last", model_policy(cfg, last_rl), last_rl / "experience.json")
         reuse[last_rl] = out / "eval" / "dev_rl_last"
-    curve = (learning_curve(cfg, out, job.stage, job.dev_ids[: cfg.curve_games], job.log, reuse)
-             if cfg.curve_games else None)
+    curve = (
+        learning_curve(cfg, out, job.stage, job.dev_ids[: cfg.curve_games], job.log, reuse) if cfg.curve_games else None
+    )
     grpo_eval = "sft_grpo"  # the eval directory of the system reported as SFT + GRPO
     if select and curve:
         best, grpo_eval = chosen_rl(curve["points"], last_rl)
@@ -468,40 +548,68 @@ def write_report(job: Job, evals: dict[str, str], curve: dict | None, grpo_eval:
 
     cfg, out, stage = job.cfg, job.out, job.stage
     sft_label = "SFT" + (" + DAgger" if cfg.dagger_rounds else "")
-    labels = {"random": "random", "scripted_teacher": "scripted teacher (non-privileged)",
-              "sft_teacher_only": "SFT on teacher traces only", "sft": sft_label, "sft_grpo": sft_label + " + GRPO"}
+    labels = {
+        "random": "random",
+        "scripted_teacher": "scripted teacher (non-privileged)",
+        "sft_teacher_only": "SFT on teacher traces only",
+        "sft": sft_label,
+        "sft_grpo": sft_label + " + GRPO",
+    }
     summaries = {labels[n]: out / "eval" / e for n, e in evals.items()}
     dev = {labels[n]: out / "eval" / f"dev_{e}" for n, e in evals.items()}
     rl_note = ""
     if curve and "rl_selected" in curve:
         sel = curve["rl_selected"]
         key = selection_key(curve["points"])
-        rl_note = (f"SFT + GRPO is the checkpoint best on {len(curve['chosen_on'])} development games "
-                   f"({'all' if key == 'dev_success' else 'the curve'} games): "
-                   + ("the SFT model itself (every RL checkpoint did worse; its rows repeat the SFT evaluation)"
-                      if sel["stage"] != "rl" else f"RL step {sel['step']}")
-                   + f" ({sel[key]:.1f}%).")
+        rl_note = (
+            f"SFT + GRPO is the checkpoint best on {len(curve['chosen_on'])} development games "
+            f"({'all' if key == 'dev_success' else 'the curve'} games): "
+            + (
+                "the SFT model itself (every RL checkpoint did worse; its rows repeat the SFT evaluation)"
+                if sel["stage"] != "rl"
+                else f"RL step {sel['step']}"
+            )
+            + f" ({sel[key]:.1f}%)."
+        )
         rl_note += unchosen_last_rl(out, grpo_eval)
     notes = [
         f"Model: Qwen3-architecture '{cfg.model_preset}'{_fields(cfg.model_overrides)} initialised from scratch, "
-        f"tokenizer trained locally (vocab {cfg.vocab_size}); decoding {'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",
+        f"tokenizer trained locally (vocab {cfg.vocab_size}); decoding "
+        f"{'constrained to admissible commands / meta-actions' if cfg.constrained else 'free'}, greedy.",
         f"SFT: {cfg.sft.batch_tokens}-token batches, lr {cfg.sft.lr:g} (cosine), loss on the completion"
-        + (f" + {cfg.sft.prompt_loss_weight:g} x the prompt-token loss" if cfg.sft.prompt_loss_weight else " tokens only")
-        + f"; GRPO on {', '.join(cfg.rl.task_types) if cfg.rl.task_types else 'every task type'}; torch threads {cfg.threads}.",
-        f"Budget in optimizer steps: SFT {cfg.sft.max_steps}, DAgger {cfg.dagger_rounds} round(s) x {cfg.dagger_games} games "
-        f"+ {cfg.dagger_sft_steps} SFT steps{f' at lr {cfg.dagger_lr:g}' if cfg.dagger_rounds else ''}, "
+        + (
+            f" + {cfg.sft.prompt_loss_weight:g} x the prompt-token loss"
+            if cfg.sft.prompt_loss_weight
+            else " tokens only"
+        )
+        + f"; GRPO on {', '.join(cfg.rl.task_types) if cfg.rl.task_types else 'every task type'}; "
+        f"torch threads {cfg.threads}.",
+        f"Budget in optimizer steps: SFT {cfg.sft.max_steps}, DAgger {cfg.dagger_rounds} round(s) x "
+        f"{cfg.dagger_games} games + {cfg.dagger_sft_steps} SFT steps"
+        f"{f' at lr {cfg.dagger_lr:g}' if cfg.dagger_rounds else ''}, "
         f"GRPO {0 if cfg.skip_rl else cfg.rl.steps}"
         + (f" x {cfg.rl.soup_seeds} RL seeds (the policy their weight average)" if cfg.rl.soup_seeds > 1 else "")
         + (f"; wall cap {cfg.budget_minutes:.0f} min" if cfg.budget_minutes else "; no wall cap")
         + f". The stages took {sum(stage.times().values()) / 60:.1f} min in all (table below); this invocation "
         f"{(time.perf_counter() - job.t0) / 60:.1f} min (a rerun resumes: finished stages are not redone).",
-        f"Development set: {len(job.dev_ids)} train games held out (seed {cfg.seed}; `dev_games.json`), never trained on.",
+        f"Development set: {len(job.dev_ids)} train games held out (seed {cfg.seed}; `dev_games.json`), never "
+        "trained on.",
         f"Engine `{cfg.env.engine}`, step cap {cfg.max_steps}, eval split `{cfg.eval_split}`"
         + (f" ({cfg.eval_limit} games, round-robin across types)" if cfg.eval_limit else " (full panel)")
-        + f"; an episode whose (prompt, completion) repeats {cfg.stop_repeats} times is stopped early and counts as a failure.",
+        + f"; an episode whose (prompt, completion) repeats {cfg.stop_repeats} times is stopped early and "
+        "counts as a failure.",
     ] + ([rl_note] if rl_note else [])
-    return write_run_report(out, summaries, dev, [d / "metrics.jsonl" for d in job.sfts],
-                            None if cfg.skip_rl else job.rl_dir / "metrics.jsonl", notes, stage.times(), curve)
+    return write_run_report(
+        out,
+        summaries,
+        dev,
+        [d / "metrics.jsonl" for d in job.sfts],
+        None if cfg.skip_rl else job.rl_dir / "metrics.jsonl",
+        notes,
+        stage.times(),
+        curve,
+    )
+
 
 def unchosen_last_rl(out: Path, grpo_eval: str) -> str:
     """What the GRPO stage's last checkpoint did when the development games chose another model as
@@ -517,8 +625,10 @@ def unchosen_last_rl(out: Path, grpo_eval: str) -> str:
         sft = read_jsonl(out / "eval" / f"{prefix}sft" / "episodes.jsonl")
         last = read_jsonl(out / "eval" / f"{prefix}rl_last" / "episodes.jsonl")
         c = paired(sft, last)
-        parts.append(f"{sum(e['won'] for e in last)}/{len(last)} {panel} (+{c['b_only']} / -{c['a_only']} "
-                     f"against SFT, p = {c['p']:.3g})")
+        parts.append(
+            f"{sum(e['won'] for e in last)}/{len(last)} {panel} (+{c['b_only']} / -{c['a_only']} "
+            f"against SFT, p = {c['p']:.3g})"
+        )
     return " The GRPO stage's last checkpoint, not chosen, won " + " and ".join(parts) + "."
 
 
@@ -547,8 +657,10 @@ def chosen_rl(points: list[dict], last_rl: Path | None) -> tuple[dict, str]:
         last_rl: the last RL checkpoint directory, or None.
     """
     key = selection_key(points)
-    best = max((p for p in points if p["stage"] in ("rl", "sft_final")),
-               key=lambda p: (p[key], p["stage"] == "rl", -p["minutes"]))
+    best = max(
+        (p for p in points if p["stage"] in ("rl", "sft_final")),
+        key=lambda p: (p[key], p["stage"] == "rl", -p["minutes"]),
+    )
     if best["stage"] == "sft_final":
         return best, "sft"
     if last_rl is not None and Path(best["path"]) == last_rl:
@@ -556,8 +668,14 @@ def chosen_rl(points: list[dict], last_rl: Path | None) -> tuple[dict, str]:
     return best, f"rl_step{best['step']}"
 
 
-def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], log: Callable[[str], None],
-                   reuse: dict[Path, Path] | None = None) -> dict:
+def learning_curve(
+    cfg: RunConfig,
+    out: Path,
+    stage: Stage,
+    games: list[str],
+    log: Callable[[str], None],
+    reuse: dict[Path, Path] | None = None,
+) -> dict:
     """Dev success of every saved checkpoint against cumulative training minutes.
 
     Each SFT/DAgger checkpoint (``checkpoints/step_N``) and each RL checkpoint plays
@@ -576,7 +694,7 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
         stages.append(("rl", out / "rl"))
     for name, d in stages:
         if name.startswith("sft_dagger"):
-            offset += float((out / f".dagger{name[len('sft_dagger'):]}.done").read_text() or 0) / 60
+            offset += float((out / f".dagger{name[len('sft_dagger') :]}.done").read_text() or 0) / 60
         elapsed = _elapsed(d)
         for ck in sorted((d / "checkpoints").glob("step_*")):
             step = int(ck.name.split("_")[1])
@@ -584,11 +702,22 @@ def learning_curve(cfg: RunConfig, out: Path, stage: Stage, games: list[str], lo
             if won is None:
                 store = ck / "experience.json" if name == "rl" else out / "experience.json"
                 ename = f"curve/{name}_{step:05d}"
-                stage(f"curve_{name}_{step}", lambda ck=ck, store=store, ename=ename: evaluate(
-                    eval_config(small, out, ename, model_policy(cfg, ck), store, games), progress=False))
+                stage(
+                    f"curve_{name}_{step}",
+                    lambda ck=ck, store=store, ename=ename: evaluate(
+                        eval_config(small, out, ename, model_policy(cfg, ck), store, games), progress=False
+                    ),
+                )
                 won = _won_on(out / "eval" / ename, games)
-            points.append({"stage": name, "step": step, "minutes": round(offset + elapsed.get(step, 0) / 60, 2),
-                           "success": round(100 * sum(won) / max(1, len(won)), 1), "path": str(ck)})
+            points.append(
+                {
+                    "stage": name,
+                    "step": step,
+                    "minutes": round(offset + elapsed.get(step, 0) / 60, 2),
+                    "success": round(100 * sum(won) / max(1, len(won)), 1),
+                    "path": str(ck),
+                }
+            )
             if ck in reuse:
                 full = [e["won"] for e in read_jsonl(reuse[ck] / "episodes.jsonl")]
                 points[-1].update(dev_success=round(100 * sum(full) / len(full), 1), dev_games=len(full))

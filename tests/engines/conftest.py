@@ -17,6 +17,7 @@ from model_helpers import MICRO, alfworld_corpus  # noqa: E402
 def tokenizer(tmp_path_factory):
     from evoharness.models.init import load_tokenizer
     from evoharness.models.tokenizer import build_tokenizer
+
     d = tmp_path_factory.mktemp("tok")
     build_tokenizer(alfworld_corpus(), d, vocab_size=2048)
     return load_tokenizer(d)
@@ -26,6 +27,7 @@ def tokenizer(tmp_path_factory):
 def model(tokenizer):
     """A random micro Qwen3 with sharp weights (init std 0.3): greedy decoding varies."""
     from evoharness.models.init import init_model
+
     return init_model(dict(MICRO, initializer_range=0.3), tokenizer, seed=0)
 
 

@@ -11,8 +11,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_throughput_cpu_smoke_prints_a_full_row():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"), "--cpu-smoke"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"), "--cpu-smoke"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("micro"))
     # size, params, train tok/s, MFU, then static / engine / generate new tok/s: all measured, none OOM

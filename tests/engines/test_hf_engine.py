@@ -44,11 +44,12 @@ def test_logprobs_match_a_full_forward_pass(model, tokenizer):
     n = len(tokenizer)
     assert model.config.vocab_size > n  # padded embedding rows exist and must not count
     res = Engine(model, tokenizer, stop_ids=[]).generate(
-        [GenRequest(p, seed=i) for i, p in enumerate(prompts)], 12, temperature=T, top_p=0.9)
+        [GenRequest(p, seed=i) for i, p in enumerate(prompts)], 12, temperature=T, top_p=0.9
+    )
     for p, r in zip(prompts, res):
         ids = torch.tensor([p + r.token_ids])
         with torch.no_grad():
-            logits = model(ids).logits[0, len(p) - 1:-1].float() / T
+            logits = model(ids).logits[0, len(p) - 1 : -1].float() / T
         logits[:, n:] = float("-inf")
         ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(r.logprobs), ref, atol=1e-5)
@@ -63,15 +64,18 @@ def test_constrained_logprobs_are_those_of_the_masked_distribution(model, tokeni
     prompts = chat_prompts(tokenizer, 3, True)
     eng = Engine(model, tokenizer)
     grammars = [eng.grammar(COMMANDS, META_VERBS) for _ in prompts]
-    res = eng.generate([GenRequest(p, seed=i, grammar=g) for i, (p, g) in enumerate(zip(prompts, grammars))],
-                       30, temperature=temperature)
+    res = eng.generate(
+        [GenRequest(p, seed=i, grammar=g) for i, (p, g) in enumerate(zip(prompts, grammars))],
+        30,
+        temperature=temperature,
+    )
     T = temperature or 1.0
     for p, r, g in zip(prompts, res, grammars):
         constraint = g.constraint(30)
         assert constraint == {"commands": COMMANDS, "meta_verbs": list(META_VERBS), "max_new_tokens": 30}
         allowed = ActionGrammar.from_constraint(eng.vocab, constraint).replay(r.token_ids, 30)
         with torch.no_grad():
-            logits = model(torch.tensor([p + r.token_ids])).logits[0, len(p) - 1:-1].float() / T
+            logits = model(torch.tensor([p + r.token_ids])).logits[0, len(p) - 1 : -1].float() / T
         ref = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), -1)
         ref = ref.gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(r.logprobs), ref, atol=1e-5)
@@ -83,21 +87,24 @@ def test_seeded_sampling_does_not_depend_on_batch_composition(model, tokenizer):
     prompts = chat_prompts(tokenizer, 4, True)
     eng = Engine(model, tokenizer, stop_ids=[])
     alone = eng.generate([GenRequest(prompts[2], seed=42)], 20, temperature=1.0, top_p=0.95)[0]
-    mixed = eng.generate([GenRequest(prompts[0], seed=1), GenRequest(prompts[2], seed=42),
-                          GenRequest(prompts[3], seed=7)], 20, temperature=1.0, top_p=0.95)[1]
-    rev = eng.generate([GenRequest(p, seed=s) for p, s in zip(prompts[::-1], [9, 42, 3, 4])][::-1],
-                       20, temperature=1.0, top_p=0.95)
+    mixed = eng.generate(
+        [GenRequest(prompts[0], seed=1), GenRequest(prompts[2], seed=42), GenRequest(prompts[3], seed=7)],
+        20,
+        temperature=1.0,
+        top_p=0.95,
+    )[1]
+    rev = eng.generate(
+        [GenRequest(p, seed=s) for p, s in zip(prompts[::-1], [9, 42, 3, 4])][::-1], 20, temperature=1.0, top_p=0.95
+    )
     # rev's request for prompts[2] has seed 42 too (index 1 of the reversed list)
     assert alone.token_ids == mixed.token_ids == rev[2].token_ids
     other = eng.generate([GenRequest(prompts[2], seed=43)], 20, temperature=1.0, top_p=0.95)[0]
     assert other.token_ids != alone.token_ids
     # a vanishing top_p keeps only the best token: sampling becomes greedy
     greedy = eng.generate([GenRequest(prompts[2])], 20)[0]
-    assert eng.generate([GenRequest(prompts[2], seed=5)], 20, temperature=1.0, top_p=1e-9)[0].token_ids == greedy.token_ids
-
-
-
-
+    assert (
+        eng.generate([GenRequest(prompts[2], seed=5)], 20, temperature=1.0, top_p=1e-9)[0].token_ids == greedy.token_ids
+    )
 
 
 def test_grammar_needs_something_to_allow(model, tokenizer):

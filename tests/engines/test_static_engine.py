@@ -20,7 +20,7 @@ def forward_logprobs(model, n_tok, prompt, completion, temperature, masks=None):
     """Teacher-forced fp32 log-probs of `completion`: log_softmax(logits / T) with ids >= n_tok
     (beyond the tokenizer) and grammar-disallowed ids (`masks` False) at -inf -- the trainer's number."""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
     logits = logits / (temperature if temperature > 0 else 1.0)
     logits[:, n_tok:] = float("-inf")
     if masks is not None:
@@ -55,14 +55,21 @@ def test_group_prefixes_are_prefilled_once_with_unchanged_results(model, tokeniz
     identical). Each group prefix runs once; tokens equal HF generate, log-probs the ungrouped path."""
     from engine_helpers import SYSTEM
     from model_helpers import alfworld_corpus
+
     text = "\n".join(alfworld_corpus())
     prompts = []
     for game in range(2):
         for sample in range(3):
-            user = text[2000 * game: 2000 * game + 400] + (" look" if sample == 2 else f" go to drawer {game + sample}")
+            user = text[2000 * game : 2000 * game + 400] + (
+                " look" if sample == 2 else f" go to drawer {game + sample}"
+            )
             msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
-            prompts.append(tokenizer.encode(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
-                                            add_special_tokens=False))
+            prompts.append(
+                tokenizer.encode(
+                    tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                    add_special_tokens=False,
+                )
+            )
     eng = StaticEngine(model, tokenizer, stop_ids=[])
     shared = min(next(k for k, (a, b) in enumerate(zip(prompts[0], p)) if a != b) for p in prompts[3:])
     groups = eng.decoder._groups([p[shared:] for p in prompts], 32)
@@ -81,10 +88,16 @@ def test_greedy_equals_hf_generate_other_architectures(tokenizer, arch):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from evoharness.models.init import padded_vocab
+
     cfg_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
-    cfg = cfg_cls(vocab_size=padded_vocab(len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
-                  eos_token_id=tokenizer.eos_token_id, initializer_range=0.3, tie_word_embeddings=False,
-                  **{k: v for k, v in MICRO.items()})
+    cfg = cfg_cls(
+        vocab_size=padded_vocab(len(tokenizer)),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+        **{k: v for k, v in MICRO.items()},
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = model_cls(cfg).eval()
@@ -94,7 +107,9 @@ def test_greedy_equals_hf_generate_other_architectures(tokenizer, arch):
                 lay.self_attn.q_proj.bias.normal_(0, 0.3)
                 lay.self_attn.k_proj.bias.normal_(0, 0.3)
     prompts = chat_prompts(tokenizer, 4, True)
-    got = [r.token_ids for r in StaticEngine(model, tokenizer, stop_ids=[]).generate([GenRequest(p) for p in prompts], 16)]
+    got = [
+        r.token_ids for r in StaticEngine(model, tokenizer, stop_ids=[]).generate([GenRequest(p) for p in prompts], 16)
+    ]
     assert got == hf_greedy(model, tokenizer, prompts, 16, [])
 
 
@@ -118,7 +133,8 @@ def test_logprobs_equal_the_trainers_recomputation(model, tokenizer, temperature
     the importance ratio at policy version 0 is 1 within 1e-4."""
     prompts = chat_prompts(tokenizer, 4, True)
     res = StaticEngine(model, tokenizer, stop_ids=[]).generate(
-        [GenRequest(p, seed=i) for i, p in enumerate(prompts)], 20, temperature=temperature, top_p=top_p)
+        [GenRequest(p, seed=i) for i, p in enumerate(prompts)], 20, temperature=temperature, top_p=top_p
+    )
     for p, r in zip(prompts, res):
         ref = forward_logprobs(model, len(tokenizer), p, r.token_ids, temperature)
         assert torch.allclose(torch.tensor(r.logprobs), ref, atol=1e-4)
@@ -131,8 +147,11 @@ def test_constrained_logprobs_include_the_grammar_mask(model, tokenizer):
     prompts = chat_prompts(tokenizer, 3, True)
     eng = StaticEngine(model, tokenizer)
     N, T = 40, 1.2
-    res = eng.generate([GenRequest(p, seed=s, grammar=eng.grammar(COMMANDS, META_VERBS)) for s, p in enumerate(prompts)],
-                       N, temperature=T)
+    res = eng.generate(
+        [GenRequest(p, seed=s, grammar=eng.grammar(COMMANDS, META_VERBS)) for s, p in enumerate(prompts)],
+        N,
+        temperature=T,
+    )
     for p, r in zip(prompts, res):
         g = ActionGrammar(eng.vocab, COMMANDS, META_VERBS)
         masks = []
@@ -151,8 +170,9 @@ def test_seeded_sampling_does_not_depend_on_the_batch_and_matches_engine(model, 
     eng = StaticEngine(model, tokenizer, stop_ids=[])
     kw = dict(max_new_tokens=24, temperature=1.0, top_p=0.95)  # 24 > one 16-step noise chunk
     alone = eng.generate([GenRequest(prompts[2], seed=42)], **kw)[0]
-    mixed = eng.generate([GenRequest(prompts[0], seed=1), GenRequest(prompts[2], seed=42),
-                          GenRequest(prompts[3], seed=7)], **kw)[1]
+    mixed = eng.generate(
+        [GenRequest(prompts[0], seed=1), GenRequest(prompts[2], seed=42), GenRequest(prompts[3], seed=7)], **kw
+    )[1]
     rev = eng.generate([GenRequest(p, seed=s) for p, s in zip(prompts[::-1], [9, 42, 3, 4])][::-1], **kw)
     assert alone.token_ids == mixed.token_ids == rev[2].token_ids
     assert eng.generate([GenRequest(prompts[2], seed=43)], **kw)[0].token_ids != alone.token_ids
@@ -161,7 +181,9 @@ def test_seeded_sampling_does_not_depend_on_the_batch_and_matches_engine(model, 
     assert old.token_ids == alone.token_ids
     # a vanishing top_p keeps only the best token: sampling becomes greedy
     greedy = eng.generate([GenRequest(prompts[2])], 24)[0]
-    assert eng.generate([GenRequest(prompts[2], seed=5)], 24, temperature=1.0, top_p=1e-9)[0].token_ids == greedy.token_ids
+    assert (
+        eng.generate([GenRequest(prompts[2], seed=5)], 24, temperature=1.0, top_p=1e-9)[0].token_ids == greedy.token_ids
+    )
 
 
 @pytest.mark.parametrize("kind", ["static", "hf"])
@@ -221,6 +243,7 @@ def test_weight_sync_in_place_is_picked_up_tied_head_included(model, tokenizer):
     """New weights loaded into the model (an RL weight sync) reach the next call, the tied output
     head included: log-probs after the sync equal a forward pass of the new weights."""
     import copy
+
     m = copy.deepcopy(model)
     assert m.get_output_embeddings().weight is m.model.embed_tokens.weight  # tied
     eng = StaticEngine(m, tokenizer, stop_ids=[])
@@ -238,6 +261,7 @@ def test_make_engine_falls_back_for_unsupported_models(model, tokenizer):
     assert isinstance(make_engine("auto", model, tokenizer), StaticEngine)
     assert isinstance(make_engine("hf", model, tokenizer), Engine)
     from evoharness.models.init import init_model
+
     sliding = init_model(dict(MICRO, use_sliding_window=True, sliding_window=16, max_window_layers=0), tokenizer)
     assert isinstance(make_engine("auto", sliding, tokenizer), Engine)
     with pytest.raises(ValueError, match="sliding"):

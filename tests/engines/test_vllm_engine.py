@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(not vllm_available(), reason="vllm is not instal
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, tokenizer):
     from evoharness.models.init import init_model
+
     d = tmp_path_factory.mktemp("vllm_micro")
     # vLLM's CPU attention needs head_dim >= 32; tied embeddings (the weight-sync trap)
     init_model(dict(MICRO, head_dim=32, initializer_range=0.3), tokenizer, d, seed=0)
@@ -33,12 +34,14 @@ def model_dir(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def hf(model_dir):
     from evoharness.models.init import load_model
+
     return load_model(model_dir)
 
 
 @pytest.fixture(scope="module")
 def eng(model_dir):
     from evoharness.engines.vllm_engine import VLLMEngine
+
     e = VLLMEngine(model_dir, max_model_len=1024, max_num_seqs=16)
     yield e
     e.close()
@@ -46,7 +49,7 @@ def eng(model_dir):
 
 def forward_logprobs(model, n_tok, prompt, completion, temperature, masks=None):
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
     logits = logits / (temperature if temperature > 0 else 1.0)
     logits[:, n_tok:] = float("-inf")
     if masks is not None:
@@ -73,8 +76,11 @@ def test_sampled_logprobs_equal_the_trainers_recomputation(eng, hf, tokenizer):
 def test_seeded_sampling_does_not_depend_on_the_batch(eng, tokenizer):
     prompts = chat_prompts(tokenizer, 3, True)
     alone = eng.generate([GenRequest(prompts[1], seed=42)], 16, temperature=1.0)[0]
-    mixed = eng.generate([GenRequest(prompts[0], seed=1), GenRequest(prompts[1], seed=42),
-                          GenRequest(prompts[2], seed=3)], 16, temperature=1.0)[1]
+    mixed = eng.generate(
+        [GenRequest(prompts[0], seed=1), GenRequest(prompts[1], seed=42), GenRequest(prompts[2], seed=3)],
+        16,
+        temperature=1.0,
+    )[1]
     assert alone.token_ids == mixed.token_ids
 
 
@@ -83,9 +89,13 @@ def test_constrained_decoding_uses_the_trainers_grammar_masks(eng, hf, tokenizer
     replayed grammar's masks (a forced token has log-prob 0)."""
     prompts = chat_prompts(tokenizer, 3, True)
     N, T = 40, 1.3
-    res = eng.generate([GenRequest(p, seed=s, grammar=eng.grammar(COMMANDS, META_VERBS)) for s, p in enumerate(prompts * 2)],
-                       N, temperature=T)
+    res = eng.generate(
+        [GenRequest(p, seed=s, grammar=eng.grammar(COMMANDS, META_VERBS)) for s, p in enumerate(prompts * 2)],
+        N,
+        temperature=T,
+    )
     from evoharness.engines.static import StaticEngine as _S
+
     vocab = _S(hf, tokenizer).vocab
     for p, r in zip(prompts * 2, res):
         text = tokenizer.decode(r.token_ids, skip_special_tokens=False)
@@ -100,6 +110,7 @@ def test_constrained_decoding_uses_the_trainers_grammar_masks(eng, hf, tokenizer
 
 def test_weight_sync_in_place_moves_logprobs_to_the_new_weights_tied_head_included(eng, hf, tokenizer):
     import copy
+
     new = copy.deepcopy(hf)
     with torch.no_grad():
         for p in new.parameters():

@@ -93,7 +93,8 @@ def _variant(tmp_path, name: str, goal: str, move_object: bool):
 
 
 GOALS = {
-    "hot-apple-in-fridge": "(:goal (and (exists (?o - object ?r - receptacle) (and (objectType ?o AppleType) (isHot ?o) "
+    "hot-apple-in-fridge": "(:goal (and (exists (?o - object ?r - receptacle) "
+    "(and (objectType ?o AppleType) (isHot ?o) "
     "(receptacleType ?r FridgeType) (inReceptacle ?o ?r))) (exists (?a - agent ?l - location) (atLocation ?a ?l))))",
     "sliced-not-cool": "(:goal (exists (?o - object) (and (objectType ?o AppleType) (isSliced ?o) (not (isCool ?o)))))",
     "hold-anything": "(:goal (exists (?a - agent ?o - object) (holds ?a ?o)))",
@@ -104,8 +105,11 @@ GOALS = {
 def test_other_goal_and_layout(tmp_path, name):
     """Nothing is special-cased: a game with another goal and layout plays the same."""
     with memoized_stock_engine():
-        rep = run_game(_variant(tmp_path, name, GOALS[name], move_object=name != "sliced-not-cool"), seed=7,
-                       mix=Mix(steps=12, p_random=0.5, p_invalid=0.15))
+        rep = run_game(
+            _variant(tmp_path, name, GOALS[name], move_object=name != "sliced-not-cool"),
+            seed=7,
+            mix=Mix(steps=12, p_random=0.5, p_invalid=0.15),
+        )
     assert not rep.mismatches, json.dumps(rep.mismatches[:2], default=str)[:3000]
 
 
@@ -189,7 +193,14 @@ def test_operators_match_fast_downward(task_type):
     variables, ops, atom = _parse_sas(sas)
     fd: dict[str, set] = {}
     for name, effs in ops:
-        rep = tuple(sorted({(atom(v, post)[0], post, tuple(sorted(atom(cv, cx)[0:2] for cv, cx in conds))) for v, post, conds in effs}))
+        rep = tuple(
+            sorted(
+                {
+                    (atom(v, post)[0], post, tuple(sorted(atom(cv, cx)[0:2] for cv, cx in conds)))
+                    for v, post, conds in effs
+                }
+            )
+        )
         fd.setdefault(name, set()).add(rep)
     fd_atoms = {atom(v, 0)[0] for v in range(len(variables)) if not variables[v][0].startswith("Atom new-axiom")}
 
@@ -248,7 +259,11 @@ def test_grammar_parser_matches_tatsu():
     texts = [alt["rhs"] for alts in table.values() for alt in alts]
     texts += [a.template for a in actions.values()] + [a.feedback for a in actions.values()]
     texts += [" (it is open)", "a\tb {x}\t c", "\n\nfoo\n#bar#\n  baz", "  #foo#  ", 'say "hi" there', "x ; y", ""]
-    texts += ["{o.indefinite} {o.name} (in/on the {r.name})}", '"unclosed', "[{#a# | p(x:t)}] and {b | q(y:u) & r(x:t, y:u)}"]
+    texts += [
+        "{o.indefinite} {o.name} (in/on the {r.name})}",
+        '"unclosed',
+        "[{#a# | p(x:t)}] and {b | q(y:u) & r(x:t, y:u)}",
+    ]
     for text in texts:
         assert _mine(parse_rhs(text)) == _tw_symbols(_parse_and_convert(text, rule_name="symbols")), repr(text)
 
@@ -262,7 +277,9 @@ def test_document_matches_textworld():
         data = _game_data(tt)
         logic = GameLogic(domain=data["pddl_domain"], grammar=data["grammar"])
         actions, table = parse_document(data["grammar"])
-        assert {k: (a.template, a.feedback_rule) for k, a in logic.actions.items()} == {k: (a.template, a.feedback) for k, a in actions.items()}
+        assert {k: (a.template, a.feedback_rule) for k, a in logic.actions.items()} == {
+            k: (a.template, a.feedback) for k, a in actions.items()
+        }
         assert set(logic.grammar._rules) == set(table)
         for name, rules in logic.grammar._rules.items():
             assert [(r.condition or "") for r in rules] == [alt.get("condition", "") for alt in table[name]]

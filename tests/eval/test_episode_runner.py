@@ -72,7 +72,12 @@ def test_unloadable_game_is_recorded(one_per_type, tmp_path):
     from dataclasses import replace
 
     bad = replace(one_per_type[0], path=str(tmp_path / "missing" / "game.tw-pddl"), task_id="missing")
-    trajs = run_episodes([EpisodeSpec(bad, "m#0"), EpisodeSpec(one_per_type[0], "k#0")], make_env, ReActHarness,
-                         ExpertPolicy(), max_steps=50)
+    trajs = run_episodes(
+        [EpisodeSpec(bad, "m#0"), EpisodeSpec(one_per_type[0], "k#0")],
+        make_env,
+        ReActHarness,
+        ExpertPolicy(),
+        max_steps=50,
+    )
     assert trajs[0].stop_reason == "error" and trajs[0].steps == 0
     assert trajs[1].won

@@ -6,15 +6,21 @@ import sys
 
 import pytest
 
-from evoharness.eval.evaluate import chunk_sizes, evaluate, evaluate_many
 from evoharness.config.eval import EvalConfig
+from evoharness.eval.evaluate import chunk_sizes, evaluate, evaluate_many
 from evoharness.eval.panel import build_episodes
 from evoharness.files import read_jsonl
 
 
 def _cfg(tmp_path, name, **kw):
-    base = dict(split="valid_seen", limit=4, batch_size=2, out_dir=str(tmp_path / name), harness={"kind": "react"},
-                policy={"kind": "noisy_expert", "epsilon": 0.3, "seed": 7})
+    base = dict(
+        split="valid_seen",
+        limit=4,
+        batch_size=2,
+        out_dir=str(tmp_path / name),
+        harness={"kind": "react"},
+        policy={"kind": "noisy_expert", "epsilon": 0.3, "seed": 7},
+    )
     base.update(kw)
     return EvalConfig.model_validate(base)
 
@@ -46,8 +52,10 @@ def test_panels_played_together_give_what_each_gives_alone(tmp_path):
     train = dict(split="train", limit=None, games=[t.task_id for t in discover_games("train", None)][:2])
     alone = [evaluate(_cfg(tmp_path, "vs"), progress=False), evaluate(_cfg(tmp_path, "tr", **train), progress=False)]
     # 6 episodes in chunks of 3: the second batch holds the last valid_seen game and both train games
-    both = evaluate_many([_cfg(tmp_path, "vs2", workers=2, batch_size=3),
-                          _cfg(tmp_path, "tr2", workers=2, batch_size=3, **train)], progress=False)
+    both = evaluate_many(
+        [_cfg(tmp_path, "vs2", workers=2, batch_size=3), _cfg(tmp_path, "tr2", workers=2, batch_size=3, **train)],
+        progress=False,
+    )
     assert _per_game(tmp_path / "vs2") == _per_game(tmp_path / "vs") and len(_per_game(tmp_path / "vs")) == 4
     assert _per_game(tmp_path / "tr2") == _per_game(tmp_path / "tr") and len(_per_game(tmp_path / "tr")) == 2
     assert [s["overall"] for s in both] == [s["overall"] for s in alone]
@@ -91,6 +99,7 @@ def test_an_interrupted_evaluation_keeps_the_episodes_that_ended(tmp_path, monke
                 if log.exists() and log.read_text().strip():
                     raise KeyboardInterrupt
                 return step(action)
+
             env.step = interrupted
         return env
 
@@ -141,8 +150,10 @@ def test_resume_refuses_another_evaluations_episodes(tmp_path):
     with pytest.raises(ValueError, match=r"policy.kind: 'expert' -> 'random'"):
         evaluate(_cfg(tmp_path, "r", limit=2, policy={"kind": "random"}), progress=False)
     with pytest.raises(ValueError, match=r"harness.history_window"):
-        evaluate(_cfg(tmp_path, "r", limit=2, policy={"kind": "expert"}, harness={"kind": "react", "history_window": 2}),
-                 progress=False)
+        evaluate(
+            _cfg(tmp_path, "r", limit=2, policy={"kind": "expert"}, harness={"kind": "react", "history_window": 2}),
+            progress=False,
+        )
     same = evaluate(_cfg(tmp_path, "r", limit=2, workers=2, batch_size=1, policy={"kind": "expert"}), progress=False)
     assert same["overall"]["won"] == 2
     fresh = evaluate(_cfg(tmp_path, "r", limit=2, policy={"kind": "random"}, resume=False), progress=False)
@@ -155,8 +166,10 @@ def test_a_worker_that_cannot_load_its_policy_raises_the_cause(tmp_path):
     import pytest
 
     with pytest.raises(FileNotFoundError, match="not a local model directory"):
-        evaluate(_cfg(tmp_path, "bad", workers=2, batch_size=1, policy={"kind": "hf", "model_path": str(tmp_path / "none")}),
-                 progress=False)
+        evaluate(
+            _cfg(tmp_path, "bad", workers=2, batch_size=1, policy={"kind": "hf", "model_path": str(tmp_path / "none")}),
+            progress=False,
+        )
 
 
 def test_a_dead_worker_is_an_error_not_a_hang(tmp_path):
@@ -168,8 +181,11 @@ def test_a_dead_worker_is_an_error_not_a_hang(tmp_path):
         "import sys\n"
         "from evoharness.eval.evaluate import EvalConfig, evaluate\n"
         "evaluate(EvalConfig.model_validate(dict(split='valid_seen', limit=2, batch_size=1, workers=2,\n"
-        "    out_dir=sys.argv[1], harness={'kind': 'react'}, policy={'kind': 'expert'})), progress=False)\n")
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=180)
+        "    out_dir=sys.argv[1], harness={'kind': 'react'}, policy={'kind': 'expert'})), progress=False)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True, timeout=180
+    )
     assert r.returncode != 0
     assert "an evaluation worker process died" in r.stderr and 'needs `if __name__ == "__main__":`' in r.stderr
 

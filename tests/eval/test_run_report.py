@@ -1,16 +1,25 @@
 """The main job's report on real evaluations: the paired comparison of a GRPO checkpoint
 chosen on the curve's dev games also excludes those games."""
 
+from evoharness.config.eval import EvalConfig
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.eval.evaluate import evaluate
-from evoharness.config.eval import EvalConfig
 from evoharness.eval.run_report import paired, write_run_report
 from evoharness.files import read_jsonl
 
 
 def _eval(tmp_path, name, games, policy):
-    cfg = EvalConfig.model_validate(dict(split="train", games=games, batch_size=4, out_dir=str(tmp_path / name),
-                                         harness={"kind": "bpe"}, policy=policy, max_steps=8))
+    cfg = EvalConfig.model_validate(
+        dict(
+            split="train",
+            games=games,
+            batch_size=4,
+            out_dir=str(tmp_path / name),
+            harness={"kind": "bpe"},
+            policy=policy,
+            max_steps=8,
+        )
+    )
     evaluate(cfg, progress=False)
     return tmp_path / name
 
@@ -30,14 +39,18 @@ def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_
     a, b = read_jsonl(sft / "episodes.jsonl"), read_jsonl(grpo / "episodes.jsonl")
     rest = paired([e for e in a if e["task_id"] not in chose], [e for e in b if e["task_id"] not in chose])
     assert rest["n"] == 2
-    row = (f"| SFT + GRPO vs SFT | dev without the 2 that chose it | 2 | {rest['b_only']} | {rest['a_only']} | "
-           f"{rest['both']} |")
+    row = (
+        f"| SFT + GRPO vs SFT | dev without the 2 that chose it | 2 | {rest['b_only']} | {rest['a_only']} | "
+        f"{rest['both']} |"
+    )
     assert row in md
     assert "| SFT + GRPO vs SFT | dev | 4 |" in md
     # valid_seen and the dev games that did not choose it, pooled: one paired test on 6 games
     v = paired(read_jsonl(vs["SFT"] / "episodes.jsonl"), read_jsonl(vs["SFT + GRPO"] / "episodes.jsonl"))
-    assert (f"| SFT + GRPO vs SFT | valid_seen + dev without those | 6 | {v['b_only'] + rest['b_only']} | "
-            f"{v['a_only'] + rest['a_only']} | {v['both'] + rest['both']} |") in md
+    assert (
+        f"| SFT + GRPO vs SFT | valid_seen + dev without those | 6 | {v['b_only'] + rest['b_only']} | "
+        f"{v['a_only'] + rest['a_only']} | {v['both'] + rest['both']} |"
+    ) in md
     # when the job kept the SFT model, no GRPO checkpoint was chosen: no such row
     curve["rl_selected"] = {"stage": "sft_final", "step": 0}
     md = write_run_report(tmp_path / "run2", vs, systems, [], None, [], curve=curve).read_text()

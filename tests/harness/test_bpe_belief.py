@@ -113,7 +113,7 @@ def test_clean_walk_and_failed_commands(games):
     w.belief.update("take soapbar 99 from toilet 9", w.last.observation)
     assert [(e.subject, e.relation, e.value) for e in w.belief.edges] == before
     w.do(f"take {soap} from {rec}")
-    sink = next(c[len("go to "):] for c in w.last.admissible_commands if c.startswith("go to sinkbasin"))
+    sink = next(c[len("go to ") :] for c in w.last.admissible_commands if c.startswith("go to sinkbasin"))
     w.do(f"go to {sink}")
     w.do(f"clean {soap} with {sink}")
     assert "clean" in w.belief.states(soap)
@@ -178,7 +178,9 @@ def test_capacity_48_evicts_distractors_oldest_first():
     b.update("go to shelf 1", "You arrive at loc 3. On the shelf 1, you see a apple 1, and a vase 1.")
     b.update("take apple 1 from shelf 1", "You pick up the apple 1 from the shelf 1.")
     for i in range(2, 30):  # 28 receptacles x (3 objects + search edge) = 112 edges offered
-        b.update(f"go to shelf {i}", f"You arrive at loc {i}. On the shelf {i}, you see a cd {i}, a pen {i}, and a book {i}.")
+        b.update(
+            f"go to shelf {i}", f"You arrive at loc {i}. On the shelf {i}, you see a cd {i}, a pen {i}, and a book {i}."
+        )
     assert len(b) == 48
     assert b.holding == ["apple 1"] and b.at == "shelf 29"  # agent edges kept
     assert b.location_of("cd 29") == "shelf 29"  # newest distractors kept

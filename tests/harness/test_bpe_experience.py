@@ -52,7 +52,10 @@ def test_keywords_and_mode_inference():
     assert infer_mode("apple")[0] == "all"
     assert infer_note_category("don't open the safe twice")[0] == "mistakes"
     assert infer_note_category("mugs are often in the coffeemachine")[0] == "locations"
-    assert infer_note_category("skill: go to the target right after heating") == ("general", "go to the target right after heating")
+    assert infer_note_category("skill: go to the target right after heating") == (
+        "general",
+        "go to the target right after heating",
+    )
     assert infer_note_category("heat the egg before placing it")[0] == "task"
 
 
@@ -159,7 +162,11 @@ def test_consolidation_is_order_independent_and_hookable():
             s.note(text)
         return [(o.op, o.text) for o in s.consolidate()]
 
-    notes = ["use the desklamp while holding it", "open the drawer before taking from it", "use the desklamp while holding it"]
+    notes = [
+        "use the desklamp while holding it",
+        "open the drawer before taking from it",
+        "use the desklamp while holding it",
+    ]
     assert run(notes) == run(list(reversed(notes)))
 
     seen = {}

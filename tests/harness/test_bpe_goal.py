@@ -36,9 +36,20 @@ def test_all_valid_seen_goals_parse():
 
 def test_goal_forms_and_fields():
     g = parse_goal("-= Welcome =-\n\nYou are in the middle of a room.\n\nYour task is to: put a clean apple in fridge.")
-    assert (g.text, g.obj, g.target, g.transform, g.appliance) == ("put a clean apple in fridge.", "apple", "fridge", "clean", "sinkbasin")
+    assert (g.text, g.obj, g.target, g.transform, g.appliance) == (
+        "put a clean apple in fridge.",
+        "apple",
+        "fridge",
+        "clean",
+        "sinkbasin",
+    )
     g = parse_goal("heat some egg and put it in countertop.")
-    assert (g.task_type, g.obj, g.target, g.appliance) == ("pick_heat_then_place_in_recep", "egg", "countertop", "microwave")
+    assert (g.task_type, g.obj, g.target, g.appliance) == (
+        "pick_heat_then_place_in_recep",
+        "egg",
+        "countertop",
+        "microwave",
+    )
     assert parse_goal("put a cool mug in coffeemachine.").appliance == "fridge"
     assert parse_goal("cool some pan and put it in stoveburner").transform == "cool"
     g = parse_goal("look at bowl under the desklamp.")

@@ -14,7 +14,16 @@ from evoharness.harness.bpe.harness import SYSTEM_PROMPT
 from evoharness.policies.base import format_action
 
 LOOK_GAME = "look_at_obj_in_light-AlarmClock-None-DeskLamp-323/trial_T20190909_044715_250790"
-SECTIONS = ["OBJECTIVE", "OBSERVATION", "ADMISSIBLE COMMANDS", "PREVIOUS ACTIONS", "PLAN", "RECALLED HINTS", "TRACK RESULT", "RECALL RESULT"]
+SECTIONS = [
+    "OBJECTIVE",
+    "OBSERVATION",
+    "ADMISSIBLE COMMANDS",
+    "PREVIOUS ACTIONS",
+    "PLAN",
+    "RECALLED HINTS",
+    "TRACK RESULT",
+    "RECALL RESULT",
+]
 
 
 def turn(h, env, action):
@@ -105,21 +114,39 @@ def test_track_result_is_live(fake):
     objective's target (countertop) last, since a pick task never starts the apple there."""
     h = fake
     h.run_meta(h.parse("<action>track apple</action>"))
-    assert h.views()["TRACK RESULT"] == "(track apple, live)\napple: not seen yet. Unsearched (2): fridge 1, countertop 1.\nNext to search: fridge 1."
+    assert h.views()["TRACK RESULT"] == (
+        "(track apple, live)\napple: not seen yet. Unsearched (2): fridge 1, countertop 1.\nNext to search: fridge 1."
+    )
     go = h.parse("<action>go to countertop 1</action>")
-    h.after_env_step(go, StepResult("You arrive at loc 3. On the countertop 1, you see a apple 1, and a mug 2.",
-                                    ["take apple 1 from countertop 1", "take mug 2 from countertop 1", "go to fridge 1"]))
-    assert h.views()["TRACK RESULT"] == "(track apple, live)\napple 1: in/on countertop 1, in view\nUnsearched (1): fridge 1.\nNext to search: fridge 1."
+    h.after_env_step(
+        go,
+        StepResult(
+            "You arrive at loc 3. On the countertop 1, you see a apple 1, and a mug 2.",
+            ["take apple 1 from countertop 1", "take mug 2 from countertop 1", "go to fridge 1"],
+        ),
+    )
+    assert h.views()["TRACK RESULT"] == (
+        "(track apple, live)\napple 1: in/on countertop 1, in view\nUnsearched (1): fridge 1.\n"
+        "Next to search: fridge 1."
+    )
     h.run_meta(h.parse("<action>commit find apple: active</action>"))  # a meta-action changes nothing seen
     assert "\napple 1: in/on countertop 1, in view\n" in h.views()["TRACK RESULT"]
-    h.after_env_step(h.parse("<action>go to fridge 1</action>"),
-                     StepResult("You arrive at loc 1. The fridge 1 is closed.", ["open fridge 1", "go to countertop 1"]))
-    assert h.views()["TRACK RESULT"] == "(track apple, live)\napple 1: in/on countertop 1\nUnsearched (1): fridge 1.\nNext to search: fridge 1."
+    h.after_env_step(
+        h.parse("<action>go to fridge 1</action>"),
+        StepResult("You arrive at loc 1. The fridge 1 is closed.", ["open fridge 1", "go to countertop 1"]),
+    )
+    assert (
+        h.views()["TRACK RESULT"]
+        == "(track apple, live)\napple 1: in/on countertop 1\nUnsearched (1): fridge 1.\nNext to search: fridge 1."
+    )
 
 
 def test_no_experience_store():
     h = BPEHarness(None)
-    h.reset(TaskSpec("t", "x", "s", ""), StepResult("Your task is to: put a mug in cabinet.", ["look"], goal="put a mug in cabinet."))
+    h.reset(
+        TaskSpec("t", "x", "s", ""),
+        StepResult("Your task is to: put a mug in cabinet.", ["look"], goal="put a mug in cabinet."),
+    )
     assert h.views()["RECALLED HINTS"] == "(no experience store)"
     assert h.run_meta(h.parse("<action>recall where: mug</action>")) == "No experience store in this run."
     assert "note ignored" in h.run_meta(h.parse("<action>note mugs hide in cabinets</action>"))

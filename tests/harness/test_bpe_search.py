@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from engines import pick_engine
+
 from evoharness.envs.alfworld import make_env
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.harness.bpe.search import receptacle_type, search_order
 from evoharness.policies.teacher import parse_prompt
-from engines import pick_engine
 
 
 def test_hints_first_big_closed_families_in_their_generic_place_demoted_last():
-    receps = [f"cabinet {i}" for i in range(1, 7)] + ["countertop 2", "countertop 1", "fridge 1", "sinkbasin 1",
-                                                      "toaster 1"]
+    receps = [f"cabinet {i}" for i in range(1, 7)] + [
+        "countertop 2",
+        "countertop 1",
+        "fridge 1",
+        "sinkbasin 1",
+        "toaster 1",
+    ]
     order = search_order(receps, ["cabinet", "fridge"])
     # six cabinets: the cabinet hint loses its priority; fridge (hinted) first, then open types, then closed
     assert order[0] == "fridge 1"
@@ -46,12 +52,16 @@ def test_goal_object_track_lists_recalled_types_first_and_the_target_last(valid_
         listed = text.split("Unsearched (", 1)[1].split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
         assert sorted(listed) == sorted(h.belief.receptacles)  # nothing searched yet: every receptacle, once
         types = [receptacle_type(r) for r in listed]
-        hinted = [receptacle_type(e.recep) for e in h.hints if receptacle_type(e.recep) in types
-                  and receptacle_type(e.recep) not in ("cabinet", "drawer", h.goal.target)]
+        hinted = [
+            receptacle_type(e.recep)
+            for e in h.hints
+            if receptacle_type(e.recep) in types
+            and receptacle_type(e.recep) not in ("cabinet", "drawer", h.goal.target)
+        ]
         # the hinted open types lead, in hint order
-        assert [t for t in dict.fromkeys(types)][:len(hinted)] == hinted, (game.task_id, hinted, types)
+        assert [t for t in dict.fromkeys(types)][: len(hinted)] == hinted, (game.task_id, hinted, types)
         if h.goal.target in types:  # ALFWorld never starts a pick task's object in its target: last
-            assert types[-types.count(h.goal.target):] == [h.goal.target] * types.count(h.goal.target)
+            assert types[-types.count(h.goal.target) :] == [h.goal.target] * types.count(h.goal.target)
         checked += 1
     assert checked == 12
 

@@ -7,12 +7,12 @@ admissible commands and meta verbs are the ones an episode sees.
 from __future__ import annotations
 
 import pytest
+from engines import pick_engine
 
 from evoharness.envs.alfworld import make_env
 from evoharness.harness.base import MULTIPLE_ACTIONS, split_completion
 from evoharness.harness.bpe import BPEHarness
 from evoharness.harness.react import ReActHarness
-from engines import pick_engine
 
 
 @pytest.fixture(scope="module", params=["react", "bpe"])

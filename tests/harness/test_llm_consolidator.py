@@ -11,18 +11,26 @@ from evoharness.harness.bpe.llm_consolidator import LLMConsolidator
 
 def llm_ops(mode: str):
     """A reply function: real ops on the prompt's entry ids, garbage, or HTTP 500."""
+
     def reply(body):
         if mode == "500":
             return 500
         if mode == "garbage":
             return "I would add it."
         ids = [int(i) for i in re.findall(r"^\[(\d+)\]", body["messages"][-1]["content"], re.M)]
-        ops = [{"op": "UPDATE", "entry_id": ids[0], "text": "Merged: check the sinkbasin before the countertop.",
-                "reason": "repeats"},
-               {"op": "REMOVE", "entry_id": ids[1], "reason": "wrong"},
-               {"op": "ADD", "category": "mistakes", "text": "Never open the fridge twice in a row.", "reason": "new"},
-               {"op": "UPDATE", "entry_id": 99999, "reason": "hallucinated id"}]
+        ops = [
+            {
+                "op": "UPDATE",
+                "entry_id": ids[0],
+                "text": "Merged: check the sinkbasin before the countertop.",
+                "reason": "repeats",
+            },
+            {"op": "REMOVE", "entry_id": ids[1], "reason": "wrong"},
+            {"op": "ADD", "category": "mistakes", "text": "Never open the fridge twice in a row.", "reason": "new"},
+            {"op": "UPDATE", "entry_id": 99999, "reason": "hallucinated id"},
+        ]
         return "```json\n" + json.dumps(ops) + "\n```"
+
     return reply
 
 

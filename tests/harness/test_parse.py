@@ -31,8 +31,17 @@ def test_meta_actions():
 
 
 def test_garbage_never_raises():
-    for junk in ["", "   ", "<think></think>", "<action></action>", "\x00\x01", "🙂" * 10, "a" * 20_000,
-                 "<action>" + "go " * 5000 + "</action>", "<think>" * 3000]:
+    for junk in [
+        "",
+        "   ",
+        "<think></think>",
+        "<action></action>",
+        "\x00\x01",
+        "🙂" * 10,
+        "a" * 20_000,
+        "<action>" + "go " * 5000 + "</action>",
+        "<think>" * 3000,
+    ]:
         p = parse_completion(junk, ADM, META)
         assert p.kind == "invalid" and p.error
     think, action = split_completion("x" * (MAX_PARSE_CHARS * 3) + "<action>look</action>")

@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from evoharness.config.eval import EvalConfig
+from evoharness.config.harness import HarnessConfig
+from evoharness.config.rl import RLConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.eval.evaluate import evaluate
-from evoharness.config.eval import EvalConfig
+from evoharness.files import read_jsonl
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.harness.factory import make_harness
-from evoharness.config.harness import HarnessConfig
 from evoharness.harness.prompt import PromptTooLong, chat_ids, drop_oldest_history, fit_prompt_ids
 from evoharness.harness.react import ReActHarness
-from evoharness.files import read_jsonl
 from evoharness.models.init import init_model, load_tokenizer
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.pipeline import RunConfig, eval_config, model_policy, rl_config
@@ -29,11 +30,16 @@ from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.train.distill import distill, parse_log
-from evoharness.config.rl import RLConfig
 from evoharness.train.sft import tokenize_examples
 
-MICRO = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
+MICRO = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 RECIPE = HarnessConfig(kind="bpe", history_window=3, system_prompt="compact")  # not the defaults: it must flow
 
 
@@ -47,8 +53,14 @@ def task():
 def collected(task, tmp_path_factory):
     """The teacher's episode collected with RECIPE, and its SFT examples."""
     d = tmp_path_factory.mktemp("recipe")
-    collect_traces([task], TeacherPolicy(), bpe_harness_factory(RECIPE), lambda t: make_env(t, engine="fast"),
-                   d / "traces.jsonl", progress=False)
+    collect_traces(
+        [task],
+        TeacherPolicy(),
+        bpe_harness_factory(RECIPE),
+        lambda t: make_env(t, engine="fast"),
+        d / "traces.jsonl",
+        progress=False,
+    )
     (traj,) = read_jsonl(d / "traces.jsonl")
     assert traj["won"] and len(traj["turns"]) >= 10
     return traj, traces_to_sft([traj])
@@ -98,7 +110,10 @@ def test_same_state_same_prompt_tokens_on_every_path(collected, model_dir, task,
 
     # eval and rl build their harness from their config's `harness`; the main job hands every stage its own
     run = RunConfig(harness=RECIPE, sft={"max_prompt_tokens": budget}, rl={"max_prompt_tokens": budget})
-    stage_harness = [rl_config(run, tmp_path).harness, eval_config(run, tmp_path, "sft", model_policy(run, tmp_path), tmp_path).harness]
+    stage_harness = [
+        rl_config(run, tmp_path).harness,
+        eval_config(run, tmp_path, "sft", model_policy(run, tmp_path), tmp_path).harness,
+    ]
     assert all(h.model_copy(update={"experience_path": None}) == RECIPE for h in stage_harness)
     assert rl_config(run, tmp_path).max_prompt_tokens == model_policy(run, tmp_path).max_prompt_tokens == budget
     factories = {
@@ -108,14 +123,26 @@ def test_same_state_same_prompt_tokens_on_every_path(collected, model_dir, task,
     local = LocalHFPolicy(model_dir, max_prompt_tokens=budget)
     for name, factory in factories.items():
         replay = ReplayPolicy(completions, local)
-        (played,) = run_episodes([EpisodeSpec(task, f"{task.task_id}#0")], lambda t: make_env(t, engine="fast"),
-                                 factory, replay, max_steps=50)
+        (played,) = run_episodes(
+            [EpisodeSpec(task, f"{task.task_id}#0")],
+            lambda t: make_env(t, engine="fast"),
+            factory,
+            replay,
+            max_steps=50,
+        )
         assert played.won and [t.action for t in played.turns] == [t["action"] for t in traj["turns"]], name
         assert replay.prompt_ids == sft_prompts, name
 
     # the real `evaluate` path with the local model: its first turn's recorded prompt ids
-    cfg = EvalConfig(split="valid_seen", task_types=[task.task_type], limit=1, max_steps=1, out_dir=str(tmp_path / "ev"),
-                     harness=RECIPE, policy={"kind": "hf", "model_path": str(model_dir), "max_prompt_tokens": budget})
+    cfg = EvalConfig(
+        split="valid_seen",
+        task_types=[task.task_type],
+        limit=1,
+        max_steps=1,
+        out_dir=str(tmp_path / "ev"),
+        harness=RECIPE,
+        policy={"kind": "hf", "model_path": str(model_dir), "max_prompt_tokens": budget},
+    )
     evaluate(cfg, progress=False)
     (ep,) = [json.loads(x) for x in (tmp_path / "ev" / "episodes.jsonl").read_text().splitlines()]
     assert ep["task_id"] == task.task_id and ep["turns"][0]["prompt_token_ids"] == sft_prompts[0]
@@ -132,8 +159,12 @@ def test_collect_and_distill_render_with_the_configured_recipe(collected, task):
     compact = make_harness(RECIPE, experience=ExperienceStore()).system_prompt
     assert all(ex["messages"][0]["content"] == compact for ex in examples)
     log = {**traj, "turns": [t for t in traj["turns"] if t["kind"] == "env"]}
-    trajs, stats = distill([parse_log(log)], make_env=lambda t, w: make_env(t, engine="fast", wording=w),
-                           tasks={task.task_id: task}, harness=RECIPE)
+    trajs, stats = distill(
+        [parse_log(log)],
+        make_env=lambda t, w: make_env(t, engine="fast", wording=w),
+        tasks={task.task_id: task},
+        harness=RECIPE,
+    )
     assert stats.distilled == 1
     for t in trajs[0].turns:
         user = t.messages[-1]["content"]
@@ -219,9 +250,15 @@ def test_local_policy_reports_a_fitted_prompt_and_the_report_counts_it(collected
     traj, examples = collected
     tok = load_tokenizer(model_dir)
     budget = _budget(tok, examples)
-    cfg = EvalConfig(split="valid_seen", task_types=[task.task_type], limit=1, max_steps=6, out_dir=str(tmp_path),
-                     harness=RECIPE, policy={"kind": "hf", "model_path": str(model_dir), "max_prompt_tokens": budget // 2,
-                                             "constrained": True})
+    cfg = EvalConfig(
+        split="valid_seen",
+        task_types=[task.task_type],
+        limit=1,
+        max_steps=6,
+        out_dir=str(tmp_path),
+        harness=RECIPE,
+        policy={"kind": "hf", "model_path": str(model_dir), "max_prompt_tokens": budget // 2, "constrained": True},
+    )
     summary = evaluate(cfg, progress=False)
     (ep,) = [json.loads(x) for x in (tmp_path / "episodes.jsonl").read_text().splitlines()]
     fitted = ep["info"].get("prompt_fit", {})

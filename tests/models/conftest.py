@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import MICRO, alfworld_corpus
 
 from evoharness.models.init import init_model
 from evoharness.models.tokenizer import build_tokenizer
-from model_helpers import MICRO, alfworld_corpus
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +23,7 @@ def tok_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tokenizer(tok_dir):
     from evoharness.models.init import load_tokenizer
+
     return load_tokenizer(tok_dir)
 
 
@@ -38,6 +39,7 @@ def model_dir(tmp_path_factory, tokenizer) -> Path:
 @pytest.fixture(scope="session")
 def model(model_dir):
     from evoharness.models.init import load_model
+
     return load_model(model_dir)
 
 

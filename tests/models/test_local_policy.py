@@ -12,9 +12,18 @@ COMMANDS = ["go to fridge 1", "go to cabinet 12", "open fridge 1", "take apple 1
 
 
 def requests(n: int) -> list[PolicyRequest]:
-    return [PolicyRequest(messages=[{"role": "system", "content": "You are an agent. " * 8},
-                                    {"role": "user", "content": f"OBSERVATION: you see a fridge {i + 1}." * (i + 1)}],
-                          episode_id=f"game{i}#0", turn=i, admissible_commands=COMMANDS) for i in range(n)]
+    return [
+        PolicyRequest(
+            messages=[
+                {"role": "system", "content": "You are an agent. " * 8},
+                {"role": "user", "content": f"OBSERVATION: you see a fridge {i + 1}." * (i + 1)},
+            ],
+            episode_id=f"game{i}#0",
+            turn=i,
+            admissible_commands=COMMANDS,
+        )
+        for i in range(n)
+    ]
 
 
 def test_act_returns_token_records(model_dir, tokenizer):
@@ -28,17 +37,20 @@ def test_act_returns_token_records(model_dir, tokenizer):
         assert c.error is None and c.policy_version == 3
         assert c.prompt_tokens == len(c.prompt_token_ids) <= budget
         full = tokenizer.encode(tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True))
-        system = tokenizer.encode(tokenizer.apply_chat_template(req.messages[:1], tokenize=False) + "<|im_start|>user\n")
+        system = tokenizer.encode(
+            tokenizer.apply_chat_template(req.messages[:1], tokenize=False) + "<|im_start|>user\n"
+        )
         if len(full) <= budget:
             assert c.prompt_token_ids == full and c.extra["prompt_fit"] is None
         else:  # over budget: the system prompt is kept, the cut is right after it, the end is kept
-            assert c.prompt_token_ids[:len(system)] == system and c.prompt_token_ids[-10:] == full[-10:]
+            assert c.prompt_token_ids[: len(system)] == system and c.prompt_token_ids[-10:] == full[-10:]
             assert len(c.prompt_token_ids) == budget
             assert c.extra["prompt_fit"] == {"history_dropped": 0, "tokens_cut": len(full) - budget}
         assert c.completion_tokens == len(c.completion_token_ids) == len(c.logprobs) <= 12
         assert all(lp <= 0 for lp in c.logprobs)
-        assert c.text == tokenizer.decode([t for t in c.completion_token_ids if t != tokenizer.eos_token_id],
-                                          skip_special_tokens=False)
+        assert c.text == tokenizer.decode(
+            [t for t in c.completion_token_ids if t != tokenizer.eos_token_id], skip_special_tokens=False
+        )
     assert [c.completion_token_ids for c in pol.act(reqs)] == [c.completion_token_ids for c in outs]  # greedy
 
 
@@ -49,7 +61,10 @@ def test_constrained_sampling_policy_and_bad_request(model_dir):
     outs = pol.act(reqs)
     assert outs[1].error and outs[1].finish_reason == "error" and outs[1].text == ""
     for c in outs[:1] + outs[2:]:
-        assert c.error is None and parse_completion(c.text, COMMANDS, ("track", "commit", "recall", "note")).kind != "invalid"
+        assert (
+            c.error is None
+            and parse_completion(c.text, COMMANDS, ("track", "commit", "recall", "note")).kind != "invalid"
+        )
     # per-episode seeds: the same request alone gets the same sample
     assert pol.act([reqs[3]])[0].completion_token_ids == outs[3].completion_token_ids
 
@@ -68,13 +83,15 @@ def test_update_weights_bumps_version_and_changes_outputs(model_dir):
 
 
 def test_policy_config_selects_the_decoder_and_both_answer_alike(model_dir):
+    from evoharness.config.policy import PolicyConfig
     from evoharness.engines import StaticEngine
     from evoharness.engines.hf import Engine
     from evoharness.policies.factory import make_policy
-    from evoharness.config.policy import PolicyConfig
 
-    made = {d: make_policy(PolicyConfig(kind="hf", model_path=str(model_dir), max_tokens=10, decoder=d))
-            for d in ("auto", "hf")}
+    made = {
+        d: make_policy(PolicyConfig(kind="hf", model_path=str(model_dir), max_tokens=10, decoder=d))
+        for d in ("auto", "hf")
+    }
     assert isinstance(made["auto"].engine, StaticEngine) and isinstance(made["hf"].engine, Engine)
     reqs = requests(2)
     fast, ref = (made[d].act(reqs) for d in ("auto", "hf"))

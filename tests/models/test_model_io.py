@@ -6,12 +6,18 @@ import json
 
 import pytest
 import torch
+from model_helpers import MICRO
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3ForCausalLM
 
-from evoharness.models.init import (PRESETS, count_params, init_model, load_model, load_tokenizer, make_config,
-                                    padded_vocab)
-
-from model_helpers import MICRO
+from evoharness.models.init import (
+    PRESETS,
+    count_params,
+    init_model,
+    load_model,
+    load_tokenizer,
+    make_config,
+    padded_vocab,
+)
 
 
 def test_presets_have_the_advertised_sizes(tokenizer):
@@ -45,8 +51,14 @@ def test_init_is_seeded(tokenizer):
 def test_save_load_gives_identical_logits(tmp_path, tokenizer):
     model = init_model(MICRO, tokenizer, tmp_path / "m", seed=3)
     files = {p.name for p in (tmp_path / "m").iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json", "chat_template.jinja"} <= files
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    } <= files
     assert json.loads((tmp_path / "m/config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
     again = load_model(tmp_path / "m", "cpu", "float32")
     assert again.config._attn_implementation == "sdpa"
@@ -60,9 +72,16 @@ def test_save_load_gives_identical_logits(tmp_path, tokenizer):
 def test_load_any_local_hf_causal_lm_directory(tmp_path, tokenizer):
     """A directory written by plain transformers (another architecture, bf16
     weights) loads through the same function; nothing is fetched."""
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     ref = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     ref.save_pretrained(tmp_path / "llama")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from model_helpers import alfworld_corpus
 from transformers import AutoTokenizer
 
 from evoharness.models.tokenizer import ADDED_TOKENS, MARKERS, SPECIAL_TOKENS, train_tokenizer
-
-from model_helpers import alfworld_corpus
 
 
 def test_added_tokens_are_single_ids(tokenizer):
@@ -25,12 +24,15 @@ def test_added_tokens_are_single_ids(tokenizer):
 def test_chat_template_matches_qwen_format(tokenizer):
     msgs = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "OBJECTIVE: x"}]
     assert tokenizer.apply_chat_template(msgs, tokenize=False) == (
-        "<|im_start|>system\nYou are an agent.<|im_end|>\n<|im_start|>user\nOBJECTIVE: x<|im_end|>\n")
+        "<|im_start|>system\nYou are an agent.<|im_end|>\n<|im_start|>user\nOBJECTIVE: x<|im_end|>\n"
+    )
     assert tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True).endswith(
-        "<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
     full = msgs + [{"role": "assistant", "content": "<think>t</think><action>look</action>"}]
     assert tokenizer.apply_chat_template(full, tokenize=False).endswith(
-        "<|im_start|>assistant\n<think>t</think><action>look</action><|im_end|>\n")
+        "<|im_start|>assistant\n<think>t</think><action>look</action><|im_end|>\n"
+    )
 
 
 def test_roundtrip_any_text_and_reload(tok_dir, tokenizer):
@@ -54,8 +56,9 @@ def test_vocab_size_is_an_upper_bound_and_domain_words_merge():
 
 
 def test_no_merges_are_spent_on_marker_text():
-    tok = train_tokenizer(["<think>go left</think><action>go to fridge 1</action><|im_end|> the apple"] * 200,
-                          vocab_size=400)
+    tok = train_tokenizer(
+        ["<think>go left</think><action>go to fridge 1</action><|im_end|> the apple"] * 200, vocab_size=400
+    )
     assert not [k for k in tok.get_vocab() if ("think" in k or "action" in k or "im_" in k) and k not in ADDED_TOKENS]
 
 
@@ -121,6 +124,8 @@ def test_served_completion_parses_like_the_local_one(model_dir, one_per_type):
         c = pol.act([req])[0]
         assert c.error is None
         server_text = served.decode(c.completion_token_ids, skip_special_tokens=True)
-        local, remote = (parse_completion(t, req.admissible_commands, req.harness.meta_verbs) for t in (c.text, server_text))
+        local, remote = (
+            parse_completion(t, req.admissible_commands, req.harness.meta_verbs) for t in (c.text, server_text)
+        )
         assert remote.kind != "invalid" and (remote.kind, remote.text) == (local.kind, local.text)
         assert server_text.startswith("<think>") and "</think><action>" in server_text

@@ -6,18 +6,18 @@ import re
 from collections import Counter
 
 import pytest
+from engines import pick_engine
 
+from evoharness.config.harness import HarnessConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import TASK_TYPES
 from evoharness.harness.base import META_VERBS
-from evoharness.harness.factory import make_harness
-from evoharness.config.harness import HarnessConfig
-from evoharness.harness.react import ReActHarness
 from evoharness.harness.bpe.belief import type_of
+from evoharness.harness.factory import make_harness
+from evoharness.harness.react import ReActHarness
 from evoharness.policies.base import Completion, PolicyRequest, format_action
 from evoharness.policies.teacher import TeacherPolicy, parse_prompt, plan_for, teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from engines import pick_engine
 
 FORMAT = re.compile(r"^<think>[^<]+</think><action>[^<]+</action>$")
 
@@ -31,8 +31,9 @@ class Blindfolded:
         self.teacher = TeacherPolicy()
 
     def act(self, requests):
-        return self.teacher.act([PolicyRequest(r.messages, r.episode_id, r.turn, r.admissible_commands)
-                                 for r in requests])
+        return self.teacher.act(
+            [PolicyRequest(r.messages, r.episode_id, r.turn, r.admissible_commands) for r in requests]
+        )
 
     def close(self) -> None:
         pass
@@ -44,8 +45,9 @@ def played(valid_seen):
     tasks = [t for tt in TASK_TYPES for t in [g for g in valid_seen if g.task_type == tt][:2]]
     engine = pick_engine(tasks[0])
     specs = [EpisodeSpec(t, f"{t.task_id}#0") for t in tasks]
-    return run_episodes(specs, lambda t: make_env(t, engine=engine), lambda: make_harness(HarnessConfig()),
-                        Blindfolded(), max_steps=50)
+    return run_episodes(
+        specs, lambda t: make_env(t, engine=engine), lambda: make_harness(HarnessConfig()), Blindfolded(), max_steps=50
+    )
 
 
 def test_teacher_solves_two_games_of_each_type_within_50_steps(played):
@@ -83,7 +85,9 @@ def test_prompt_parser_reads_the_bpe_views(played):
     v = parse_prompt(t.turns[turn].messages[-1]["content"])
     assert v.goal.count == 2 and v.plan and [s for s, _ in v.plan] == plan_for(v.goal)
     assert [s for s, status in v.plan if status == "active"] == [f"find second {v.goal.obj}"]
-    first = next(x.action[len("take "):].split(" from ")[0] for x in t.turns if x.action.startswith(f"take {v.goal.obj} "))
+    first = next(
+        x.action[len("take ") :].split(" from ")[0] for x in t.turns if x.action.startswith(f"take {v.goal.obj} ")
+    )
     assert v.track and v.track[0] == v.goal.obj
     assert v.track[1].startswith(f"{first}: in/on {v.goal.target} ") and "\nUnsearched (" in v.track[1]
     assert v.recall and v.recall[0] == "mistakes: pick two"
@@ -109,7 +113,9 @@ class Clumsy:
             items = [s for s, status in v.plan]
             phase = next((i for i, (_, status) in enumerate(v.plan) if status != "done"), -1)
             stage = self.erred.get(r.episode_id)
-            wrong = [c for c in v.admissible if c.startswith("take ") and type_of(c[5:].split(" from ")[0]) != v.goal.obj]
+            wrong = [
+                c for c in v.admissible if c.startswith("take ") and type_of(c[5:].split(" from ")[0]) != v.goal.obj
+            ]
             if stage is None and wrong and phase >= 0 and items[phase].startswith("find"):
                 text, self.erred[r.episode_id] = format_action(wrong[0], "I take it."), "took"
             elif stage == "took" and 0 <= phase < len(items) - 1:
@@ -128,16 +134,21 @@ def test_teacher_labels_recover_from_a_wrong_object_and_a_premature_commit(valid
     and still wins."""
     tasks = [t for tt in TASK_TYPES for t in [g for g in valid_seen if g.task_type == tt][:2]]
     engine, clumsy = pick_engine(tasks[0]), Clumsy()
-    eps = run_episodes([EpisodeSpec(t, f"{t.task_id}#0") for t in tasks], lambda t: make_env(t, engine=engine),
-                       lambda: make_harness(HarnessConfig()), clumsy, max_steps=50)
+    eps = run_episodes(
+        [EpisodeSpec(t, f"{t.task_id}#0") for t in tasks],
+        lambda t: make_env(t, engine=engine),
+        lambda: make_harness(HarnessConfig()),
+        clumsy,
+        max_steps=50,
+    )
     assert sum(s == "committed" for s in clumsy.erred.values()) >= 10  # the mistake was made
     assert [e.task_id for e in eps if not e.won] == []
     for e in eps:
         if clumsy.erred.get(e.episode_id) != "committed":
             continue
         i = next(i for i, t in enumerate(e.turns) if t.action.startswith("take "))
-        wrong = e.turns[i].action.split(" from ")[0][len("take "):]
-        after = [t.action for t in e.turns[i + 2:]]
+        wrong = e.turns[i].action.split(" from ")[0][len("take ") :]
+        after = [t.action for t in e.turns[i + 2 :]]
         assert any(a.startswith(f"put {wrong} in/on ") for a in after), (e.task_id, after[:6])
         assert any(a.startswith("commit find") and a.endswith(": active") for a in after), (e.task_id, after[:6])
 
@@ -155,7 +166,6 @@ def _first(task):
         return env.reset()
     finally:
         env.close()
-
 
 
 def test_the_teacher_searches_in_the_order_the_harness_lists(played):
@@ -184,13 +194,20 @@ def test_a_receptacle_at_the_agents_location_is_opened_where_the_agent_stands(va
     ``go to cabinet 4``: the teacher's search names cabinet 4 and opens it there (the co-located
     fault class of benchmarks/search_faults.py)."""
     game = next(g for g in valid_seen if g.task_id.startswith("pick_and_place_simple-SoapBottle-None-CounterTop-417/"))
-    [t] = run_episodes([EpisodeSpec(game, "soap#0")], lambda t: make_env(t, engine=pick_engine(t)),
-                       lambda: make_harness(HarnessConfig()), Blindfolded(), max_steps=50)
+    [t] = run_episodes(
+        [EpisodeSpec(game, "soap#0")],
+        lambda t: make_env(t, engine=pick_engine(t)),
+        lambda: make_harness(HarnessConfig()),
+        Blindfolded(),
+        max_steps=50,
+    )
     assert t.won
     i = next(i for i, turn in enumerate(t.turns) if turn.action == "open cabinet 4")
     turn = t.turns[i]
     assert "go to cabinet 4" not in turn.admissible_commands and t.turns[i - 1].action == "open cabinet 3"
-    listed = parse_prompt(turn.messages[-1]["content"]).track[1].split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
+    listed = (
+        parse_prompt(turn.messages[-1]["content"]).track[1].split("): ", 1)[1].split("\n", 1)[0].rstrip(".").split(", ")
+    )
     assert listed[0] == "cabinet 4"
     assert "the next receptacle to search is cabinet 4.</think>" in turn.completion
 
@@ -200,12 +217,17 @@ def test_the_teacher_tracks_the_lamp_also_when_it_stands_next_to_it(valid_seen):
     does ``track desklamp``, and uses the lamp on the turn whose TRACK RESULT says it is in view,
     the same two turns a student reads in every look game."""
     task = next(g for g in valid_seen if g.task_id.startswith("look_at_obj_in_light-Bowl-None-DeskLamp-316/"))
-    [traj] = run_episodes([EpisodeSpec(task, f"{task.task_id}#0")], lambda t: make_env(t, engine=pick_engine(t)),
-                          lambda: make_harness(HarnessConfig()), Blindfolded(), max_steps=50)
+    [traj] = run_episodes(
+        [EpisodeSpec(task, f"{task.task_id}#0")],
+        lambda t: make_env(t, engine=pick_engine(t)),
+        lambda: make_harness(HarnessConfig()),
+        Blindfolded(),
+        max_steps=50,
+    )
     assert traj.won
     actions = [turn.action for turn in traj.turns]
     use = actions.index("use desklamp 1")
     assert actions[use - 1] == "track desklamp" and actions[use - 2].startswith("commit ")
     take = max(i for i, a in enumerate(actions[:use]) if a.startswith("take bowl"))
-    assert all(a.split()[0] in META_VERBS for a in actions[take + 1:use])  # no step away from desk 1
+    assert all(a.split()[0] in META_VERBS for a in actions[take + 1 : use])  # no step away from desk 1
     assert "desklamp 1: in/on desk 1, in view" in parse_prompt(traj.turns[use].messages[-1]["content"]).track[1]

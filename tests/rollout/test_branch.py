@@ -35,8 +35,9 @@ class Counting:
 def play(specs):
     policy = Counting()
     engine = pick_engine(specs[0].task)
-    return run_episodes(specs, lambda t: make_env(t, engine=engine), lambda: make_harness(HarnessConfig()),
-                        policy, max_steps=50), policy.asked
+    return run_episodes(
+        specs, lambda t: make_env(t, engine=engine), lambda: make_harness(HarnessConfig()), policy, max_steps=50
+    ), policy.asked
 
 
 @pytest.mark.parametrize("k", [1, 5])
@@ -65,13 +66,33 @@ def test_a_prefix_that_ends_the_episode_ends_it_before_the_policy_is_asked(one_p
 
 
 def test_grpo_never_draws_a_replayed_turn():
-    turns = [TurnRecord(turn=i, messages=[], completion="x", kind="env", action="look", feedback="",
-                        prompt_token_ids=[1, 2], completion_token_ids=[3 + i], logprobs=[-0.5]) for i in range(10)]
-    traj = Trajectory(episode_id="e#0", task_id="t", task_type="pick_and_place_simple", split="train",
-                      harness="bpe", policy="p", turns=turns, info={"replayed_turns": 6})
+    turns = [
+        TurnRecord(
+            turn=i,
+            messages=[],
+            completion="x",
+            kind="env",
+            action="look",
+            feedback="",
+            prompt_token_ids=[1, 2],
+            completion_token_ids=[3 + i],
+            logprobs=[-0.5],
+        )
+        for i in range(10)
+    ]
+    traj = Trajectory(
+        episode_id="e#0",
+        task_id="t",
+        task_type="pick_and_place_simple",
+        split="train",
+        harness="bpe",
+        policy="p",
+        turns=turns,
+        info={"replayed_turns": 6},
+    )
     adv = [1.0] * 10
     assert [s.completion_ids[0] for s in turn_rows(traj, adv, GRPOConfig(), step=0)] == [9, 10, 11, 12]
-    for sampled, n in ((GRPOConfig(max_train_turns=3), 3), (GRPOConfig(j_max=2), 2)):   # drawn turns / tree paths
+    for sampled, n in ((GRPOConfig(max_train_turns=3), 3), (GRPOConfig(j_max=2), 2)):  # drawn turns / tree paths
         for step in range(8):
             drawn = [s.completion_ids[0] for s in turn_rows(traj, adv, sampled, step=step)]
             assert len(drawn) == n and min(drawn) >= 9

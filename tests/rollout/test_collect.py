@@ -11,8 +11,8 @@ from engines import pick_engine
 
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import TASK_TYPES
-from evoharness.harness.bpe import ExperienceStore
 from evoharness.files import read_jsonl
+from evoharness.harness.bpe import ExperienceStore
 from evoharness.policies.scripted import RandomPolicy
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.collect import bpe_harness_factory, collect_traces, traces_to_sft
@@ -35,8 +35,16 @@ def env_factory(tasks):
 def collected(tasks, env_factory, tmp_path_factory):
     d = tmp_path_factory.mktemp("collect")
     out, exp = d / "traces.jsonl", d / "experience.json"
-    stats = collect_traces(tasks[:4], TeacherPolicy(), bpe_harness_factory(), env_factory, out, batch_size=2,
-                           experience_path=exp, progress=False)
+    stats = collect_traces(
+        tasks[:4],
+        TeacherPolicy(),
+        bpe_harness_factory(),
+        env_factory,
+        out,
+        batch_size=2,
+        experience_path=exp,
+        progress=False,
+    )
     return d, out, exp, stats
 
 
@@ -69,12 +77,14 @@ def test_traces_to_sft_one_example_per_turn_written_atomically(collected):
 
 def test_failed_episodes_are_dropped_and_remembered(tasks, env_factory, tmp_path):
     out = tmp_path / "t.jsonl"
-    st = collect_traces(tasks[:2], RandomPolicy(seed=1), bpe_harness_factory(), env_factory, out, max_steps=2,
-                        progress=False)
+    st = collect_traces(
+        tasks[:2], RandomPolicy(seed=1), bpe_harness_factory(), env_factory, out, max_steps=2, progress=False
+    )
     assert st.played == 2 and st.kept == 0 and read_jsonl(out) == []
     assert len((tmp_path / "t.jsonl.dropped").read_text().splitlines()) == 2
-    again = collect_traces(tasks[:2], RandomPolicy(seed=1), bpe_harness_factory(), env_factory, out, max_steps=2,
-                           progress=False)
+    again = collect_traces(
+        tasks[:2], RandomPolicy(seed=1), bpe_harness_factory(), env_factory, out, max_steps=2, progress=False
+    )
     assert again.skipped == 2 and again.played == 0
     assert traces_to_sft([{"won": False, "turns": [{"kind": "env"}]}]) == []
 
@@ -83,8 +93,16 @@ def test_resume_skips_done_episodes_and_repairs_a_torn_line(collected, tasks, en
     d, out, exp, _ = collected
     good = out.read_text().splitlines()
     out.write_text("\n".join(good[:3]) + "\n" + good[3][: len(good[3]) // 2])  # killed mid-write
-    st = collect_traces(tasks, TeacherPolicy(), bpe_harness_factory(), env_factory, out, batch_size=2,
-                        experience_path=exp, progress=False)
+    st = collect_traces(
+        tasks,
+        TeacherPolicy(),
+        bpe_harness_factory(),
+        env_factory,
+        out,
+        batch_size=2,
+        experience_path=exp,
+        progress=False,
+    )
     assert st.skipped == 3 and st.played == 3 and st.won == 3
     rows = read_jsonl(out)
     ids = [r["episode_id"] for r in rows]
@@ -107,8 +125,16 @@ def test_store_is_frozen_per_batch_and_consolidated_after(collected, tasks, env_
         seen.append((s.frozen, s.epoch))
         return bpe_harness_factory()(s)
 
-    collect_traces(tasks[:3], TeacherPolicy(), factory, env_factory, tmp_path / "x.jsonl", batch_size=2,
-                   experience=store, progress=False)
+    collect_traces(
+        tasks[:3],
+        TeacherPolicy(),
+        factory,
+        env_factory,
+        tmp_path / "x.jsonl",
+        batch_size=2,
+        experience=store,
+        progress=False,
+    )
     epochs = [e for frozen, e in seen[1:] if frozen]
     assert all(frozen for frozen, _ in seen) and sorted(set(epochs)) == [0, 1] and store.epoch == 2
     assert [t["info"]["experience_epoch"] for t in read_jsonl(tmp_path / "x.jsonl")] == [0, 0, 1]
@@ -121,9 +147,16 @@ def test_collect_in_move_wording_records_it_and_keeps_every_win(tasks, tmp_path)
 
     out, sft = tmp_path / "traces.jsonl", tmp_path / "sft.jsonl"
     engine = pick_engine(tasks[0])
-    stats = collect_traces(tasks, TeacherPolicy(), bpe_harness_factory(),
-                           lambda t: make_env(t, engine=engine, wording="move"), out, batch_size=3,
-                           progress=False, wording="move")
+    stats = collect_traces(
+        tasks,
+        TeacherPolicy(),
+        bpe_harness_factory(),
+        lambda t: make_env(t, engine=engine, wording="move"),
+        out,
+        batch_size=3,
+        progress=False,
+        wording="move",
+    )
     rows = read_jsonl(out)
     assert stats.won == stats.kept == len(rows) == len(tasks)
     assert all(r["info"]["wording"] == "move" for r in rows)
@@ -131,8 +164,22 @@ def test_collect_in_move_wording_records_it_and_keeps_every_win(tasks, tmp_path)
     placed = [ex["completion"] for ex in examples if "<action>move " in ex["completion"]]
     assert len(placed) >= 5 and not any("<action>put " in ex["completion"] for ex in examples)
     # the command line takes the wording too
-    main(["--split", "valid_seen", "--per-type", "1", "--wording", "move", "--engine", engine,
-          "--out", str(tmp_path / "cli.jsonl"), "--batch-size", "6"])
+    main(
+        [
+            "--split",
+            "valid_seen",
+            "--per-type",
+            "1",
+            "--wording",
+            "move",
+            "--engine",
+            engine,
+            "--out",
+            str(tmp_path / "cli.jsonl"),
+            "--batch-size",
+            "6",
+        ]
+    )
     cli = read_jsonl(tmp_path / "cli.jsonl")
     assert len(cli) == len(tasks) and all(r["won"] and r["info"]["wording"] == "move" for r in cli)
     assert any(t["action"].startswith("move ") for r in cli for t in r["turns"])

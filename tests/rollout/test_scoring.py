@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from evoharness.envs.repo.scoring import (EvaluationError, NothingToEvaluate, ScoreOutcome, outcome_counts, score_with_retry)
+from evoharness.envs.repo.scoring import (
+    EvaluationError,
+    NothingToEvaluate,
+    ScoreOutcome,
+    outcome_counts,
+    score_with_retry,
+)
 
 
 class Flaky:
@@ -69,6 +75,10 @@ def test_outcome_counts():
         score_with_retry(Flaky(fails=9), budget=3),
         ScoreOutcome("placeholder", 0.0, 1),
     ]
-    assert outcome_counts(outcomes) == {"score/scored": 2, "score/placeholder": 1, "score/dropped": 1,
-                                        "score/retries": 1 + 2}
+    assert outcome_counts(outcomes) == {
+        "score/scored": 2,
+        "score/placeholder": 1,
+        "score/dropped": 1,
+        "score/retries": 1 + 2,
+    }
     assert outcome_counts([]) == {"score/scored": 0, "score/placeholder": 0, "score/dropped": 0, "score/retries": 0}

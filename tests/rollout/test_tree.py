@@ -40,12 +40,22 @@ class Agent:
         comp = self.tok(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
         self.t += 1.0
         n = len(self.records)
-        self.records.append(CallRecord(
-            execution_id=self.eid, call_id=f"chatcmpl-{self.eid}-{n}", role=role, model="m",
-            prompt_token_ids=prompt, completion_token_ids=comp,
-            logprobs=[-0.01 * (n + 1) - 0.001 * j for j in range(len(comp))], policy_version=3 + n % 2,
-            finish_reason="stop", t_start=self.t, t_end=self.t + 0.5,
-            constraint={"commands": ["look"], "meta_verbs": [], "max_new_tokens": 64} if n % 3 == 0 else None))
+        self.records.append(
+            CallRecord(
+                execution_id=self.eid,
+                call_id=f"chatcmpl-{self.eid}-{n}",
+                role=role,
+                model="m",
+                prompt_token_ids=prompt,
+                completion_token_ids=comp,
+                logprobs=[-0.01 * (n + 1) - 0.001 * j for j in range(len(comp))],
+                policy_version=3 + n % 2,
+                finish_reason="stop",
+                t_start=self.t,
+                t_end=self.t + 0.5,
+                constraint={"commands": ["look"], "meta_verbs": [], "max_new_tokens": 64} if n % 3 == 0 else None,
+            )
+        )
         return answer
 
 
@@ -62,10 +72,16 @@ def episode(tok, eid: str = "ex0") -> Agent:
         msgs += [{"role": "assistant", "content": ans}, {"role": "user", "content": obs}]
     sub = [{"role": "system", "content": SUB_SYS}, {"role": "user", "content": "find a mug"}]
     ans = a.call(sub, "<think>check the countertop</think><action>go to countertop 1</action>", role="subagent")
-    a.call(sub + [{"role": "assistant", "content": ans}, {"role": "user", "content": "You see a mug 1."}],
-           "The mug 1 is on countertop 1.", role="subagent")
-    summary = a.call(msgs + [{"role": "user", "content": "Summarise the episode so far."}],
-                     "Cabinet 1 is empty; the mug is on countertop 1.", role="summary")
+    a.call(
+        sub + [{"role": "assistant", "content": ans}, {"role": "user", "content": "You see a mug 1."}],
+        "The mug 1 is on countertop 1.",
+        role="subagent",
+    )
+    summary = a.call(
+        msgs + [{"role": "user", "content": "Summarise the episode so far."}],
+        "Cabinet 1 is empty; the mug is on countertop 1.",
+        role="summary",
+    )
     msgs = [{"role": "system", "content": SYS}, {"role": "user", "content": summary}]
     a.call(msgs, "<think>take the mug</think><action>go to countertop 1</action>")
     return a
@@ -81,8 +97,11 @@ def test_each_call_is_stored_once_and_reads_back_exactly(tok):
         assert tree.calls[i].policy_version == rec.policy_version
         assert tree.calls[i].constraint == rec.constraint
     # Only new suffixes are stored: the tree holds the distinct prefix-trie positions.
-    distinct = {tuple(r.prompt_token_ids + r.completion_token_ids)[:k] for r in a.records
-                for k in range(1, len(r.prompt_token_ids) + len(r.completion_token_ids) + 1)}
+    distinct = {
+        tuple(r.prompt_token_ids + r.completion_token_ids)[:k]
+        for r in a.records
+        for k in range(1, len(r.prompt_token_ids) + len(r.completion_token_ids) + 1)
+    }
     assert tree.n_tokens == len(distinct) < tree.n_call_tokens()
     # Main call 2 extends call 1 (history re-rendered verbatim): call 1's end is inside call 2's path.
     assert tree.calls[0].node in tree.path(tree.calls[1].node)
@@ -111,7 +130,7 @@ def test_only_generated_tokens_are_trainable_with_their_behaviour_logprobs(tok):
     # call 2's prompt verbatim, stays trainable (and keeps call 1's log-probs), not duplicated.
     assert generated == tree.n_trainable == sum(len(r.completion_token_ids) for r in a.records)
     # System/user/tool text is never trainable: the first call's prompt positions are all context.
-    first = [t for n in tree.path(tree.calls[0].node) for t in tree.nodes[n].gen_call][:tree.calls[0].n_prompt]
+    first = [t for n in tree.path(tree.calls[0].node) for t in tree.nodes[n].gen_call][: tree.calls[0].n_prompt]
     assert set(first) == {-1}
 
 
@@ -120,8 +139,10 @@ def test_retokenised_history_branches_and_is_context(tok):
     msgs = [{"role": "system", "content": SYS}, {"role": "user", "content": "go"}]
     a.call(msgs, "<action>open fridge 1</action>")
     # A harness that rewrites the answer before re-rendering it: the prompt no longer extends the call.
-    a.call(msgs + [{"role": "assistant", "content": "<action>open  fridge 1</action>"},
-                   {"role": "user", "content": "ok"}], "<action>look</action>")
+    a.call(
+        msgs + [{"role": "assistant", "content": "<action>open  fridge 1</action>"}, {"role": "user", "content": "ok"}],
+        "<action>look</action>",
+    )
     tree = TrajectoryTree.from_records(a.records)
     assert tree.calls[0].node not in tree.path(tree.calls[1].node)
     assert len(tree.leaves()) == 2
@@ -140,7 +161,9 @@ def test_rebuild_and_serialisation_round_trip(tok):
     assert again.leaves() == tree.leaves() and again.children(ROOT) == tree.children(ROOT)
     # the rebuilt index works: folding one more call into the reloaded tree equals folding it into the original
     extra = Agent(tok)
-    extra.call([{"role": "system", "content": SYS}, {"role": "user", "content": "You see a mug 1."}], "<action>x</action>")
+    extra.call(
+        [{"role": "system", "content": SYS}, {"role": "user", "content": "You see a mug 1."}], "<action>x</action>"
+    )
     r = extra.records[0]
     for t in (tree, again):
         t.add_call(r.prompt_token_ids, r.completion_token_ids, r.logprobs, call_id="late")
@@ -176,6 +199,7 @@ def test_bad_calls_are_refused():
 
 
 # ---------------------------------------------------------------- dedup sampling
+
 
 def _trained_positions(tree, sel):
     return [(n, off) for n in sel.nodes for off, g in enumerate(tree.nodes[n].gen_call) if g >= 0]
@@ -217,8 +241,8 @@ def test_j_max_priority_and_seeding(tok):
 
 def test_draws_are_proportional_to_unmasked_tokens():
     tree = TrajectoryTree("p")
-    tree.add_call([1, 2, 3], [4] * 30)   # leaf A: 30 trainable tokens
-    tree.add_call([1, 2, 3], [5] * 10)   # leaf B: 10
+    tree.add_call([1, 2, 3], [4] * 30)  # leaf A: 30 trainable tokens
+    tree.add_call([1, 2, 3], [5] * 10)  # leaf B: 10
     tree.add_call([1, 2, 3, 4], [6] * 10, role="summary")  # splits A's node: A keeps 29 below the split
     a_leaf, b_leaf = tree.calls[0].node, tree.calls[1].node
     counts = Counter(select_paths(tree, 1, seed=s).leaves[0] for s in range(4000))

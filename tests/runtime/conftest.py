@@ -11,17 +11,28 @@ from evoharness.config.sim import SimConfig
 
 LONG_TAIL: dict[str, Any] = {
     "workload": {
-        "groups_per_step": 4, "group_size": 4, "initial_prompt_tokens": 500,
+        "groups_per_step": 4,
+        "group_size": 4,
+        "initial_prompt_tokens": 500,
         "turns": {"kind": "lognormal", "median": 8, "sigma": 0.9, "max": 80},
         "completion_tokens": {"kind": "lognormal", "median": 200, "sigma": 0.5},
         "prompt_tokens": {"kind": "lognormal", "median": 400, "sigma": 0.7},
         "tool_latency_s": {"kind": "lognormal", "median": 2.0, "sigma": 0.8},
-        "timeout_s": 600, "timeout_ref_tps": 30,
+        "timeout_s": 600,
+        "timeout_ref_tps": 30,
     },
-    "cluster": {"cells": 4, "accelerators_per_cell": 8, "capacity": 4, "gen_tps_single": 50.0,
-                "gen_concurrency_exponent": 0.8, "prefill_speedup": 50.0, "train_tps": 2000.0,
-                "weight_sync_s": 3.0},
-    "steps": 3, "seed": 1,
+    "cluster": {
+        "cells": 4,
+        "accelerators_per_cell": 8,
+        "capacity": 4,
+        "gen_tps_single": 50.0,
+        "gen_concurrency_exponent": 0.8,
+        "prefill_speedup": 50.0,
+        "train_tps": 2000.0,
+        "weight_sync_s": 3.0,
+    },
+    "steps": 3,
+    "seed": 1,
 }
 
 

@@ -18,13 +18,23 @@ from synthetic_agents import KillOnCommand
 
 from evoharness.runtime.cells import Role
 from evoharness.runtime.driver import Driver
-from evoharness.runtime.events import (Bind, CellLost, ExecutionDispatched, ExecutionFinished, ExecutionStarted,
-                                       MicroBatchDone, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
-                                       WeightSyncDone)
+from evoharness.runtime.events import (
+    Bind,
+    CellLost,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ExecutionStarted,
+    MicroBatchDone,
+    RoleSwitchDone,
+    RunMicroBatch,
+    SwitchRole,
+    SyncWeights,
+    WeightSyncDone,
+)
 from evoharness.runtime.sim import build_scheduler
 from evoharness.runtime.synthetic import replay_backend
 
-SCALE = 0.002   # real seconds per simulated second (the long-tail workload's 2 steps: ~1-3 s)
+SCALE = 0.002  # real seconds per simulated second (the long-tail workload's 2 steps: ~1-3 s)
 
 
 class Killer(KillOnCommand):
@@ -68,11 +78,11 @@ def _run(cfg, sched, kill_on, checkpoint=None):
 def _exactly_once(cfg, sched, be, stats):
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert sched.done and len(stats.step_end_s) == cfg.steps
-    assert sum(stats.staleness.values()) == n           # the driver checked: each finished and trained once
+    assert sum(stats.staleness.values()) == n  # the driver checked: each finished and trained once
     assert max(stats.staleness) <= (1 if sched.name == "async" else 0)
     assert stats.aborted_turns == 0 and be.counts["aborted_turns"] == 0
     assert be.killed and stats.cells_lost == 1 == be.counts["cells_lost"] == sched.cells_lost
-    lost = be.killed[0]                                  # a new process, and it answered
+    lost = be.killed[0]  # a new process, and it answered
     assert be.transport.pid(lost) != be.killed_pid and be.transport.pid(lost) in be.pids_seen[lost]
     assert not sched.replacing and not sched.rejoining and not sched.sync_held
 
@@ -87,7 +97,7 @@ def test_a_rollout_cell_killed_mid_step_has_its_executions_reissued(make_cfg, po
     be, stats = _run(cfg, sched, _nth(Bind, 2, 2))
     _exactly_once(cfg, sched, be, stats)
     assert be.counts["reissued_calls"] >= 1 and stats.micro_batches_reclaimed == 0
-    assert any(isinstance(c, Bind) for c in be.after)     # the replacement serves the later steps' calls
+    assert any(isinstance(c, Bind) for c in be.after)  # the replacement serves the later steps' calls
 
 
 @pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
@@ -102,7 +112,7 @@ def test_a_train_cell_killed_while_it_holds_a_micro_batch_has_it_reclaimed(make_
     _exactly_once(cfg, sched, be, stats)
     assert stats.micro_batches_reclaimed == 1
     lost = be.killed[0]
-    if policy == "async":    # its replacement switched back to train and trained later micro-batches
+    if policy == "async":  # its replacement switched back to train and trained later micro-batches
         assert sched.pool.cells[lost].role == Role.TRAIN
         assert [type(c) for c in be.after[:1]] == [SwitchRole] and be.after[0].role == Role.TRAIN
     assert any(isinstance(c, RunMicroBatch) for c in be.after)
@@ -116,18 +126,19 @@ def test_losing_the_core_fails_the_job_and_it_resumes_from_its_checkpoint(make_c
     cfg = _cfg(make_cfg, policy)
     sched = build_scheduler(policy, cfg)
     ckpt = tmp_path / "job.ckpt"
-    kill_on = lambda c: isinstance(c, RunMicroBatch) and c.cell == 0 and c.version == 1   # noqa: E731
+    kill_on = lambda c: isinstance(c, RunMicroBatch) and c.cell == 0 and c.version == 1  # noqa: E731
     with pytest.raises(RuntimeError, match="core cell 0 failed.*resume the job from its last checkpoint"):
         _run(cfg, sched, kill_on, checkpoint=ckpt)
     d = _resume(cfg, ckpt)
-    assert d._pending[0] == WeightSyncDone(1)              # taken at step 1's weight sync
+    assert d._pending[0] == WeightSyncDone(1)  # taken at step 1's weight sync
     _finish_exactly_once(cfg, d)
 
 
 def _resume(cfg, ckpt) -> Driver:
     """The job resumed from `ckpt` on fresh local cells, in the roles the checkpoint holds."""
-    return Driver.resume(ckpt, lambda s, st: replay_backend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE,
-                                                            state=st), stall_s=30)
+    return Driver.resume(
+        ckpt, lambda s, st: replay_backend(cfg, [c.role for c in s.pool.cells], time_scale=SCALE, state=st), stall_s=30
+    )
 
 
 def _finish_exactly_once(cfg, d: Driver):
@@ -170,9 +181,9 @@ def test_a_checkpoint_taken_while_a_replacement_is_on_its_way_resumes(make_cfg, 
     d, ckpt = Driver(sched, be, stall_s=30), tmp_path / "job.ckpt"
     try:
         for version in d.steps():
-            assert version == 1 and sched.replacing == {victim}    # the replacement is still starting
+            assert version == 1 and sched.replacing == {victim}  # the replacement is still starting
             d.save(ckpt)
-            break                                                  # the job is killed here
+            break  # the job is killed here
     finally:
         be.close()
     d = _resume(cfg, ckpt)
@@ -202,12 +213,12 @@ def test_a_weight_sync_waits_for_a_replacement_on_its_way(make_cfg):
     mb0 = sched.handle(RoleSwitchDone(0, Role.TRAIN))[0]
     mb1 = sched.handle(RoleSwitchDone(1, Role.TRAIN))[0]
     assert (mb0.cell, mb1.cell) == (0, 1)
-    assert sched.handle(CellLost(1)) == [] and sched.mb_queue[0] == mb1.executions[0]   # back, first in line
+    assert sched.handle(CellLost(1)) == [] and sched.mb_queue[0] == mb1.executions[0]  # back, first in line
     out, mb = [], mb0
-    while sched.mb_pending:                              # the core trains everything else
+    while sched.mb_pending:  # the core trains everything else
         out = sched.handle(MicroBatchDone(0, mb.executions))
         mb = next((c for c in out if isinstance(c, RunMicroBatch)), None)
-    assert out == [] and sched.sync_held                 # trained, the sync waits
+    assert out == [] and sched.sync_held  # trained, the sync waits
     assert sched.handle(RoleSwitchDone(1, Role.ROLLOUT)) == [SyncWeights(1, (0, 1))]
     assert not sched.sync_held and sched.pool.cells[1].role == Role.ROLLOUT
 
@@ -258,7 +269,7 @@ def test_elastic_real_model_rollout_cell_killed_plays_the_inprocess_run(model_di
             time.sleep(0.002)
             try:
                 cells = {j[1] for j in list(be._jobs.values()) if j[0] == "call"} - {0}
-            except RuntimeError:                 # the driver thread changed the dict meanwhile
+            except RuntimeError:  # the driver thread changed the dict meanwhile
                 cells = set()
         os.kill(be.transport.pid(min(cells)), signal.SIGKILL)
         killed.append(min(cells))
@@ -289,7 +300,7 @@ def test_a_lost_all_reduce_member_fails_the_job_naming_the_resume(model_dir, tmp
     assert be.training.mode == "allreduce" and be.training.members == [0, 1]
 
     def killer():
-        while not be.records:                    # step 1's all-reduce done: the group exists
+        while not be.records:  # step 1's all-reduce done: the group exists
             time.sleep(0.002)
         calls = be.counts["calls"]
         while be.counts["calls"] < calls + 2:
@@ -299,7 +310,7 @@ def test_a_lost_all_reduce_member_fails_the_job_naming_the_resume(model_dir, tmp
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match=r"cell 1 of the all-reduce group \[0, 1\] failed.*resume the job"):
         _run_job_with_killer(job, killer)
-    assert time.monotonic() - t0 < 90 and len(be.records) == 1   # failed in step 2, not after a stall
+    assert time.monotonic() - t0 < 90 and len(be.records) == 1  # failed in step 2, not after a stall
 
 
 def test_a_restored_scheduler_switches_a_replacement_that_was_going_to_train(make_cfg):
@@ -316,7 +327,7 @@ def test_a_restored_scheduler_switches_a_replacement_that_was_going_to_train(mak
     assert restored.pool.cells[1].role == Role.TO_TRAIN and restored.rejoining == {1}
     first = restored.handle(ExecutionDispatched(0, 0))
     assert first[0] == SwitchRole(1, Role.TRAIN) and SwitchRole(1, Role.TRAIN) not in first[1:]
-    assert restored.handle(ExecutionDispatched(1, 0))[:1] != [SwitchRole(1, Role.TRAIN)]   # once
+    assert restored.handle(ExecutionDispatched(1, 0))[:1] != [SwitchRole(1, Role.TRAIN)]  # once
     restored.handle(RoleSwitchDone(1, Role.TRAIN))
     assert 1 in restored.idle_train and not restored.rejoining
 
@@ -327,8 +338,10 @@ def test_colocate_on_ray_reclaims_a_killed_train_actors_micro_batch(make_cfg, ra
     micro-batch; the micro-batch is claimed again and every execution trains exactly once."""
     cfg = _cfg(make_cfg, "colocate")
     sched = build_scheduler("colocate", cfg)
-    be = KillOnCommand(replay_backend(cfg, sched.initial_roles(), time_scale=SCALE, backend="ray"),
-                       lambda c: isinstance(c, RunMicroBatch) and c.cell != 0)
+    be = KillOnCommand(
+        replay_backend(cfg, sched.initial_roles(), time_scale=SCALE, backend="ray"),
+        lambda c: isinstance(c, RunMicroBatch) and c.cell != 0,
+    )
     try:
         stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
@@ -336,5 +349,5 @@ def test_colocate_on_ray_reclaims_a_killed_train_actors_micro_batch(make_cfg, ra
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert be.killed and stats.cells_lost == 1 == sched.cells_lost and stats.micro_batches_reclaimed == 1
     assert sched.done and sum(stats.staleness.values()) == n and stats.aborted_turns == 0
-    lost = be.killed[0]                         # a new actor process, and it answered
+    lost = be.killed[0]  # a new actor process, and it answered
     assert len(be.pids_seen[lost]) == 2 and be.transport.pid(lost) in be.pids_seen[lost]

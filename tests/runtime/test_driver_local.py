@@ -15,7 +15,7 @@ from evoharness.runtime.events import Bind, RunMicroBatch
 from evoharness.runtime.sim import build_scheduler, simulate
 from evoharness.runtime.synthetic import replay_backend
 
-SCALE = 0.002   # real seconds per simulated second: the long-tail workload's 2 steps take ~1-2 s
+SCALE = 0.002  # real seconds per simulated second: the long-tail workload's 2 steps take ~1-2 s
 
 
 def drive(cfg, policy, work_dir=None):
@@ -33,20 +33,24 @@ def test_every_schedule_runs_on_processes_exactly_once(make_cfg, policy, tmp_pat
     cfg = make_cfg(steps=2, cluster={"cells": 3}, policy={"staleness": 1})
     sched, backend, stats = drive(cfg, policy, tmp_path)
     idle = backend.idle()
-    assert 0.0 <= idle["idle_rollout"] < 1.0 and 0.0 < idle["idle_train"] <= 1.0   # trainers wait for groups
+    assert 0.0 <= idle["idle_rollout"] < 1.0 and 0.0 < idle["idle_train"] <= 1.0  # trainers wait for groups
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert len(stats.step_end_s) == cfg.steps and sched.done
-    assert sum(stats.staleness.values()) == n            # the driver checked each was trained once
+    assert sum(stats.staleness.values()) == n  # the driver checked each was trained once
     assert max(stats.staleness) <= (1 if "async" in policy else 0)
     assert stats.aborted_turns == 0 and backend.counts["aborted_turns"] == 0
     pids = set().union(*backend.pids_seen.values())
     assert len(pids) >= 2 and os.getpid() not in pids  # the work ran in the cell processes
     if policy in ("elastic", "elastic-async"):
-        assert stats.switches > 0 and backend.counts["migrations"] > 0   # forced switches moved executions
+        assert stats.switches > 0 and backend.counts["migrations"] > 0  # forced switches moved executions
     # the simulator's prediction for the same workload, in real seconds (processes serve calls in
     # parallel, the simulator shares a cell's throughput, so the run is the faster one)
-    predicted = simulate(cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
-        update={"gen_concurrency_exponent": 1.0})}), policy).wall_s * SCALE
+    predicted = (
+        simulate(
+            cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"gen_concurrency_exponent": 1.0})}), policy
+        ).wall_s
+        * SCALE
+    )
     assert stats.wall_s > 0.5 * predicted
     # the run's call trace (`trace.jsonl`) is the workload it replayed: the simulator reads it back
     from evoharness.runtime.workload import Workload, load_trace, trace_grouping
@@ -54,10 +58,12 @@ def test_every_schedule_runs_on_processes_exactly_once(make_cfg, policy, tmp_pat
     played = load_trace(tmp_path / "trace.jsonl")
     assert trace_grouping(played) == (cfg.steps * cfg.workload.groups_per_step, cfg.workload.group_size)
     drawn = [Workload(cfg.workload, cfg.seed).sample_step(u) for u in range(cfg.steps)]
-    turns = lambda p, c: (tuple(p.round().tolist()), tuple(c.round().tolist()))    # noqa: E731
+    turns = lambda p, c: (tuple(p.round().tolist()), tuple(c.round().tolist()))  # noqa: E731
     assert sorted(turns(t.prompt, t.completion) for t in played) == sorted(
-        turns(b.prompt[b.offsets[i]:b.offsets[i + 1]], b.completion[b.offsets[i]:b.offsets[i + 1]])
-        for b in drawn for i in range(len(b.n_turns)))
+        turns(b.prompt[b.offsets[i] : b.offsets[i + 1]], b.completion[b.offsets[i] : b.offsets[i + 1]])
+        for b in drawn
+        for i in range(len(b.n_turns))
+    )
 
 
 def _group_bound_to(be, cell: int) -> list[int]:
@@ -77,6 +83,7 @@ def test_a_blunt_switch_aborts_the_calls_in_flight_and_counts_them(make_cfg):
     to cell 1 and switch it at once, while every call still runs there."""
     from evoharness.runtime.cells import Role
     from evoharness.runtime.events import ExecutionOrphaned, SwitchRole
+
     cfg = make_cfg(cluster={"cells": 2})
     be = replay_backend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
     try:
@@ -100,9 +107,9 @@ def test_a_killed_cell_is_replaced_and_nothing_is_lost_or_repeated(make_cfg, wha
     sched = build_scheduler("elastic-async", cfg)
     if what == "rollout":
         binds = iter(range(100))
-        kill_on = lambda c: isinstance(c, Bind) and c.cell == 2 and next(binds) == 2   # noqa: E731
+        kill_on = lambda c: isinstance(c, Bind) and c.cell == 2 and next(binds) == 2  # noqa: E731
     else:
-        kill_on = lambda c: isinstance(c, RunMicroBatch) and c.cell != 0               # noqa: E731
+        kill_on = lambda c: isinstance(c, RunMicroBatch) and c.cell != 0  # noqa: E731
     backend = KillOnCommand(replay_backend(cfg, sched.initial_roles(), time_scale=SCALE), kill_on)
     try:
         stats = Driver(sched, backend, stall_s=30).run()
@@ -130,18 +137,30 @@ def test_a_cell_killed_mid_reply_does_not_silence_the_others(make_cfg, tmp_path)
     from evoharness.runtime.events import CellLost, RoleSwitchDone, SwitchRole
     from evoharness.runtime.synthetic import ReplayWorkload, TimedTraining
     from evoharness.runtime.transport import ProcessTransport
+
     cfg = make_cfg(cluster={"cells": 3})
-    be = CellBackend(cfg, [Role.ROLLOUT] * 3, ProcessTransport(), DiesMidReply, ReplayWorkload(cfg, SCALE),
-                     TimedTraining(cfg, SCALE), tmp_path)
+    be = CellBackend(
+        cfg,
+        [Role.ROLLOUT] * 3,
+        ProcessTransport(),
+        DiesMidReply,
+        ReplayWorkload(cfg, SCALE),
+        TimedTraining(cfg, SCALE),
+        tmp_path,
+    )
     try:
-        be.transport.post(1, ("call", 10**6, DIE, 0.0))    # a job of no execution: its reply is dropped
+        be.transport.post(1, ("call", 10**6, DIE, 0.0))  # a job of no execution: its reply is dropped
         proc = be.transport.procs[1]
         proc.join(timeout=60)
-        assert proc.exitcode == -signal.SIGKILL            # died with its reply half in the pipe
+        assert proc.exitcode == -signal.SIGKILL  # died with its reply half in the pipe
         be.apply(SwitchRole(0, Role.TRAIN))
         be.apply(SwitchRole(2, Role.TRAIN))
-        want = {CellLost(1), RoleSwitchDone(0, Role.TRAIN), RoleSwitchDone(2, Role.TRAIN),
-                RoleSwitchDone(1, Role.ROLLOUT)}
+        want = {
+            CellLost(1),
+            RoleSwitchDone(0, Role.TRAIN),
+            RoleSwitchDone(2, Role.TRAIN),
+            RoleSwitchDone(1, Role.ROLLOUT),
+        }
         seen: list = []
         deadline = time.monotonic() + 30
         while not want <= set(seen) and time.monotonic() < deadline:
@@ -160,6 +179,7 @@ def test_a_migrate_or_bind_of_an_execution_that_just_finished_is_ignored(make_cf
     executions on its cells than outstanding work and failed its room check)."""
     from evoharness.runtime.cells import Role
     from evoharness.runtime.events import ExecutionFinished, ExecutionOrphaned, Migrate, SwitchRole
+
     cfg = make_cfg(cluster={"cells": 2})
     be = replay_backend(cfg, [Role.ROLLOUT, Role.ROLLOUT], time_scale=SCALE)
     try:
@@ -172,7 +192,7 @@ def test_a_migrate_or_bind_of_an_execution_that_just_finished_is_ignored(make_cf
         # decided before the scheduler saw `done`: the finished execution is moved to cell 1
         be.apply(Migrate(done.execution, 1))
         be.apply(Bind(done.execution, 1))
-        be.apply(SwitchRole(1, Role.TRAIN))      # cell 1 leaves rollout: it must hold nothing
+        be.apply(SwitchRole(1, Role.TRAIN))  # cell 1 leaves rollout: it must hold nothing
         orphans = [ev for ev in be.poll(1.0) if isinstance(ev, ExecutionOrphaned)]
     finally:
         be.close()
@@ -207,17 +227,21 @@ def test_sigkill_of_the_job_resumes_from_its_checkpoint(make_cfg, tmp_path):
     ckpt = tmp_path / "job.ckpt"
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    proc = subprocess.Popen([sys.executable, str(script), cfg.model_dump_json(), str(ckpt), "0.01",
-                             str(tmp_path / "job")])
+    proc = subprocess.Popen(
+        [sys.executable, str(script), cfg.model_dump_json(), str(ckpt), "0.01", str(tmp_path / "job")]
+    )
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ckpt.exists() and proc.poll() is None, "the job ended before its first checkpoint"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    d = Driver.resume(ckpt, lambda sched, st: replay_backend(cfg, [c.role for c in sched.pool.cells],
-                                                              time_scale=SCALE, work_dir=tmp_path / "job",
-                                                              state=st))
+    d = Driver.resume(
+        ckpt,
+        lambda sched, st: replay_backend(
+            cfg, [c.role for c in sched.pool.cells], time_scale=SCALE, work_dir=tmp_path / "job", state=st
+        ),
+    )
     steps_before = d.sched.steps_done
     try:
         stats = d.run()

@@ -16,15 +16,20 @@ from synthetic_agents import KillOnCommand, token_backend
 from evoharness.runtime.driver import Driver
 from evoharness.runtime.sim import build_scheduler
 
-CORPUS = [f"You are in the middle of a room. You see a {o} {i}. > go to {o} {i}\nYou arrive at {o} {i}. "
-          f"> take {p} {i} from {o} {i}\nYou pick up the {p} {i}."
-          for i in range(1, 12) for o in ("fridge", "cabinet", "drawer", "sinkbasin") for p in ("apple", "mug")]
+CORPUS = [
+    f"You are in the middle of a room. You see a {o} {i}. > go to {o} {i}\nYou arrive at {o} {i}. "
+    f"> take {p} {i} from {o} {i}\nYou pick up the {p} {i}."
+    for i in range(1, 12)
+    for o in ("fridge", "cabinet", "drawer", "sinkbasin")
+    for p in ("apple", "mug")
+]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from evoharness.models.init import init_model
     from evoharness.models.tokenizer import build_tokenizer
+
     d = tmp_path_factory.mktemp("micro")
     tok = build_tokenizer(CORPUS, d, vocab_size=512)
     init_model(dict(MICRO, initializer_range=0.3), tok, d, seed=0)
@@ -60,20 +65,21 @@ def test_model_cells_train_exactly_once_with_versioned_weights(make_cfg, model_d
     assert sum(stats.staleness.values()) == n and stats.aborted_turns == 0
     assert max(stats.staleness) <= 1
     _exactly_once_per_step(be, cfg)
-    assert all(len(r["ranks"]) == 1 and len(r["ranks"][0]) == 1 for r in be.workload.records)   # the core, once
+    assert all(len(r["ranks"]) == 1 and len(r["ranks"][0]) == 1 for r in be.workload.records)  # the core, once
     v = [kept / f"v{k}.safetensors" for k in (1, 2, 3)]
-    assert all(p.is_file() for p in v)                              # the core published every version
-    assert len(set().union(*be.pids_seen.values())) == cfg.cluster.cells   # every cell its own process
-    assert stats.switches > 0                                         # cells moved both ways, calls re-issued
+    assert all(p.is_file() for p in v)  # the core published every version
+    assert len(set().union(*be.pids_seen.values())) == cfg.cluster.cells  # every cell its own process
+    assert stats.switches > 0  # cells moved both ways, calls re-issued
     # behaviour log-probs recorded by the cells = a fresh forward pass with the weights of the recorded version
     from safetensors.torch import load_model as load_weights
 
     from evoharness.models.init import load_model, load_tokenizer
     from evoharness.train.grpo import logprobs_of
+
     model = load_model(model_dir)
     versions = be.workload.turn_versions()
     x_rec = be.workload.x_rec
-    assert max(max(vs) for vs in versions.values()) >= 1          # later turns ran on trained weights
+    assert max(max(vs) for vs in versions.values()) >= 1  # later turns ran on trained weights
     checked = 0
     for version in sorted({x for vs in versions.values() for x in vs}):
         if version:
@@ -81,15 +87,16 @@ def test_model_cells_train_exactly_once_with_versioned_weights(make_cfg, model_d
         recs = [r for e in sorted(x_rec) for r in x_rec[e] if r[3] == version and r[1]][:4]
         vocab = model.get_output_embeddings().weight.shape[0]
         allowed = torch.zeros(len(recs), max(len(r[1]) for r in recs), vocab, dtype=torch.bool)
-        allowed[..., :len(load_tokenizer(model_dir))] = True               # ids >= len(tokenizer) are never sampled
+        allowed[..., : len(load_tokenizer(model_dir))] = True  # ids >= len(tokenizer) are never sampled
         with torch.no_grad():
             lp = logprobs_of(model, [r[0] for r in recs], [r[1] for r in recs], allowed=allowed)
         for i, r in enumerate(recs):
-            assert torch.allclose(lp[i, :len(r[1])], torch.tensor(r[2]), atol=1e-4)
+            assert torch.allclose(lp[i, : len(r[1])], torch.tensor(r[2]), atol=1e-4)
             checked += 1
     assert checked >= 4
     # the run's call trace: every execution once, each call with its behaviour version
     import json
+
     trace = [json.loads(ln) for ln in (tmp_path / "rt" / "trace.jsonl").read_text().splitlines()]
     assert len(trace) == n == len({t["episode_id"] for t in trace})
     assert sorted(t["turns"][0]["policy_version"] for t in trace) == sorted(vs[0] for vs in versions.values())
@@ -111,13 +118,13 @@ def test_gateway_drains_a_switched_rollout_cell_without_aborting_a_turn(make_cfg
         members = [ev.execution for ev in be.poll(1.0)]
         for e in members:
             be.apply(Bind(e, 0))
-        while len(be._gw_jobs) < len(members):     # every call posted to cell 0, none answered yet
+        while len(be._gw_jobs) < len(members):  # every call posted to cell 0, none answered yet
             be._pump()
         be.apply(SwitchRole(0, Role.TRAIN))
         events = be.poll(0.0)
         orphans = [ev for ev in events if isinstance(ev, ExecutionOrphaned)]
         assert sorted(o.execution for o in orphans) == members and not any(o.aborted for o in orphans)
-        assert all(be.x_state[e] == "call" for e in members)      # held in the gateway, not aborted
+        assert all(be.x_state[e] == "call" for e in members)  # held in the gateway, not aborted
         for e in members:
             be.apply(Bind(e, 1))
         deadline = time.monotonic() + 60
@@ -126,7 +133,7 @@ def test_gateway_drains_a_switched_rollout_cell_without_aborting_a_turn(make_cfg
     finally:
         be.close()
     assert any(isinstance(ev, RoleSwitchDone) and ev.cell == 0 for ev in events)
-    assert all(x_rec[e] and x_rec[e][0][3] == 0 for e in members)   # each first turn answered, on v0
+    assert all(x_rec[e] and x_rec[e][0][3] == 0 for e in members)  # each first turn answered, on v0
     assert be.counts["aborted_turns"] == 0
     assert be.counts["reissued_calls"] == len(members) and be.counts["drains"] == 1
     assert be.counts["drain_s_max"] > 0
@@ -145,8 +152,10 @@ def test_a_killed_train_cell_has_its_micro_batch_reclaimed(make_cfg, model_dir, 
         request.getfixturevalue("ray_head")
     cfg = make_cfg(steps=2, cluster={"cells": 3}, workload={"groups_per_step": 2}, policy={"staleness": 1})
     sched = build_scheduler("elastic-async", cfg)
-    be = KillOnCommand(token_backend(cfg, sched.initial_roles(), model_dir, tmp_path, backend=backend),
-                       lambda c: isinstance(c, RunMicroBatch) and c.cell != 0)
+    be = KillOnCommand(
+        token_backend(cfg, sched.initial_roles(), model_dir, tmp_path, backend=backend),
+        lambda c: isinstance(c, RunMicroBatch) and c.cell != 0,
+    )
     try:
         stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
@@ -177,9 +186,14 @@ def test_engine_cell_answers_alike_alone_or_batched_and_resumes_from_its_save(mo
     for (ids, lps, v), (ids1, lps1, v1) in zip(batched, alone, strict=True):
         assert ids == ids1 and v == v1 == 3 and len(ids) == len(lps) > 0
         assert torch.allclose(torch.tensor(lps), torch.tensor(lps1), atol=1e-4)
-    assert batched[0][0] != batched[2][0] or batched[0][1] != batched[2][1]   # sampled vs greedy
-    rows = streamed_rows([TurnSample(list(c[0]), ids, lps, 1.0 if k % 2 else -1.0, f"e{k}")
-                          for k, (c, (ids, lps, _)) in enumerate(zip(calls, batched))], 4)
+    assert batched[0][0] != batched[2][0] or batched[0][1] != batched[2][1]  # sampled vs greedy
+    rows = streamed_rows(
+        [
+            TurnSample(list(c[0]), ids, lps, 1.0 if k % 2 else -1.0, f"e{k}")
+            for k, (c, (ids, lps, _)) in enumerate(zip(calls, batched))
+        ],
+        4,
+    )
     w0 = {k: p.detach().clone() for k, p in cell.model.named_parameters()}
     assert cell.accumulate(rows)["n_tokens"] == sum(len(r.completion_ids) for r in rows)
     (upd,) = cell.step({"updates": [], "lr": 1e-2, "step": 0, "scale": 1.0})

@@ -27,7 +27,7 @@ def test_two_steps_on_ray_actors_exactly_once(make_cfg, ray_head, policy):
         be.close()
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert len(stats.step_end_s) == 2 and sum(stats.staleness.values()) == n and stats.aborted_turns == 0
-    assert len(set().union(*be.pids_seen.values())) == cfg.cluster.cells   # three actor processes
+    assert len(set().union(*be.pids_seen.values())) == cfg.cluster.cells  # three actor processes
     assert 0.0 <= idle["idle_rollout"] < 1.0 and 0.0 < idle["idle_train"] <= 1.0
     if policy == "elastic-async":
         assert stats.switches > 0 and be.counts["migrations"] > 0
@@ -40,8 +40,10 @@ def test_a_killed_actor_is_replaced(make_cfg, ray_head):
     binds = iter(range(1, 1000))
     cfg = make_cfg(steps=2, cluster={"cells": 3}, policy={"staleness": 1})
     sched = build_scheduler("elastic-async", cfg)
-    be = KillOnCommand(replay_backend(cfg, sched.initial_roles(), time_scale=0.002, backend="ray"),
-                       lambda c: isinstance(c, Bind) and c.cell == 2 and next(binds) == 2)
+    be = KillOnCommand(
+        replay_backend(cfg, sched.initial_roles(), time_scale=0.002, backend="ray"),
+        lambda c: isinstance(c, Bind) and c.cell == 2 and next(binds) == 2,
+    )
     try:
         stats = Driver(sched, be, stall_s=RAY_STALL_S).run()
     finally:
@@ -49,4 +51,4 @@ def test_a_killed_actor_is_replaced(make_cfg, ray_head):
     n = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
     assert be.killed == [2] and stats.cells_lost == 1 and sum(stats.staleness.values()) == n
     assert stats.aborted_turns == 0 and be.counts["reissued_calls"] > 0
-    assert len(be.pids_seen[2]) == 2 and be.transport.pid(2) in be.pids_seen[2]     # the replacement answered
+    assert len(be.pids_seen[2]) == 2 and be.transport.pid(2) in be.pids_seen[2]  # the replacement answered

@@ -32,7 +32,7 @@ from evoharness.rollout.records import CallRecord
 from evoharness.rollout.tree import TrajectoryTree, all_paths
 from evoharness.train.step import call_rows
 
-TASKS = ["rle_codec", "roman_numerals"]     # two easy pack tasks
+TASKS = ["rle_codec", "roman_numerals"]  # two easy pack tasks
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,9 @@ def repo_model(tmp_path_factory):
 
     sandbox_mod.require_bwrap()
     # 4096 positions: a task's first prompt is ~1,400 tokens with this tokenizer
-    return build_micro_model_dir(tmp_path_factory.mktemp("repo_micro"), initializer_range=0.3,
-                                 max_position_embeddings=4096)
+    return build_micro_model_dir(
+        tmp_path_factory.mktemp("repo_micro"), initializer_range=0.3, max_position_embeddings=4096
+    )
 
 
 def repo_config(model_dir: Path, out: Path, steps: int = 2, **runtime) -> RLConfig:
@@ -90,23 +91,35 @@ def test_in_process_plays_each_execution_once(repo_model, inprocess):
         assert m["adv/nonzero"] == 0 and m["adv/signal_groups"] == 0 and m["rollout/env_errors"] == 0
         assert m["rollout/restarted_executions"] == 0
         assert m["tree/calls"] == 8 and 0 < m["tree/selected"] == m["train/n_tokens"] <= m["tree/trainable"]
-        assert m["tree/tokens"] < sum(1400 for _ in range(8))     # the calls share their prefixes
+        assert m["tree/tokens"] < sum(1400 for _ in range(8))  # the calls share their prefixes
         assert m["train/grad_norm"] == 0.0
     trace = [json.loads(ln) for ln in (out / "runtime" / "trace.jsonl").read_text().splitlines()]
     ids = [t["episode_id"] for t in trace]
     assert sorted(ids) == sorted(f"{t}#u{u}g{k}" for u in (0, 1) for t in TASKS for k in (0, 1))
-    assert all(len(t["turns"]) == 2 and all(x["end"] >= x["start"] and x["role"] == "main" for x in t["turns"])
-               for t in trace)
+    assert all(
+        len(t["turns"]) == 2 and all(x["end"] >= x["start"] and x["role"] == "main" for x in t["turns"]) for t in trace
+    )
     rt = json.loads((out / "runtime.json").read_text())
     assert rt["backend"] == "inprocess" and rt["runtime/aborted_turns"] == 0 and rt["runtime/micro_batches"] >= 2
     assert (out / "runtime" / "sim.toml").exists()
     _episodes_left_clean(out)
     w0, w = load_file(str(repo_model / "model.safetensors")), load_file(str(out / "final" / "model.safetensors"))
-    assert all(torch.equal(w0[k], w[k]) for k in w0)             # zero advantages, zero update
+    assert all(torch.equal(w0[k], w[k]) for k in w0)  # zero advantages, zero update
 
 
-SAME = ("score/placeholder", "stop/no_tool_call", "steps_per_episode", "completion_tokens_per_episode", "tree/calls",
-        "tree/tokens", "tree/trainable", "tree/selected", "tree/rows", "train/n_tokens", "policy_version")
+SAME = (
+    "score/placeholder",
+    "stop/no_tool_call",
+    "steps_per_episode",
+    "completion_tokens_per_episode",
+    "tree/calls",
+    "tree/tokens",
+    "tree/trainable",
+    "tree/selected",
+    "tree/rows",
+    "train/n_tokens",
+    "policy_version",
+)
 
 
 def _same_as(out: Path, ref: Path) -> None:
@@ -132,13 +145,42 @@ def test_two_local_cells_play_the_same_executions(repo_model, inprocess, tmp_pat
 def test_ray_actors_play_the_same_executions(repo_model, inprocess, ray_head, tmp_path):
     """The same run from the CLI on 2 Ray actors: the same executions as in process."""
     out = tmp_path / "rl"
-    res = CliRunner().invoke(app, ["rl", "--env", "repo", "--tasks", "pack", "--model-path", str(repo_model),
-                                   "--out", str(out), "--set", "steps=2", "--set", "max_new_tokens=12",
-                                   "--set", f"repo.task_ids={json.dumps(TASKS)}",
-                                   "--set", "repo.agent.max_no_tool_replies=2", "--set", "grpo.group_size=2",
-                                   "--set", "grpo.prompts_per_step=2", "--set", "grpo.lr=1e-3",
-                                   "--set", "grpo.temperature=1.0", "--schedule", "colocate", "--cells", "2",
-                                   "--backend", "ray"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "rl",
+            "--env",
+            "repo",
+            "--tasks",
+            "pack",
+            "--model-path",
+            str(repo_model),
+            "--out",
+            str(out),
+            "--set",
+            "steps=2",
+            "--set",
+            "max_new_tokens=12",
+            "--set",
+            f"repo.task_ids={json.dumps(TASKS)}",
+            "--set",
+            "repo.agent.max_no_tool_replies=2",
+            "--set",
+            "grpo.group_size=2",
+            "--set",
+            "grpo.prompts_per_step=2",
+            "--set",
+            "grpo.lr=1e-3",
+            "--set",
+            "grpo.temperature=1.0",
+            "--schedule",
+            "colocate",
+            "--cells",
+            "2",
+            "--backend",
+            "ray",
+        ],
+    )
     assert res.exit_code == 0, res.output
     _same_as(out, inprocess)
 
@@ -173,7 +215,7 @@ def satellite_killer(be, min_calls: int, killed: list[int]):
         while time.monotonic() < deadline:
             try:
                 cells = {be._jobs[t][1] for t in list(be._gw_jobs)} - {0}
-            except (KeyError, RuntimeError):           # the driver thread moved on meanwhile
+            except (KeyError, RuntimeError):  # the driver thread moved on meanwhile
                 cells = set()
             if cells and be.counts["calls"] >= min_calls:
                 os.kill(be.transport.pid(min(cells)), signal.SIGKILL)
@@ -191,8 +233,9 @@ def test_elastic_async_through_the_gateway_survives_a_killed_rollout_cell(repo_m
     from evoharness.recipes.rl import RLJob
 
     monkeypatch.setattr(repo_mod, "RepoWorkload", ScriptedFirstSample)
-    cfg = repo_config(repo_model, tmp_path / "rl", schedule="elastic-async", cells=2, staleness=0, capacity=4,
-                      via_gateway=True)
+    cfg = repo_config(
+        repo_model, tmp_path / "rl", schedule="elastic-async", cells=2, staleness=0, capacity=4, via_gateway=True
+    )
     job = RLJob(cfg)
     be, killed = job.backend, []
     t = threading.Thread(target=satellite_killer(be, 3, killed), daemon=True)
@@ -208,13 +251,13 @@ def test_elastic_async_through_the_gateway_survives_a_killed_rollout_cell(repo_m
     assert be.workload.played == {e: 1 for e in range(8)}
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
-        assert r["score/scored"] >= 2 and r["success"] == 0.5        # the scripted samples pass every hidden test
+        assert r["score/scored"] >= 2 and r["success"] == 0.5  # the scripted samples pass every hidden test
         assert r["stop/finish"] == 2 and r["score/errors"] == r["score/tampered"] == 0
         assert r["adv/signal_groups"] == 2 and r["adv/nonzero"] == 4
         assert r["train/grad_norm"] > 0 and r["train/n_tokens"] == r["tree/selected"] > 0
     w0 = load_file(str(repo_model / "model.safetensors"))
     w2 = load_file(str(tmp_path / "rl" / "runtime" / "weights" / "v2.safetensors"))
-    shared = set(w0) & set(w2)          # (a tied output head is saved under one of its names)
+    shared = set(w0) & set(w2)  # (a tied output head is saved under one of its names)
     assert len(shared) >= len(w0) - 1 and any(not torch.equal(w0[k], w2[k]) for k in shared)
     _episodes_left_clean(tmp_path / "rl")
 
@@ -239,6 +282,7 @@ def test_in_process_planned_updates_train_real_rewards(repo_model, tmp_path, mon
 
 # ---- the workload alone (no cell: the test answers the calls) --------------------------------------
 
+
 def _drive(wl: RepoWorkload, executions: range, timeout_s: float = 120.0) -> None:
     """Start `executions` and answer each model call with three tokens, until all finished."""
     for e in executions:
@@ -257,15 +301,38 @@ def test_a_runner_error_is_a_harness_error_and_score_evidence_is_counted(repo_mo
     """An exception from the episode runner ends that execution as a harness error
     (``score/errors``, no reward, out of its group's baseline, no rows), not the run; the
     scorer's ``abnormal`` / ``tampered`` evidence is counted per step."""
+
     def run(task, policy, workdir, cfg, execution_id):
-        reply = policy.complete([{"role": "user", "content": "spec"}], None, execution_id=execution_id, role="main",
-                                task=task)
+        reply = policy.complete(
+            [{"role": "user", "content": "spec"}], None, execution_id=execution_id, role="main", task=task
+        )
         assert reply.completion_tokens == 3
         if execution_id.endswith("g0"):
             raise OSError("tmpfs mount failed")
-        return RepoEpisode(task.task_id, execution_id, "runtime", task.difficulty, "finish", 0.5, "scored", 1, 2, 1,
-                           1, 0, {}, 1, 0, 10, 3, 1.0, 0.1, 0.2, 0.3,
-                           score_detail={"abnormal": "killed (wall_time)", "tampered": ["test replaced"]})
+        return RepoEpisode(
+            task.task_id,
+            execution_id,
+            "runtime",
+            task.difficulty,
+            "finish",
+            0.5,
+            "scored",
+            1,
+            2,
+            1,
+            1,
+            0,
+            {},
+            1,
+            0,
+            10,
+            3,
+            1.0,
+            0.1,
+            0.2,
+            0.3,
+            score_detail={"abnormal": "killed (wall_time)", "tampered": ["test replaced"]},
+        )
 
     monkeypatch.setattr(repo_mod, "run_repo_episode", run)
     cfg = repo_config(repo_model, tmp_path / "rl")
@@ -284,7 +351,7 @@ def test_a_runner_error_is_a_harness_error_and_score_evidence_is_counted(repo_mo
     assert rec["tree/calls"] == 4 and rows[0] == rows[2] == [] and len(rows[1]) == len(rows[3]) == 1
     assert rows[1][0].completion_ids == [5, 6, 7] and rows[1][0].advantage == 0.0
     assert rec["timing_s/gen"] == pytest.approx(0.04) and rec["timing_s/train"] == 0.5
-    assert not wl.outcome and not wl.records and not wl._scores        # the step's books are dropped
+    assert not wl.outcome and not wl.records and not wl._scores  # the step's books are dropped
 
 
 def test_stale_workspaces_are_removed_at_start_and_close(repo_model, tmp_path, monkeypatch):
@@ -299,15 +366,16 @@ def test_stale_workspaces_are_removed_at_start_and_close(repo_model, tmp_path, m
     cfg = repo_config(repo_model, tmp_path / "rl")
     cfg.repo.agent.keep_workspace = True
     RepoWorkload(cfg, repo_tasks(cfg), [0, 1], rt).close()
-    assert (rt / "episodes" / "e3" / "workspace" / "pkg" / "a.py").is_file()   # kept
+    assert (rt / "episodes" / "e3" / "workspace" / "pkg" / "a.py").is_file()  # kept
 
     ended = []
 
     def run(task, policy, workdir, cfg, execution_id):
         (Path(workdir) / "workspace").mkdir()
         try:
-            policy.complete([{"role": "user", "content": "spec"}], None, execution_id=execution_id, role="main",
-                            task=task)
+            policy.complete(
+                [{"role": "user", "content": "spec"}], None, execution_id=execution_id, role="main", task=task
+            )
         except repo_mod.WorkloadClosed:
             ended.append(execution_id)
             raise
@@ -335,12 +403,32 @@ def test_a_live_execution_restarts_on_resume(repo_model, tmp_path, monkeypatch):
     gate = threading.Event()
 
     def run(task, policy, workdir, cfg, execution_id):
-        policy.complete([{"role": "user", "content": "spec"}], None, execution_id=execution_id, role="main",
-                        task=task)
+        policy.complete([{"role": "user", "content": "spec"}], None, execution_id=execution_id, role="main", task=task)
         if execution_id.endswith("g1"):
             gate.wait(60)
-        return RepoEpisode(task.task_id, execution_id, "runtime", task.difficulty, "finish", 1.0, "scored", 2, 2, 1,
-                           1, 0, {}, 1, 0, 10, 3, 1.0, 0.1, 0.2, 0.3)
+        return RepoEpisode(
+            task.task_id,
+            execution_id,
+            "runtime",
+            task.difficulty,
+            "finish",
+            1.0,
+            "scored",
+            2,
+            2,
+            1,
+            1,
+            0,
+            {},
+            1,
+            0,
+            10,
+            3,
+            1.0,
+            0.1,
+            0.2,
+            0.3,
+        )
 
     monkeypatch.setattr(repo_mod, "run_repo_episode", run)
     cfg = repo_config(repo_model, tmp_path / "rl")
@@ -353,8 +441,8 @@ def test_a_live_execution_restarts_on_resume(repo_model, tmp_path, monkeypatch):
         time.sleep(0.01)
     st = wl.state()
     assert st["live"] == [1] and sorted(st["outcome"]) == [0] and 1 not in st["records"]
-    wl.close()                        # its call fails: the live execution ends unscored
-    gate.set()                        # the restarted execution runs straight through
+    wl.close()  # its call fails: the live execution ends unscored
+    gate.set()  # the restarted execution runs straight through
     wl2 = RepoWorkload(cfg, repo_tasks(cfg), [0, 1], tmp_path / "rt")
     try:
         wl2.restore(st)
@@ -379,7 +467,7 @@ def test_the_sandbox_hooks_fail_fast(repo_model, tmp_path, monkeypatch):
         repo_recipe(cfg)
     monkeypatch.undo()
     monkeypatch.setattr(sandbox_mod, "_SECCOMP", None)
-    monkeypatch.setitem(sys.modules, "pyseccomp", None)      # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import fails as if not installed
     with pytest.raises(sandbox_mod.SandboxUnavailable, match="env = 'repo' .*seccomp"):
         repo_recipe(cfg)
     assert not (tmp_path / "rl" / "runtime" / "episodes").exists()
@@ -389,31 +477,53 @@ def test_call_rows_train_each_generated_token_once():
     """Two calls of one execution (the second's prompt extends the first call) and a summary
     branch: rows cover exactly the selected trainable tokens, each once, with the recorded
     log-probs, and context is never trained."""
-    def rec(i, prompt, comp, role="main"):
-        return CallRecord("x", f"c{i}", role, "m", prompt, comp, [-0.1 * (j + 1) for j in range(len(comp))], 0, "stop",
-                          float(i), float(i) + 0.5)
 
-    recs = [rec(0, [1, 2, 3], [10, 11]), rec(1, [1, 2, 3, 10, 11, 4, 5], [12, 13, 14]),
-            rec(2, [1, 2, 3, 10, 11, 6], [20], role="summary")]
+    def rec(i, prompt, comp, role="main"):
+        return CallRecord(
+            "x",
+            f"c{i}",
+            role,
+            "m",
+            prompt,
+            comp,
+            [-0.1 * (j + 1) for j in range(len(comp))],
+            0,
+            "stop",
+            float(i),
+            float(i) + 0.5,
+        )
+
+    recs = [
+        rec(0, [1, 2, 3], [10, 11]),
+        rec(1, [1, 2, 3, 10, 11, 4, 5], [12, 13, 14]),
+        rec(2, [1, 2, 3, 10, 11, 6], [20], role="summary"),
+    ]
     tree = TrajectoryTree.from_records(recs)
     g = RLConfig().grpo
     rows, sizes = call_rows(recs, 0.5, g, step=0, group=3)
     trained = [(tuple(r.prompt_ids), tuple(r.completion_ids), tuple(r.logprobs)) for r in rows]
-    assert sorted(trained) == sorted([((1, 2, 3), (10, 11), (-0.1, -0.2)),
-                                      ((1, 2, 3, 10, 11, 4, 5), (12, 13, 14), (-0.1, -0.2, -0.30000000000000004)),
-                                      ((1, 2, 3, 10, 11, 6), (20,), (-0.1,))])
+    assert sorted(trained) == sorted(
+        [
+            ((1, 2, 3), (10, 11), (-0.1, -0.2)),
+            ((1, 2, 3, 10, 11, 4, 5), (12, 13, 14), (-0.1, -0.2, -0.30000000000000004)),
+            ((1, 2, 3, 10, 11, 6), (20,), (-0.1,)),
+        ]
+    )
     assert sum(len(r.completion_ids) for r in rows) == tree.n_trainable == sizes["trainable"] == 6
     assert sizes["selected"] == all_paths(tree).n_tokens and sizes["calls"] == 3
     assert all(r.advantage == 0.5 and r.group == 3 and r.episode_id == "x" for r in rows)
-    one, sizes = call_rows(recs, 1.0, g.model_copy(update={"j_max": 1}), step=0)   # main outranks summary
+    one, sizes = call_rows(recs, 1.0, g.model_copy(update={"j_max": 1}), step=0)  # main outranks summary
     assert sum(len(r.completion_ids) for r in one) == sizes["selected"] == 5
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tasks", "pack"], "--tasks applies to --env repo only"),
-    (["--env", "repo", "--set", 'repo.task_ids=["nope"]'], "repo.task_ids ['nope']"),
-    (["--env", "repo", "--set", "eval_every=1"], "no periodic evaluation"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tasks", "pack"], "--tasks applies to --env repo only"),
+        (["--env", "repo", "--set", 'repo.task_ids=["nope"]'], "repo.task_ids ['nope']"),
+        (["--env", "repo", "--set", "eval_every=1"], "no periodic evaluation"),
+    ],
+)
 def test_cli_refuses_what_the_repo_workload_cannot_do(repo_model, tmp_path, args, message):
     res = CliRunner().invoke(app, ["rl", "--model-path", str(repo_model), "--out", str(tmp_path / "x"), *args])
     assert res.exit_code != 0 and message in res.output

@@ -32,8 +32,13 @@ def main_job_rl(model_dir, teacher_examples, tmp_path_factory):
     d = tmp_path_factory.mktemp("anchor")
     (d / "sft.jsonl").write_text("".join(json.dumps(x) + "\n" for x in teacher_examples))
     task, game = discover_games("train")[:2]
-    (teacher,) = run_episodes([EpisodeSpec(task, "t")], lambda t: make_env(t, engine=pick_engine(t)),
-                              lambda: make_harness(rl_config(model_dir, d).harness), TeacherPolicy(), max_steps=4)
+    (teacher,) = run_episodes(
+        [EpisodeSpec(task, "t")],
+        lambda t: make_env(t, engine=pick_engine(t)),
+        lambda: make_harness(rl_config(model_dir, d).harness),
+        TeacherPolicy(),
+        max_steps=4,
+    )
 
     def config(out, **runtime):
         cfg = rl_config(model_dir, out, steps=3, **runtime)
@@ -42,7 +47,7 @@ def main_job_rl(model_dir, teacher_examples, tmp_path_factory):
         cfg.sft_anchor = SFTAnchorConfig(data_path=str(d / "sft.jsonl"), coef=1.0, batch_tokens=512)
         g = cfg.grpo
         g.mini_batches, g.max_train_turns, g.temperature, g.micro_batch_size = 2, 3, 1.5, 4
-        g.reward.div_epochs = 3          # as the main job sets it (unset: the run's steps, 2 before the resume)
+        g.reward.div_epochs = 3  # as the main job sets it (unset: the run's steps, 2 before the resume)
         return cfg
 
     return config
@@ -76,7 +81,7 @@ def test_three_cell_processes_train_the_inprocess_weights(main_job_rl, inprocess
     cfg = main_job_rl(out, schedule="colocate", cells=3, backend="local")
     cfg.steps = 2
     train_rl(cfg, progress=False)
-    cfg.steps = 3                    # the same run given one more step resumes from its checkpoint
+    cfg.steps = 3  # the same run given one more step resumes from its checkpoint
     final = train_rl(cfg, progress=False)
     _check_same(out, final, ref_out, ref_final, model_dir)
     rt = json.loads((out / "runtime.json").read_text())

@@ -10,9 +10,17 @@ TURNS, COMP, PROMPT, INIT, TOOL = 9, 250.0, 400.0, 1000.0, 2.5
 
 
 def identical(make_cfg, **cluster):
-    return make_cfg(workload={"turns": TURNS, "completion_tokens": COMP, "prompt_tokens": PROMPT,
-                              "initial_prompt_tokens": INIT, "tool_latency_s": TOOL, "timeout_s": None},
-                    cluster=cluster)
+    return make_cfg(
+        workload={
+            "turns": TURNS,
+            "completion_tokens": COMP,
+            "prompt_tokens": PROMPT,
+            "initial_prompt_tokens": INIT,
+            "tool_latency_s": TOOL,
+            "timeout_s": None,
+        },
+        cluster=cluster,
+    )
 
 
 def colocate_formula(cfg) -> float:
@@ -30,7 +38,7 @@ def colocate_formula(cfg) -> float:
 def test_zero_switch_cost_elastic_equals_colocate_equals_formula(make_cfg):
     cfg = identical(make_cfg, switch_to_train_s=0.0, switch_to_rollout_s=0.0)
     n = cfg.workload.groups_per_step * cfg.workload.group_size
-    assert n == cfg.cluster.cells * cfg.cluster.capacity   # the batch fills the cluster
+    assert n == cfg.cluster.cells * cfg.cluster.capacity  # the batch fills the cluster
     col, ela = simulate(cfg, "colocate"), simulate(cfg, "elastic")
     assert col.wall_s == pytest.approx(colocate_formula(cfg), rel=1e-9)
     assert ela.wall_s == pytest.approx(col.wall_s, rel=1e-9)
@@ -38,7 +46,7 @@ def test_zero_switch_cost_elastic_equals_colocate_equals_formula(make_cfg):
 
 
 def test_colocate_formula_with_switch_costs_and_elastic_cannot_win_without_variance(make_cfg):
-    cfg = identical(make_cfg)   # QwenGyre's 8.52 s / 3.46 s
+    cfg = identical(make_cfg)  # QwenGyre's 8.52 s / 3.46 s
     col, ela = simulate(cfg, "colocate"), simulate(cfg, "elastic")
     assert col.wall_s == pytest.approx(colocate_formula(cfg), rel=1e-9)
     # no tail to overlap and serial transfers: elastic pays at least as much

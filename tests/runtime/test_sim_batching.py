@@ -14,14 +14,14 @@ def test_a_straggler_does_not_hold_up_its_batch():
     first; the two version-0 stragglers are due at batch 1 and keep both its
     seats, so a fresher unit that finished earlier waits for batch 2."""
     b = StalenessBatcher(units_per_batch=2, eta=1)
-    b.dispatched(0, 4)                       # gate: (0 + η + 1) x 2 = 4 units under version 0
+    b.dispatched(0, 4)  # gate: (0 + η + 1) x 2 = 4 units under version 0
     for u in ("b", "c"):
         b.ready(0, u)
     assert b.take() == ["b", "c"] and b.full
     b.next_batch()
-    b.dispatched(1, 2)                       # gate now allows 6 in all
+    b.dispatched(1, 2)  # gate now allows 6 in all
     b.ready(1, "e")
-    assert b.take() == []                    # both seats belong to version-0 units ("a", "d")
+    assert b.take() == []  # both seats belong to version-0 units ("a", "d")
     b.ready(0, "a")
     assert b.take() == ["a"]
     b.ready(0, "d")
@@ -30,7 +30,7 @@ def test_a_straggler_does_not_hold_up_its_batch():
     b.ready(1, "f")
     assert b.take() == ["e", "f"] and b.full  # oldest version first, then arrival
     b.next_batch()
-    b.dispatched(0)                          # a unit of version 0 at batch 3: the gate was ignored
+    b.dispatched(0)  # a unit of version 0 at batch 3: the gate was ignored
     b.ready(0, "late")
     with pytest.raises(RuntimeError, match="staleness bound"):
         b.take()
@@ -64,7 +64,7 @@ def test_reservation_counts_units_not_yet_finished():
     b.dispatched(1, B)
     b.ready(1, "y0")
     b.ready(1, "y1")
-    assert b.take() == []                    # 4 version-0 units due by batch 2 need all 4 seats of batches 1-2
+    assert b.take() == []  # 4 version-0 units due by batch 2 need all 4 seats of batches 1-2
     with pytest.raises(RuntimeError, match="closed with"):
         b.next_batch()
 
@@ -79,12 +79,12 @@ def test_random_runs_fill_every_batch_within_the_bound(eta, seed):
     b = StalenessBatcher(B, eta)
     version, dispatched, running, trained = 0, 0, [], []
     while version < steps:
-        while dispatched < min(steps * B, (version + eta + 1) * B):   # the gate
+        while dispatched < min(steps * B, (version + eta + 1) * B):  # the gate
             running.append((version, dispatched))
             b.dispatched(version)
             dispatched += 1
         if running and rng.random() < 0.8:
-            v, u = running.pop(rng.randrange(len(running)))          # finishes in random order
+            v, u = running.pop(rng.randrange(len(running)))  # finishes in random order
             b.ready(v, (v, u))
         for v, u in b.take():
             assert version - eta <= v <= version

@@ -13,8 +13,24 @@ SMOKE = Path(__file__).resolve().parents[2] / "configs" / "workloads" / "smoke.t
 
 
 def test_simulate_writes_table_json_png(tmp_path):
-    res = CliRunner().invoke(app, ["simulate", "--workload", str(SMOKE), "--cells", "4", "--steps", "2",
-                                   "--policies", "colocate,async,elastic", "--seed", "3", "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--workload",
+            str(SMOKE),
+            "--cells",
+            "4",
+            "--steps",
+            "2",
+            "--policies",
+            "colocate,async,elastic",
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "| elastic |" in res.output and "| colocate |" in res.output
     data = json.loads((tmp_path / "results.json").read_text())
@@ -26,8 +42,9 @@ def test_simulate_writes_table_json_png(tmp_path):
 
 
 def test_simulate_gated_side_by_side():
-    res = CliRunner().invoke(app, ["simulate", "--workload", str(SMOKE), "--steps", "1",
-                                   "--policies", "colocate,elastic,elastic-gated"])
+    res = CliRunner().invoke(
+        app, ["simulate", "--workload", str(SMOKE), "--steps", "1", "--policies", "colocate,elastic,elastic-gated"]
+    )
     assert res.exit_code == 0, res.output
     assert "| elastic-gated |" in res.output and "elastic speedup vs this" in res.output
 
@@ -44,9 +61,21 @@ def test_simulate_clear_errors(tmp_path):
 
 
 def test_simulate_elastic_async_by_name():
-    res = CliRunner().invoke(app, ["simulate", "--workload", str(SMOKE), "--steps", "2",
-                                   "--policies", "async,elastic-async", "--set", "policy.staleness=1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--workload",
+            str(SMOKE),
+            "--steps",
+            "2",
+            "--policies",
+            "async,elastic-async",
+            "--set",
+            "policy.staleness=1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     row = next(line for line in res.output.splitlines() if line.startswith("| elastic-async |"))
     cells = [c.strip() for c in row.split("|")]
-    assert cells[12].endswith("/1") and cells[13] == "0"      # staleness max 1, no aborted turn
+    assert cells[12].endswith("/1") and cells[13] == "0"  # staleness max 1, no aborted turn

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Bind, ExecutionFinished, ExecutionOrphaned, Migrate, RoleSwitchDone,
-                                       RunMicroBatch, SwitchRole)
+from evoharness.runtime.events import (
+    Bind,
+    ExecutionFinished,
+    ExecutionOrphaned,
+    Migrate,
+    RoleSwitchDone,
+    RunMicroBatch,
+    SwitchRole,
+)
 from evoharness.runtime.sim import Simulator, build_scheduler, simulate
 from evoharness.runtime.workload import Workload
 
@@ -44,7 +51,7 @@ def test_every_execution_once_and_work_conserved(make_cfg, policy, unit, replica
     # tokens the cells' throughput delivered (integral of tps(n(t))) = tokens the calls consumed
     assert ch["throughput_integral"] == pytest.approx(ch["consumed"], rel=1e-6)
     assert r.metrics["trained_executions"] == n
-    if policy not in ("async", "elastic-async"):   # only these have executions that span a weight update
+    if policy not in ("async", "elastic-async"):  # only these have executions that span a weight update
         assert r.metrics["kv_flushes"] == 0
 
 
@@ -59,7 +66,7 @@ def test_one_role_per_cell_and_capacity_checked_independently(make_cfg, recorder
     load = [0] * cfg.cluster.cells
     cell_of: dict[int, int] = {}
     finished: set[int] = set()
-    for kind, x in rec.log:
+    for _kind, x in rec.log:
         if isinstance(x, (Bind, Migrate)):
             assert role[x.cell] == Role.ROLLOUT and x.cell not in in_transfer
             if isinstance(x, Migrate):
@@ -104,15 +111,32 @@ def test_a_cell_without_calls_is_exactly_idle(policy):
     calls fill a cell to its capacity of 3, and 3 * 144.478... is not exact in floats.)"""
     from evoharness.config.sim import SimConfig
 
-    cfg = SimConfig.model_validate({
-        "workload": {"groups_per_step": 4, "group_size": 2,
-                     "turns": {"kind": "lognormal", "median": 4, "sigma": 0.8, "max": 12},
-                     "completion_tokens": {"value": 10}, "prompt_tokens": {"value": 480},
-                     "tool_latency_s": {"value": 0.0003}},
-        "cluster": {"cells": 3, "capacity": 3, "gen_tps_single": 144.4780692980681, "gen_concurrency_exponent": 1.0,
-                    "prefill_speedup": 61.2, "train_tps": 9896.0, "micro_batch_overhead_s": 0.047,
-                    "weight_sync_s": 0.023, "switch_to_train_s": 0.0, "switch_to_rollout_s": 0.0},
-        "steps": 3, "seed": 3})
+    cfg = SimConfig.model_validate(
+        {
+            "workload": {
+                "groups_per_step": 4,
+                "group_size": 2,
+                "turns": {"kind": "lognormal", "median": 4, "sigma": 0.8, "max": 12},
+                "completion_tokens": {"value": 10},
+                "prompt_tokens": {"value": 480},
+                "tool_latency_s": {"value": 0.0003},
+            },
+            "cluster": {
+                "cells": 3,
+                "capacity": 3,
+                "gen_tps_single": 144.4780692980681,
+                "gen_concurrency_exponent": 1.0,
+                "prefill_speedup": 61.2,
+                "train_tps": 9896.0,
+                "micro_batch_overhead_s": 0.047,
+                "weight_sync_s": 0.023,
+                "switch_to_train_s": 0.0,
+                "switch_to_rollout_s": 0.0,
+            },
+            "steps": 3,
+            "seed": 3,
+        }
+    )
     r = Simulator(cfg, build_scheduler(policy, cfg), record_timeline=True).run()
     utils = [u for c in range(cfg.cluster.cells) for u in r.timeline.util[c]]
     assert all(u == 0.0 or u > 1e-9 for u in utils)

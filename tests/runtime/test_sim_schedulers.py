@@ -5,9 +5,19 @@ from __future__ import annotations
 import pytest
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Bind, Dispatch, ExecutionDispatched, ExecutionFinished, ExecutionStarted,
-                                       Migrate, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
-                                       WeightSyncDone)
+from evoharness.runtime.events import (
+    Bind,
+    Dispatch,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ExecutionStarted,
+    Migrate,
+    RoleSwitchDone,
+    RunMicroBatch,
+    SwitchRole,
+    SyncWeights,
+    WeightSyncDone,
+)
 from evoharness.runtime.schedulers import Elastic
 from evoharness.runtime.schedulers.base import Scheduler
 from evoharness.runtime.sim import SchedulingError, Simulator, build_scheduler, simulate
@@ -22,9 +32,9 @@ def test_async_never_exceeds_staleness_bound(make_cfg, eta, stream):
     r = simulate(cfg, "async")
     assert r.checks["trained_once"] and len(r.step_end_s) == 5
     assert max(r.staleness) <= eta
-    assert r.metrics["switches"] == 0   # the split is fixed
+    assert r.metrics["switches"] == 0  # the split is fixed
     if eta >= 1:
-        assert max(r.staleness) >= 1    # the bound is actually exercised
+        assert max(r.staleness) >= 1  # the bound is actually exercised
 
 
 def test_async_staleness_counts_match_behaviour_versions(make_cfg, recorder):
@@ -33,12 +43,12 @@ def test_async_staleness_counts_match_behaviour_versions(make_cfg, recorder):
     r = Simulator(cfg, rec).run()
     gs = cfg.workload.group_size
     behaviour = {}
-    for kind, x in rec.log:
+    for _kind, x in rec.log:
         if isinstance(x, Dispatch):
             for e in range(x.group * gs, (x.group + 1) * gs):
                 behaviour[e] = x.version
     counts: dict[int, int] = {}
-    for kind, x in rec.log:
+    for _kind, x in rec.log:
         if isinstance(x, RunMicroBatch):
             for e in x.executions:
                 counts[x.version - behaviour[e]] = counts.get(x.version - behaviour[e], 0) + 1
@@ -75,8 +85,8 @@ def test_elastic_transfer_rule_serial_core_first(make_cfg, recorder, policy):
     first_of_step = True
     transfers = 0
     group_left: dict[int, int] = {}
-    trainable = claimed = 0          # micro-batches of finished groups / handed to a train cell
-    for kind, x in rec.log:
+    trainable = claimed = 0  # micro-batches of finished groups / handed to a train cell
+    for _kind, x in rec.log:
         if isinstance(x, ExecutionDispatched):
             d += 1
         elif isinstance(x, ExecutionFinished):
@@ -92,12 +102,12 @@ def test_elastic_transfer_rule_serial_core_first(make_cfg, recorder, policy):
         elif isinstance(x, SwitchRole):
             if x.role == Role.TRAIN:
                 c_r = sum(cl.capacity for i, r in enumerate(role) if r == Role.ROLLOUT)
-                assert d - f <= c_r - cl.capacity          # w(t) <= C_R(t) - C_e
+                assert d - f <= c_r - cl.capacity  # w(t) <= C_R(t) - C_e
                 if policy == "elastic-gated" and d - f > 0:  # ready work for every train cell and the new one
                     assert trainable - claimed >= sum(r == Role.TRAIN for r in role) + 1
-                assert not to_train                        # serial
+                assert not to_train  # serial
                 if first_of_step:
-                    assert x.cell == 0                     # core first
+                    assert x.cell == 0  # core first
                     first_of_step = False
                 to_train.add(x.cell)
                 transfers += 1
@@ -116,12 +126,12 @@ def test_elastic_is_a_plain_object_driven_by_events():
     assert binds == [Bind(0, 0), Bind(1, 1), Bind(2, 0), Bind(3, 1)]
     for b in binds:
         assert s.handle(ExecutionStarted(b.execution, b.cell)) == []
-    assert s.handle(ExecutionFinished(1, 1, 100)) == []               # w = 3 > C_R - C_e = 2
-    cmds = s.handle(ExecutionFinished(3, 1, 100))                     # w = 2 <= 2: core leaves
+    assert s.handle(ExecutionFinished(1, 1, 100)) == []  # w = 3 > C_R - C_e = 2
+    cmds = s.handle(ExecutionFinished(3, 1, 100))  # w = 2 <= 2: core leaves
     assert cmds == [Migrate(0, 1), Migrate(2, 1), SwitchRole(0, Role.TRAIN)]
-    assert s.handle(RoleSwitchDone(0, Role.TRAIN)) == []              # group not complete yet
+    assert s.handle(RoleSwitchDone(0, Role.TRAIN)) == []  # group not complete yet
     assert s.handle(ExecutionFinished(0, 1, 100)) == []
-    cmds = s.handle(ExecutionFinished(2, 1, 100))                     # group done, w = 0
+    cmds = s.handle(ExecutionFinished(2, 1, 100))  # group done, w = 0
     assert cmds == [RunMicroBatch(0, (0,), 0), SwitchRole(1, Role.TRAIN)]
     assert s.counters.outstanding == 0 and s.transfers == 2
 
@@ -135,9 +145,9 @@ def test_gate_waits_for_a_finished_group_by_hand():
     for b in binds:
         assert s.handle(ExecutionStarted(b.execution, b.cell)) == []
     assert s.handle(ExecutionFinished(1, 1, 100)) == []
-    assert s.handle(ExecutionFinished(3, 1, 100)) == []               # w = 2 <= 2, but no work waits
+    assert s.handle(ExecutionFinished(3, 1, 100)) == []  # w = 2 <= 2, but no work waits
     assert s.handle(ExecutionFinished(0, 0, 100)) == []
-    cmds = s.handle(ExecutionFinished(2, 0, 100))                     # group done, w = 0: gate off
+    cmds = s.handle(ExecutionFinished(2, 0, 100))  # group done, w = 0: gate off
     assert cmds == [SwitchRole(0, Role.TRAIN)]
     assert s.handle(RoleSwitchDone(0, Role.TRAIN)) == [RunMicroBatch(0, (0,), 0), SwitchRole(1, Role.TRAIN)]
     assert s.transfers == 2
@@ -204,12 +214,12 @@ class _Base(Scheduler):
 
 class Overfill(_Base):
     def on_dispatched(self, ev, out):
-        out.append(Bind(ev.execution, 0))          # ignores capacity
+        out.append(Bind(ev.execution, 0))  # ignores capacity
 
 
 class TrainOnRollout(_Base):
     def on_finished(self, ev, out):
-        out.append(RunMicroBatch(1, (ev.execution,), 0))   # cell 1 is in rollout
+        out.append(RunMicroBatch(1, (ev.execution,), 0))  # cell 1 is in rollout
 
 
 class TwoRoles(_Base):
@@ -220,8 +230,13 @@ class TwoRoles(_Base):
 @pytest.mark.parametrize("cls", [Overfill, TrainOnRollout, TwoRoles])
 def test_engine_rejects_impossible_commands(make_cfg, cls):
     cfg = make_cfg(cluster={"capacity": 2})
-    s = cls(cells=cfg.cluster.cells, capacity=2, groups_per_step=cfg.workload.groups_per_step,
-            group_size=cfg.workload.group_size, steps=1)
+    s = cls(
+        cells=cfg.cluster.cells,
+        capacity=2,
+        groups_per_step=cfg.workload.groups_per_step,
+        group_size=cfg.workload.group_size,
+        steps=1,
+    )
     with pytest.raises(SchedulingError):
         Simulator(cfg, s).run()
 
@@ -230,6 +245,7 @@ def test_deadlock_is_reported(make_cfg):
     class Idle(_Base):
         def start(self):
             return []
+
     cfg = make_cfg()
     s = Idle(cells=4, capacity=4, groups_per_step=4, group_size=4, steps=1)
     with pytest.raises(SchedulingError, match="deadlock"):
@@ -242,8 +258,11 @@ def test_deadlock_is_reported(make_cfg):
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("eta", [0, 1, 2])
 def test_async_completion_order_keeps_the_bound(make_cfg, eta, stream):
-    cfg = make_cfg(steps=5, seed=3, policy={"staleness": eta, "async_stream": stream, "async_train_cells": 1,
-                                            "async_batch_order": "completion"})
+    cfg = make_cfg(
+        steps=5,
+        seed=3,
+        policy={"staleness": eta, "async_stream": stream, "async_train_cells": 1, "async_batch_order": "completion"},
+    )
     r = simulate(cfg, "async")
     assert r.checks["trained_once"] and r.checks["finished_once"] and len(r.step_end_s) == 5
     assert max(r.staleness) <= eta
@@ -289,7 +308,7 @@ def test_elastic_async_core_trains_transfers_serial_waterlevel(make_cfg, recorde
     syncing = False
     bound: dict[int, int] = {}
     moves = {Role.TRAIN: 0, Role.ROLLOUT: 0}
-    for kind, x in rec.log:
+    for _kind, x in rec.log:
         if isinstance(x, ExecutionDispatched):
             d += 1
         elif isinstance(x, ExecutionFinished):
@@ -307,14 +326,14 @@ def test_elastic_async_core_trains_transfers_serial_waterlevel(make_cfg, recorde
             if x.role == Role.TRAIN:
                 c_r = sum(cl.capacity for i, r in enumerate(role) if r == Role.ROLLOUT)
                 assert d - f <= c_r - cl.capacity
-                assert x.cell not in bound.values()          # its executions were migrated first
+                assert x.cell not in bound.values()  # its executions were migrated first
             moves[x.role] += 1
             in_transfer.add(x.cell)
             role[x.cell] = Role.TO_TRAIN if x.role == Role.TRAIN else Role.TO_ROLLOUT
         elif isinstance(x, RoleSwitchDone):
             in_transfer.discard(x.cell)
             role[x.cell] = x.role
-    assert moves[Role.TRAIN] > 0 and moves[Role.ROLLOUT] > 0    # the split follows the load both ways
+    assert moves[Role.TRAIN] > 0 and moves[Role.ROLLOUT] > 0  # the split follows the load both ways
 
 
 def test_elastic_async_ahead_of_every_baseline_on_a_qwengyre_shaped_workload():
@@ -324,6 +343,7 @@ def test_elastic_async_ahead_of_every_baseline_on_a_qwengyre_shaped_workload():
     from pathlib import Path
 
     from evoharness.runtime.workload import load_sim_config
+
     toml = Path(__file__).resolve().parents[2] / "configs" / "workloads" / "qwengyre_nl2repo.toml"
     cfg = load_sim_config(toml, ["steps=2", "cluster.cells=4", "workload.groups_per_step=16"])[0]
     ours = simulate(cfg, "elastic-async").wall_s
@@ -341,21 +361,21 @@ def test_elastic_async_ahead_of_every_baseline_on_a_qwengyre_shaped_workload():
 
 
 def test_micro_batch_time_and_replicas_of_a_regrouped_cell(make_cfg):
-    cl = make_cfg().cluster                      # 4 cells, train_tps 2000, one replica each
+    cl = make_cfg().cluster  # 4 cells, train_tps 2000, one replica each
     assert cl.train_replicas == 1 and cl.micro_batch_s([1000, 3000]) == 2.0
-    big = cl.regrouped(2)                        # 2 cells of 2 replicas: 4000 tokens/s, 2000 per trajectory
+    big = cl.regrouped(2)  # 2 cells of 2 replicas: 4000 tokens/s, 2000 per trajectory
     assert (big.cells, big.capacity, big.train_replicas) == (2, 2 * cl.capacity, 2)
-    assert big.micro_batch_s([1000, 3000]) == 1.5          # the long trajectory alone sets the time
+    assert big.micro_batch_s([1000, 3000]) == 1.5  # the long trajectory alone sets the time
     assert big.micro_batch_s([3000, 3000]) == 1.5
-    assert big.micro_batch_s([3000]) == 1.5                # one trajectory does not use both replicas
+    assert big.micro_batch_s([3000]) == 1.5  # one trajectory does not use both replicas
     small = cl.regrouped(0.5)
     assert (small.cells, small.train_tps, small.train_replicas) == (8, 1000.0, 1)
-    back = small.regrouped(2)                    # two of the small replicas, not the original cell
+    back = small.regrouped(2)  # two of the small replicas, not the original cell
     assert (back.cells, back.capacity, back.train_tps, back.train_replicas) == (4, cl.capacity, 2000.0, 2)
     assert back.decode_replicas == 2 and back.full_decode_tps == pytest.approx(2 * small.full_decode_tps)
     big = cl.regrouped(2)
     assert big.decode_replicas == 2 and big.full_decode_tps == pytest.approx(2 * cl.full_decode_tps)
-    assert big.per_seq_tps(1) == cl.per_seq_tps(1)       # a lone sequence decodes no faster on a bigger cell
+    assert big.per_seq_tps(1) == cl.per_seq_tps(1)  # a lone sequence decodes no faster on a bigger cell
     with pytest.raises(ValueError):
         cl.regrouped(3)
 
@@ -368,6 +388,7 @@ def test_bigger_cells_are_slower_on_the_nl2repo_workload():
     from pathlib import Path
 
     from evoharness.runtime.workload import load_sim_config
+
     toml = Path(__file__).resolve().parents[2] / "configs" / "workloads" / "qwengyre_nl2repo.toml"
     cfg = load_sim_config(toml, ["steps=1"])[0]
     big = cfg.model_copy(deep=True)
@@ -392,8 +413,11 @@ def test_a_session_is_pinned_to_one_replica(make_cfg):
     """Two sequences on a cell of 2 inference replicas decode as if each had a
     replica to itself; on one pooled replica of the same capacity they share
     its (sublinear) throughput and finish later."""
-    base = make_cfg(steps=1, workload={"groups_per_step": 1, "group_size": 2, "turns": 3.0, "timeout_s": None},
-                    cluster={"cells": 2, "capacity": 4})
+    base = make_cfg(
+        steps=1,
+        workload={"groups_per_step": 1, "group_size": 2, "turns": 3.0, "timeout_s": None},
+        cluster={"cells": 2, "capacity": 4},
+    )
     pinned = base.model_copy(deep=True)
     pinned.cluster.decode_replicas = 2
     r = {}

@@ -5,9 +5,15 @@ import math
 import pytest
 import torch
 
-from evoharness.rollout.records import Trajectory, TurnRecord
-from evoharness.train.advantages import (anchor_key, discounted_returns, grpo_advantages, step_advantages, turn_advantages)
 from evoharness.config.rl import AdvantageConfig
+from evoharness.rollout.records import Trajectory, TurnRecord
+from evoharness.train.advantages import (
+    anchor_key,
+    discounted_returns,
+    grpo_advantages,
+    step_advantages,
+    turn_advantages,
+)
 
 
 def test_grpo_hand_checked():
@@ -49,20 +55,52 @@ ADM_FRIDGE = ["open fridge 1", "go to desk 1", "look", "inventory"]
 
 def traj(name: str, steps: list[tuple[str, str, list[str]]], won: bool) -> Trajectory:
     """steps: (action, feedback, admissible commands shown at that turn)."""
-    turns = [TurnRecord(turn=i, messages=[], completion="", kind="env", action=a, feedback=f,
-                        admissible_commands=adm) for i, (a, f, adm) in enumerate(steps)]
-    return Trajectory(episode_id=f"task#{name}", task_id="task", task_type="pick_cool", split="train",
-                      harness="react", policy="test", initial_observation=ROOM, turns=turns, won=won)
+    turns = [
+        TurnRecord(turn=i, messages=[], completion="", kind="env", action=a, feedback=f, admissible_commands=adm)
+        for i, (a, f, adm) in enumerate(steps)
+    ]
+    return Trajectory(
+        episode_id=f"task#{name}",
+        task_id="task",
+        task_type="pick_cool",
+        split="train",
+        harness="react",
+        policy="test",
+        initial_observation=ROOM,
+        turns=turns,
+        won=won,
+    )
 
 
 def test_gigpo_favours_action_with_higher_return_from_shared_anchor():
-    a = traj("A", [("go to fridge 1", AT_FRIDGE, ADM0), ("open fridge 1", "You open the fridge 1.", ADM_FRIDGE),
-                   ("take apple 1 from fridge 1", "You pick up the apple 1.", ["take apple 1 from fridge 1"])], True)
-    c = traj("C", [("go to fridge 1", AT_FRIDGE, ADM0), ("look", "You are facing the fridge 1.", ADM_FRIDGE),
-                   ("open fridge 1", "You open the fridge 1.", ADM_FRIDGE),
-                   ("take apple 1 from fridge 1", "You pick up the apple 1.", ["take apple 1 from fridge 1"])], True)
-    b = traj("B", [("go to desk 1", "You arrive at desk 1.", ADM0), ("look", "You are facing desk 1.", ["look"]),
-                   ("inventory", "You are not carrying anything.", ["look"])], False)
+    a = traj(
+        "A",
+        [
+            ("go to fridge 1", AT_FRIDGE, ADM0),
+            ("open fridge 1", "You open the fridge 1.", ADM_FRIDGE),
+            ("take apple 1 from fridge 1", "You pick up the apple 1.", ["take apple 1 from fridge 1"]),
+        ],
+        True,
+    )
+    c = traj(
+        "C",
+        [
+            ("go to fridge 1", AT_FRIDGE, ADM0),
+            ("look", "You are facing the fridge 1.", ADM_FRIDGE),
+            ("open fridge 1", "You open the fridge 1.", ADM_FRIDGE),
+            ("take apple 1 from fridge 1", "You pick up the apple 1.", ["take apple 1 from fridge 1"]),
+        ],
+        True,
+    )
+    b = traj(
+        "B",
+        [
+            ("go to desk 1", "You arrive at desk 1.", ADM0),
+            ("look", "You are facing desk 1.", ["look"]),
+            ("inventory", "You are not carrying anything.", ["look"]),
+        ],
+        False,
+    )
     # anchors: turn 0 of all three (same room, same admissible set); turn 1 of A and C (same fridge state).
     assert anchor_key(a, 0) == anchor_key(b, 0) == anchor_key(c, 0)
     assert anchor_key(a, 1) == anchor_key(c, 1) != anchor_key(b, 1)
@@ -101,20 +139,24 @@ def _play(task, policy, n, max_steps=20):
     from evoharness.harness.bpe import BPEHarness, ExperienceStore
     from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
-    return run_episodes([EpisodeSpec(task, f"{task.task_id}#{policy.name}{k}", k) for k in range(n)],
-                        make_env=lambda t: make_env(t, engine="fast"), make_harness=lambda: BPEHarness(ExperienceStore()),
-                        policy=policy, max_steps=max_steps)
+    return run_episodes(
+        [EpisodeSpec(task, f"{task.task_id}#{policy.name}{k}", k) for k in range(n)],
+        make_env=lambda t: make_env(t, engine="fast"),
+        make_harness=lambda: BPEHarness(ExperienceStore()),
+        policy=policy,
+        max_steps=max_steps,
+    )
 
 
 def test_std_floor_keeps_shaping_noise_small_on_real_rollouts():
     """Issue 10 fault 9: real ALFWorld groups scored by the paper's reward. An all-failure group
     (random policy) differs only by shaping terms; the paper's rule blows those up to the size of
     success vs failure, the floor keeps them small; a group with a success is unchanged."""
+    from evoharness.config.rl import RewardConfig
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.policies.scripted import ExpertPolicy, RandomPolicy
     from evoharness.train.advantages import std_floor_active
     from evoharness.train.rewards import trajectory_reward
-    from evoharness.config.rl import RewardConfig
 
     task = discover_games("valid_seen")[0]
     fails = _play(task, RandomPolicy(seed=1), 4)
@@ -144,10 +186,10 @@ def test_gigpo_step_floor_is_scaled_like_the_discounted_returns():
     long episode has a small absolute return at the shared first state. The floor is in reward
     units and scales by γ^k: that step group keeps the paper's normalisation (an unscaled floor
     of 1.0 shrank it), while an all-failure group is still floored to small advantages."""
+    from evoharness.config.rl import RewardConfig
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.policies.scripted import NoisyExpertPolicy, RandomPolicy
     from evoharness.train.rewards import trajectory_reward
-    from evoharness.config.rl import RewardConfig
 
     task = discover_games("valid_seen")[0]
     late_win = _play(task, NoisyExpertPolicy(epsilon=0.8, seed=2), 1, max_steps=50)
@@ -203,6 +245,7 @@ def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
     with stop_reason "error". Its reward (about 0) measures the infrastructure; counted as a
     failure it pushed every valid member of the group up. It is left out of the group's mean and
     std, gets advantage 0, and none of its turns is trained."""
+    from evoharness.config.rl import GRPOConfig, RewardConfig
     from evoharness.envs.alfworld import make_env
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.harness.bpe import BPEHarness, ExperienceStore
@@ -210,7 +253,6 @@ def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
     from evoharness.rollout.episode import EpisodeSpec, run_episodes
     from evoharness.train.advantages import std_floor_active, valid_members
     from evoharness.train.rewards import trajectory_reward
-    from evoharness.config.rl import GRPOConfig, RewardConfig
     from evoharness.train.step import turn_rows
 
     task = discover_games("valid_seen")[0]
@@ -220,11 +262,20 @@ def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
     def broken(t):
         raise FileNotFoundError("game file vanished")
 
-    unloaded = run_episodes([EpisodeSpec(task, f"{task.task_id}#load", 0)], broken,
-                            lambda: BPEHarness(ExperienceStore()), ExpertPolicy(), max_steps=20)[0]
-    hung = run_episodes([EpisodeSpec(task, f"{task.task_id}#hung", 0)],
-                        lambda t: _HangsAtStep(make_env(t, engine="fast"), 2),
-                        lambda: BPEHarness(ExperienceStore()), ExpertPolicy(), max_steps=20)[0]
+    unloaded = run_episodes(
+        [EpisodeSpec(task, f"{task.task_id}#load", 0)],
+        broken,
+        lambda: BPEHarness(ExperienceStore()),
+        ExpertPolicy(),
+        max_steps=20,
+    )[0]
+    hung = run_episodes(
+        [EpisodeSpec(task, f"{task.task_id}#hung", 0)],
+        lambda t: _HangsAtStep(make_env(t, engine="fast"), 2),
+        lambda: BPEHarness(ExperienceStore()),
+        ExpertPolicy(),
+        max_steps=20,
+    )[0]
     assert win.won and not fail.won and unloaded.stop_reason == hung.stop_reason == "error" and hung.turns
     groups = [[win, unloaded, fail, hung]]
     assert valid_members(groups).tolist() == [[True, False, True, False]]
@@ -235,7 +286,9 @@ def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
         adv = turn_advantages(groups, r, cfg)[0]
         assert adv[1] == [] and adv[3] == [0.0] * hung.steps
         if cfg.estimator == "grpo":
-            assert adv[0] == pytest.approx([valid_only[0]] * win.steps) and adv[2] == pytest.approx([valid_only[1]] * fail.steps)
+            assert adv[0] == pytest.approx([valid_only[0]] * win.steps) and adv[2] == pytest.approx(
+                [valid_only[1]] * fail.steps
+            )
     # the old baseline counted both errors as failures: the win's advantage was inflated
     old = grpo_advantages(r, std_floor=1.0)[0].tolist()
     assert old[0] > valid_only[0] + 0.5 and old[2] > valid_only[1] + 0.1
@@ -245,7 +298,7 @@ def test_episodes_ended_by_an_environment_error_take_no_part_in_the_baseline():
         for turn in t.turns:  # scripted policies record no token ids: give the turns some to train
             turn.prompt_token_ids, turn.completion_token_ids, turn.logprobs = [1, 2], [3], [-0.5]
     sizes = [t.steps for t in groups[0]]
-    per_traj = [flat[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(4)]
+    per_traj = [flat[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(4)]
     samples = [s for t, a in zip(groups[0], per_traj) for s in turn_rows(t, a, GRPOConfig(), step=0, group=0)]
     assert {s.episode_id for s in samples} == {win.episode_id, fail.episode_id}
     # the step's scoring of the group (`train.step.score_group`) is the same: errors invalid, left out

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from evoharness.config.rl import GRPOConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.config.rl import GRPOConfig
 from evoharness.train.grpo import TokenMasks, logprobs_of, microbatch_loss
 from evoharness.train.step import set_token_weights, turn_rows
 
@@ -24,14 +24,25 @@ TEMP = 0.7
 
 
 def _rollout(model_dir, constrained: bool):
-    policy = LocalHFPolicy(model_dir, temperature=TEMP, constrained=constrained, max_new_tokens=20, seed=1,
-                           max_prompt_tokens=512, num_threads=1)
+    policy = LocalHFPolicy(
+        model_dir,
+        temperature=TEMP,
+        constrained=constrained,
+        max_new_tokens=20,
+        seed=1,
+        max_prompt_tokens=512,
+        num_threads=1,
+    )
     store = ExperienceStore()
     store.freeze()
     tasks = discover_games("train")[:2]
-    trajs = run_episodes([EpisodeSpec(t, f"{t.task_id}#{k}", 0) for t in tasks for k in range(2)],
-                         make_env=lambda task: make_env(task, engine="fast"),
-                         make_harness=lambda: BPEHarness(store), policy=policy, max_steps=3)
+    trajs = run_episodes(
+        [EpisodeSpec(t, f"{t.task_id}#{k}", 0) for t in tasks for k in range(2)],
+        make_env=lambda task: make_env(task, engine="fast"),
+        make_harness=lambda: BPEHarness(store),
+        policy=policy,
+        max_steps=3,
+    )
     samples = [s for t in trajs for s in turn_rows(t, [1.0] * t.steps, GRPOConfig(temperature=TEMP), step=0)]
     masks = TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
     return policy, trajs, samples, masks
@@ -57,8 +68,10 @@ def test_constrained_sample_recomputes_to_the_behaviour_logprob(model_dir):
     # The unmasked softmax (the old trainer) is a different distribution: the check above can fail.
     with torch.no_grad():
         full = logprobs_of(policy.model, [s.prompt_ids for s in samples], [s.completion_ids for s in samples], TEMP)
-    assert max(abs(float(full[i, j]) - s.logprobs[j]) for i, s in enumerate(samples)
-               for j in range(len(s.logprobs))) > 1e-2
+    assert (
+        max(abs(float(full[i, j]) - s.logprobs[j]) for i, s in enumerate(samples) for j in range(len(s.logprobs)))
+        > 1e-2
+    )
 
     # PPO ratio at policy version 0 is exactly 1 on every token
     set_token_weights(samples)

@@ -17,24 +17,38 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from evoharness.files import read_jsonl
+from evoharness.files import FAILPOINT_ENV, read_jsonl
 from evoharness.train.checkpoint import checkpoint_candidates, load_trainer_state
-from evoharness.files import FAILPOINT_ENV
 
 pytestmark = pytest.mark.slow  # a dozen real RL processes: ~1-2 min on 2 cores
 
-SETTINGS = ["steps=3", "max_steps=3", "max_new_tokens=12", "max_prompt_tokens=512", "decode_threads=1", "threads=1",
-            "seed=7", "grpo.group_size=2", "grpo.prompts_per_step=2", "grpo.lr=1e-3", "grpo.micro_batch_size=8",
-            "keep_checkpoints=3"]
+SETTINGS = [
+    "steps=3",
+    "max_steps=3",
+    "max_new_tokens=12",
+    "max_prompt_tokens=512",
+    "decode_threads=1",
+    "threads=1",
+    "seed=7",
+    "grpo.group_size=2",
+    "grpo.prompts_per_step=2",
+    "grpo.lr=1e-3",
+    "grpo.micro_batch_size=8",
+    "keep_checkpoints=3",
+]
 
 
 def _run(model: Path, out: Path, failpoint: str | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "evoharness.cli", "rl", "--model-path", str(model), "--out", str(out)]
     for s in SETTINGS:
         cmd += ["--set", s]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
-            # bitwise-reproducible MKL GEMMs whatever the memory alignment (runs are compared exactly)
-            "MKL_CBWR": "AUTO,STRICT"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TQDM_DISABLE": "1",
+        # bitwise-reproducible MKL GEMMs whatever the memory alignment (runs are compared exactly)
+        "MKL_CBWR": "AUTO,STRICT",
+    }
     env.pop(FAILPOINT_ENV, None)
     if failpoint:
         env[FAILPOINT_ENV] = failpoint
@@ -64,14 +78,17 @@ def reference(model_dir, tmp_path_factory):
 
 def _same_as_reference(out: Path, reference: Path) -> None:
     assert _strip(out) == _strip(reference)
-    a, b = load_file(str(reference / "final" / "model.safetensors")), load_file(str(out / "final" / "model.safetensors"))
+    a, b = (
+        load_file(str(reference / "final" / "model.safetensors")),
+        load_file(str(out / "final" / "model.safetensors")),
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # (failpoint, metrics steps left by the kill, checkpoint `latest` names after the kill); a kill
 # before the metrics append ("before_metrics") is the random-time SIGKILL of test_rl_kill.py
 POINTS = [
-    ("torn_metrics:2", [1], "step_0000001"),     # half of step 2's line written (torn)
+    ("torn_metrics:2", [1], "step_0000001"),  # half of step 2's line written (torn)
     ("after_metrics:2", [1, 2], "step_0000001"),  # step 2 recorded, not checkpointed: the old gap
     ("mid_checkpoint:2", [1, 2], "step_0000001"),  # checkpoint half written in its temp dir
     ("after_checkpoint:2", [1, 2], "step_0000001"),  # checkpoint in place, `latest` not moved

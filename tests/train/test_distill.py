@@ -7,6 +7,7 @@ import re
 from collections import Counter
 
 import pytest
+from engines import pick_engine
 
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import TASK_TYPES, discover_games
@@ -26,7 +27,6 @@ from evoharness.train.distill import (
     parse_log,
     state_trace,
 )
-from engines import pick_engine
 
 BATCH = 4
 FORMAT = re.compile(r"^<think>[^<]+</think><action>[^<]+</action>$")
@@ -46,8 +46,13 @@ def world():
 def noisy_logs(world):
     """Real noisy-expert logs (epsilon 0.3) of the `world` games."""
     tasks, env_factory, _ = world
-    trajs = run_episodes([EpisodeSpec(t, f"{t.task_id}#0") for t in tasks], env_factory, ReActHarness,
-                         NoisyExpertPolicy(epsilon=0.3, seed=3), max_steps=50)
+    trajs = run_episodes(
+        [EpisodeSpec(t, f"{t.task_id}#0") for t in tasks],
+        env_factory,
+        ReActHarness,
+        NoisyExpertPolicy(epsilon=0.3, seed=3),
+        max_steps=50,
+    )
     return [t.to_dict() for t in trajs]
 
 
@@ -55,8 +60,13 @@ def noisy_logs(world):
 def distilled(noisy_logs, world):
     tasks, env_factory, _ = world
     store = ExperienceStore()
-    trajs, stats = distill([parse_log(d) for d in noisy_logs], make_env=env_factory,
-                           tasks={t.task_id: t for t in tasks}, store=store, batch_size=BATCH)
+    trajs, stats = distill(
+        [parse_log(d) for d in noisy_logs],
+        make_env=env_factory,
+        tasks={t.task_id: t for t in tasks},
+        store=store,
+        batch_size=BATCH,
+    )
     return trajs, stats, store
 
 
@@ -133,31 +143,53 @@ def test_pairs_have_the_teachers_format(distilled):
 
 def test_react_format_logs_distil_to_the_same_actions(noisy_logs, distilled, world):
     tasks, env_factory, engine = world
-    react = [{"task_id": d["task_id"], "goal": d["goal"], "initial_observation": d["initial_observation"],
-              "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]],
-              "won": d["won"]} for d in noisy_logs if d["won"]][: 3 if engine == "fast" else 1]
-    trajs, stats = distill([parse_log(d, i) for i, d in enumerate(react)], make_env=env_factory,
-                           tasks={t.task_id: t for t in tasks})
+    react = [
+        {
+            "task_id": d["task_id"],
+            "goal": d["goal"],
+            "initial_observation": d["initial_observation"],
+            "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]],
+            "won": d["won"],
+        }
+        for d in noisy_logs
+        if d["won"]
+    ][: 3 if engine == "fast" else 1]
+    trajs, stats = distill(
+        [parse_log(d, i) for i, d in enumerate(react)], make_env=env_factory, tasks={t.task_id: t for t in tasks}
+    )
     expected = {t.task_id: [x.action for x in t.turns if x.kind == "env"] for t in distilled[0]}
     assert stats.distilled == len(react) > 0
     for t in trajs:
         assert [x.action for x in t.turns if x.kind == "env"] == expected[t.task_id]
 
 
-@pytest.mark.parametrize("written", [
-    lambda a: f"> {a}",                                       # ReAct's own ALFWorld prompt format
-    lambda a: f"Action: {a[0].upper()}{a[1:]}.",              # a chat model's bare answer
-    lambda a: f"<think>I could <action>look</action></think><action>{a}</action>",  # a harness-format completion
-], ids=["prompt-prefix", "capitalised", "tagged"])
+@pytest.mark.parametrize(
+    "written",
+    [
+        lambda a: f"> {a}",  # ReAct's own ALFWorld prompt format
+        lambda a: f"Action: {a[0].upper()}{a[1:]}.",  # a chat model's bare answer
+        lambda a: f"<think>I could <action>look</action></think><action>{a}</action>",  # a harness-format completion
+    ],
+    ids=["prompt-prefix", "capitalised", "tagged"],
+)
 def test_react_logs_keep_the_action_the_harness_would_execute(noisy_logs, distilled, world, written):
     """Fault 5/6 kind (review): a logged action is read by the harnesses' final-answer rule, so an
     agent's raw answer distils to the command it executed (it was dropped as not admissible)."""
     tasks, env_factory, engine = world
-    react = [{"task_id": d["task_id"], "goal": d["goal"], "initial_observation": d["initial_observation"],
-              "steps": [{"action": written(t["action"]), "observation": t["feedback"]} for t in d["turns"]],
-              "won": d["won"]} for d in noisy_logs if d["won"]][: 2 if engine == "fast" else 1]
-    trajs, stats = distill([parse_log(d, i) for i, d in enumerate(react)], make_env=env_factory,
-                           tasks={t.task_id: t for t in tasks})
+    react = [
+        {
+            "task_id": d["task_id"],
+            "goal": d["goal"],
+            "initial_observation": d["initial_observation"],
+            "steps": [{"action": written(t["action"]), "observation": t["feedback"]} for t in d["turns"]],
+            "won": d["won"],
+        }
+        for d in noisy_logs
+        if d["won"]
+    ][: 2 if engine == "fast" else 1]
+    trajs, stats = distill(
+        [parse_log(d, i) for i, d in enumerate(react)], make_env=env_factory, tasks={t.task_id: t for t in tasks}
+    )
     expected = {t.task_id: [x.action for x in t.turns if x.kind == "env"] for t in distilled[0]}
     assert stats.distilled == len(react) > 0, stats.dropped
     for t in trajs:
@@ -166,8 +198,12 @@ def test_react_logs_keep_the_action_the_harness_would_execute(noisy_logs, distil
 
 def test_react_logs_without_a_game_need_admissible_commands(noisy_logs):
     d = next(d for d in noisy_logs if d["won"])
-    bare = {"goal": d["goal"], "initial_observation": d["initial_observation"], "won": True,
-            "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]]}
+    bare = {
+        "goal": d["goal"],
+        "initial_observation": d["initial_observation"],
+        "won": True,
+        "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]],
+    }
     _, stats = distill([parse_log(bare)], tasks=find_tasks(("valid_seen",)))
     assert stats.distilled == 0 and sum(stats.dropped.values()) == 1
     turns = d["turns"]
@@ -204,12 +240,17 @@ def test_clean_steps_cuts_loops_and_drops_invalid_steps():
 def move_eval(tmp_path_factory):
     """The full valid_seen panel played by the noisy expert through this project's own
     `evoharness eval --set env.wording=move` path (`evaluate`, the fast engine)."""
-    from evoharness.eval.evaluate import evaluate
     from evoharness.config.eval import EvalConfig
+    from evoharness.eval.evaluate import evaluate
 
     out = tmp_path_factory.mktemp("move_eval")
-    cfg = EvalConfig(split="valid_seen", out_dir=str(out), env={"engine": "fast", "wording": "move"},
-                     harness={"kind": "react"}, policy={"kind": "noisy_expert", "seed": 3})
+    cfg = EvalConfig(
+        split="valid_seen",
+        out_dir=str(out),
+        env={"engine": "fast", "wording": "move"},
+        harness={"kind": "react"},
+        policy={"kind": "noisy_expert", "seed": 3},
+    )
     summary = evaluate(cfg, progress=False)
     assert summary["wording"] == "move" and summary["overall"]["won"] > 100
     return out / "episodes.jsonl", summary
@@ -237,10 +278,18 @@ def test_wording_is_detected_from_an_unrecorded_log(move_eval, world):
     """A log that does not record its wording (another agent's ReAct JSONL) is replayed in the
     wording its own steps use."""
     episodes, _ = move_eval
-    d = next(d for d in (json.loads(line) for line in episodes.read_text().splitlines())
-             if d["won"] and any(t["action"].startswith("move ") for t in d["turns"]))
-    react = {"task_id": d["task_id"], "goal": d["goal"], "initial_observation": d["initial_observation"],
-             "won": True, "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]]}
+    d = next(
+        d
+        for d in (json.loads(line) for line in episodes.read_text().splitlines())
+        if d["won"] and any(t["action"].startswith("move ") for t in d["turns"])
+    )
+    react = {
+        "task_id": d["task_id"],
+        "goal": d["goal"],
+        "initial_observation": d["initial_observation"],
+        "won": True,
+        "steps": [{"action": t["action"], "observation": t["feedback"]} for t in d["turns"]],
+    }
     log = parse_log(react)
     assert log.wording == "move"
     _, env_factory, _ = world

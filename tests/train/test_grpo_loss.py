@@ -9,8 +9,15 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from evoharness.config.rl import GRPOConfig
 from evoharness.rollout.records import Trajectory, TurnRecord
 from evoharness.train.grpo import TurnSample, logprobs_of, microbatch_loss
-from evoharness.train.step import (mini_batch_slices, plan_updates, run_updates, set_token_weights, step_stats, turn_rows,
-                                   update_metrics)
+from evoharness.train.step import (
+    mini_batch_slices,
+    plan_updates,
+    run_updates,
+    set_token_weights,
+    step_stats,
+    turn_rows,
+    update_metrics,
+)
 from evoharness.train.trainer import Trainer
 
 VOCAB = 64
@@ -18,8 +25,16 @@ VOCAB = 64
 
 def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+    )
     return Qwen3ForCausalLM(cfg).float()
 
 
@@ -166,6 +181,7 @@ class _Anchor:
             logp = logprobs_of(model, *self.target)
             (-logp.sum()).backward()
             return {"anchor_nll": float(-logp.detach().sum())}
+
         return anchor
 
 
@@ -256,8 +272,9 @@ def test_micro_batch_size_does_not_change_loss_or_gradients():
         for s in samples:
             s.logprobs = [x + 0.3 * ((k % 3) - 1) for k, x in enumerate(s.logprobs)]  # some clipped tokens
         set_token_weights(samples)
-        m = trainer(model, GRPOConfig(kl_beta=0.05, entropy_coef=0.01, micro_batch_size=mbs),
-                    ref_model=ref).accumulate(samples)
+        m = trainer(model, GRPOConfig(kl_beta=0.05, entropy_coef=0.01, micro_batch_size=mbs), ref_model=ref).accumulate(
+            samples
+        )
         results.append((m, {n: p.grad.clone() for n, p in model.named_parameters()}))
     (m0, g0) = results[0]
     assert m0["n_clipped"] > 0
@@ -285,34 +302,77 @@ def test_clip_stops_gradient_only_on_the_clipped_side():
 
 
 def _rec(i, prompt, comp, kind="env"):
-    return TurnRecord(turn=i, messages=[], completion="x", kind=kind, action="look", feedback="",
-                      prompt_token_ids=prompt, completion_token_ids=comp,
-                      logprobs=[-1.0] * len(comp) if comp is not None else None)
+    return TurnRecord(
+        turn=i,
+        messages=[],
+        completion="x",
+        kind=kind,
+        action="look",
+        feedback="",
+        prompt_token_ids=prompt,
+        completion_token_ids=comp,
+        logprobs=[-1.0] * len(comp) if comp is not None else None,
+    )
 
 
 def _traj(turns, episode_id="task#0", **kw):
-    return Trajectory(episode_id=episode_id, task_id="task", task_type="pick_and_place_simple", split="train",
-                      harness="bpe", policy="local", turns=turns, **kw)
+    return Trajectory(
+        episode_id=episode_id,
+        task_id="task",
+        task_type="pick_and_place_simple",
+        split="train",
+        harness="bpe",
+        policy="local",
+        turns=turns,
+        **kw,
+    )
 
 
 def test_turn_rows_from_trajectory_records():
     t = _traj([_rec(0, [1, 2], [3, 4]), _rec(1, [1, 2, 3], None), _rec(2, [5], [6], "invalid")])
     out = turn_rows(t, [0.5, 0.25, -0.5], GRPOConfig(), step=0, group=3)
     assert [(s.prompt_ids, s.completion_ids, s.advantage, s.episode_id, s.group) for s in out] == [
-        ([1, 2], [3, 4], 0.5, "task#0", 3), ([5], [6], -0.5, "task#0", 3)]
+        ([1, 2], [3, 4], 0.5, "task#0", 3),
+        ([5], [6], -0.5, "task#0", 3),
+    ]
     # an episode an environment error ended trains nothing; a branch's replayed prefix is not drawn
     assert turn_rows(_traj(t.turns, stop_reason="error"), [0.5] * 3, GRPOConfig(), 0) == []
     replayed = _traj(t.turns, info={"replayed_turns": 1})
     assert [s.completion_ids for s in turn_rows(replayed, [0.5] * 3, GRPOConfig(), 0)] == [[6]]
-    bad = _traj([TurnRecord(turn=0, messages=[], completion="x", kind="env", action="look", feedback="",
-                            prompt_token_ids=[1], completion_token_ids=[2, 3], logprobs=[-1.0])])
+    bad = _traj(
+        [
+            TurnRecord(
+                turn=0,
+                messages=[],
+                completion="x",
+                kind="env",
+                action="look",
+                feedback="",
+                prompt_token_ids=[1],
+                completion_token_ids=[2, 3],
+                logprobs=[-1.0],
+            )
+        ]
+    )
     with pytest.raises(ValueError, match="length mismatch"):
         turn_rows(bad, [1.0], GRPOConfig(), 0)
 
 
 def test_turn_subsampling_is_bounded_and_seeded():
-    turns = [TurnRecord(turn=i, messages=[], completion="x", kind="env", action="look", feedback="",
-                        prompt_token_ids=[1, 2], completion_token_ids=[3 + i], logprobs=[-0.5]) for i in range(10)]
+    turns = [
+        TurnRecord(
+            turn=i,
+            messages=[],
+            completion="x",
+            kind="env",
+            action="look",
+            feedback="",
+            prompt_token_ids=[1, 2],
+            completion_token_ids=[3 + i],
+            logprobs=[-0.5],
+        )
+        for i in range(10)
+    ]
     traj = _traj(turns, episode_id="e#0")
     adv = [float(i) for i in range(10)]
     assert len(turn_rows(traj, adv, GRPOConfig(), step=1)) == 10
@@ -351,15 +411,19 @@ def test_decoupled_ppo_keeps_stale_tokens_with_a_truncated_importance_weight():
     on-policy gradient (AReaL Eq. 5, truncated IS)."""
     p, c = [1, 2, 3], [4, 5, 6]
     grads = {}
-    for mode, cap, shift in (("ppo", 2.0, 1.0), ("decoupled", 2.0, 1.0), ("decoupled", 10.0, 1.0),
-                             ("decoupled", 2.0, 0.0)):
+    for mode, cap, shift in (
+        ("ppo", 2.0, 1.0),
+        ("decoupled", 2.0, 1.0),
+        ("decoupled", 10.0, 1.0),
+        ("decoupled", 2.0, 0.0),
+    ):
         model = tiny_model()
         s = TurnSample(p, c, [x - shift for x in behaviour(model, p, c)], 1.0, "e")
         set_token_weights([s])
         loss, st = microbatch_loss(model, [s], GRPOConfig(kl_beta=0.0, off_policy=mode, behaviour_weight_cap=cap))
         loss.backward()
         grads[(mode, cap, shift)] = _grads(model)
-        assert st["ratio_max"] == pytest.approx(torch.e ** shift, rel=1e-4)
+        assert st["ratio_max"] == pytest.approx(torch.e**shift, rel=1e-4)
         # the weight e hits the cap 2 (not 10); PPO caps nothing
         assert st["n_capped"] == (3 if (mode, cap, shift) == ("decoupled", 2.0, 1.0) else 0)
     fresh = grads[("decoupled", 2.0, 0.0)]

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from evoharness.config.rl import GRPOConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
@@ -16,7 +17,6 @@ from evoharness.models.init import load_model, load_tokenizer
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.tree import TrajectoryTree, all_paths, select_paths
-from evoharness.config.rl import GRPOConfig
 from evoharness.train.grpo import TokenMasks, logprobs_of
 from evoharness.train.packing import collate, pack_trees, packed_sft_loss, sft_trees, target_logprobs
 from evoharness.train.sft import collate as sft_collate
@@ -36,12 +36,19 @@ def _one_thread():
 
 def play(model_dir, constrained: bool):
     """Three real BPE episodes (4 turns each) sampled from the micro model at T=1."""
-    policy = LocalHFPolicy(model_dir, temperature=1.0, max_new_tokens=10 if not constrained else 24,
-                           max_prompt_tokens=4096, seed=1, constrained=constrained)
+    policy = LocalHFPolicy(
+        model_dir,
+        temperature=1.0,
+        max_new_tokens=10 if not constrained else 24,
+        max_prompt_tokens=4096,
+        seed=1,
+        constrained=constrained,
+    )
     tasks = discover_games("valid_seen")[:3]
     specs = [EpisodeSpec(t, f"{t.task_id}#0", seed=i) for i, t in enumerate(tasks)]
-    trajs = run_episodes(specs, lambda t: make_env(t, engine="fast"), lambda: BPEHarness(ExperienceStore()),
-                         policy, max_steps=4)
+    trajs = run_episodes(
+        specs, lambda t: make_env(t, engine="fast"), lambda: BPEHarness(ExperienceStore()), policy, max_steps=4
+    )
     assert all(len(t.turns) == 4 and t.turns[0].completion_token_ids for t in trajs)
     assert all((t.constraint is not None) == constrained for tr in trajs for t in tr.turns)
     return trajs, TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
@@ -70,7 +77,9 @@ def _assert_grads_close(a, b, rtol=1e-4):
 
 def _rows(episodes, adv, cfg=None, step=0):
     """The step's turn rows (`train.step.turn_rows`), trajectory i in GRPO group i."""
-    return [r for i, (t, a) in enumerate(zip(episodes, adv)) for r in turn_rows(t, a, cfg or GRPOConfig(), step, group=i)]
+    return [
+        r for i, (t, a) in enumerate(zip(episodes, adv)) for r in turn_rows(t, a, cfg or GRPOConfig(), step, group=i)
+    ]
 
 
 def test_alfworld_episodes_share_their_prompt_prefix(episodes):
@@ -115,8 +124,9 @@ def test_eager_with_a_boolean_mask_would_be_wrong(model_dir, episodes):
     batch = collate(trees, pack_trees(trees))
     with torch.no_grad():
         right, _ = target_logprobs(model, batch)
-        hidden = model.get_decoder()(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                                     attention_mask=batch.attention_mask("bool")).last_hidden_state
+        hidden = model.get_decoder()(
+            input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask("bool")
+        ).last_hidden_state
         wrong = torch.log_softmax(model.lm_head(hidden[batch.pred_row, batch.pred_pos]), -1)
         wrong = wrong.gather(-1, batch.targets[:, None])[:, 0]
     assert float((right - wrong).abs().max()) > 1e-2
@@ -150,8 +160,9 @@ def test_packed_trainer_equals_turn_rows(model_dir, constrained, pack_tokens, mi
     with torch.no_grad():
         for p in ref_model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    cfg = GRPOConfig(kl_beta=0.05, entropy_coef=0.01, temperature=1.0, micro_batch_size=micro_batch_size,
-                     pack_tokens=pack_tokens)
+    cfg = GRPOConfig(
+        kl_beta=0.05, entropy_coef=0.01, temperature=1.0, micro_batch_size=micro_batch_size, pack_tokens=pack_tokens
+    )
     episodes = copy.deepcopy(episodes)
     for traj in episodes:  # make the ratio move off 1 so the clip is exercised
         for t in traj.turns:
@@ -194,9 +205,9 @@ def test_j_max_trains_fewer_tokens_each_once(model_dir, episodes):
 
 def test_cost_model_packs_only_what_shares_enough():
     tree = TrajectoryTree("c")
-    tree.add_call(list(range(1, 401)), [500, 501])          # path A: 402 tokens
-    tree.add_call(list(range(1, 401)), [600, 601])          # path B: shares A's 400-token prompt
-    tree.add_call([1] + list(range(1000, 1400)), [700])     # path C: shares one token
+    tree.add_call(list(range(1, 401)), [500, 501])  # path A: 402 tokens
+    tree.add_call(list(range(1, 401)), [600, 601])  # path B: shares A's 400-token prompt
+    tree.add_call([1] + list(range(1000, 1400)), [700])  # path C: shares one token
     rows = pack_trees([tree], alpha=960.0)  # the 'tiny' preset's ratio
     assert [len(r.segments) for r in rows] == [4, 2]  # "1", A's prompt rest, A, B | "1", C
     assert rows[1].n_tokens == 402
@@ -217,8 +228,9 @@ class _L2Anchor:
     def for_step(self, model, step, amp=None):
         def anchor(j: int) -> dict[str, float]:
             self.calls.append(j)
-            (1e-3 * sum((p ** 2).sum() for p in model.parameters())).backward()
+            (1e-3 * sum((p**2).sum() for p in model.parameters())).backward()
             return {"anchor_nll": 0.0}
+
         return anchor
 
 
@@ -283,7 +295,9 @@ def test_chat_history_tree_logprobs_equal_each_calls_own_row(model_dir):
 
     def ids(messages, answer):
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return tok(text, add_special_tokens=False)["input_ids"], tok(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        return tok(text, add_special_tokens=False)["input_ids"], tok(answer + "<|im_end|>", add_special_tokens=False)[
+            "input_ids"
+        ]
 
     tree = TrajectoryTree("chat")
     msgs = [{"role": "system", "content": "You are in a kitchen."}, {"role": "user", "content": "find a mug"}]
@@ -291,10 +305,14 @@ def test_chat_history_tree_logprobs_equal_each_calls_own_row(model_dir):
         answer = f"<think>step {k}</think><action>go to cabinet {k + 1}</action>"
         tree.add_call(*ids(msgs, answer), None)
         msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": obs}]
-    tree.add_call(*ids(msgs + [{"role": "user", "content": "Summarise."}], "The mug 2 is in cabinet 3."), None,
-                  role="summary")
-    tree.add_call(*ids([{"role": "system", "content": "You search."}, {"role": "user", "content": "mug"}], "cabinet"),
-                  None, role="subagent")
+    tree.add_call(
+        *ids(msgs + [{"role": "user", "content": "Summarise."}], "The mug 2 is in cabinet 3."), None, role="summary"
+    )
+    tree.add_call(
+        *ids([{"role": "system", "content": "You search."}, {"role": "user", "content": "mug"}], "cabinet"),
+        None,
+        role="subagent",
+    )
     assert tree.n_tokens < tree.n_call_tokens() / 2  # the history is stored once
     batch = collate([tree], pack_trees([tree]))
     with torch.no_grad():
@@ -304,7 +322,10 @@ def test_chat_history_tree_logprobs_equal_each_calls_own_row(model_dir):
             own = logprobs_of(model, [prompt], [comp])[0]
             sel = batch.gen_call == g
             assert int(sel.sum()) == len(comp)
-            pos = [tree.depth(n) + o - tree.calls[g].n_prompt for n, o in zip(batch.node[sel].tolist(), batch.offset[sel].tolist())]
+            pos = [
+                tree.depth(n) + o - tree.calls[g].n_prompt
+                for n, o in zip(batch.node[sel].tolist(), batch.offset[sel].tolist())
+            ]
             assert torch.allclose(packed[sel], own[pos], atol=1e-5)
 
 
@@ -350,20 +371,34 @@ def test_rl_with_packing_makes_the_turn_trainers_update(model_dir, tmp_path):
     sampler's cap (packing only saves forward/backward work)."""
     from safetensors.torch import load_file
 
-    from evoharness.recipes.rl import train_rl
     from evoharness.config.rl import RLConfig
+    from evoharness.recipes.rl import train_rl
 
     def cfg(out, **grpo):
-        c = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=1, max_steps=3, max_new_tokens=10,
-                     max_prompt_tokens=1024, decode_threads=1, seed=3)
+        c = RLConfig(
+            model_path=str(model_dir),
+            out_dir=str(out),
+            steps=1,
+            max_steps=3,
+            max_new_tokens=10,
+            max_prompt_tokens=1024,
+            decode_threads=1,
+            seed=3,
+        )
         c.grpo.group_size, c.grpo.prompts_per_step, c.grpo.lr, c.grpo.kl_beta = 2, 1, 1e-3, 0.0
         for k, v in grpo.items():
             setattr(c.grpo, k, v)
         return c
 
-    runs = {name: train_rl(cfg(tmp_path / name, **kw), progress=False)
-            for name, kw in (("rows", {}), ("packed", {"packing": True}),
-                             ("rows2", {"max_train_turns": 2}), ("packed2", {"packing": True, "max_train_turns": 2}))}
+    runs = {
+        name: train_rl(cfg(tmp_path / name, **kw), progress=False)
+        for name, kw in (
+            ("rows", {}),
+            ("packed", {"packing": True}),
+            ("rows2", {"max_train_turns": 2}),
+            ("packed2", {"packing": True, "max_train_turns": 2}),
+        )
+    }
     start = load_file(str(model_dir / "model.safetensors"))
     recs = {n: json.loads((tmp_path / n / "metrics.jsonl").read_text().splitlines()[0]) for n in runs}
     for rows, packed in (("rows", "packed"), ("rows2", "packed2")):
@@ -380,20 +415,39 @@ def test_rl_with_packing_makes_the_turn_trainers_update(model_dir, tmp_path):
 def test_sft_with_packing_reaches_the_same_weights(model_dir, episodes, tmp_path):
     from safetensors.torch import load_file
 
-    from evoharness.train.sft import train_sft
     from evoharness.config.sft import SFTConfig
+    from evoharness.train.sft import train_sft
 
-    examples = [{"messages": t.messages, "completion": t.completion or "<action>look</action>"}
-                for tr in episodes for t in tr.turns]
+    examples = [
+        {"messages": t.messages, "completion": t.completion or "<action>look</action>"}
+        for tr in episodes
+        for t in tr.turns
+    ]
     finals = {}
     for packing in (False, True):
-        cfg = SFTConfig(lr=1e-3, max_steps=2, batch_tokens=6000, warmup_steps=0, progress=False, ckpt_every=0,
-                        packing=packing, micro_batch_tokens=2500 if packing else None)
-        finals[packing] = load_file(str(train_sft(cfg, examples, model_dir, tmp_path / str(packing)) / "model.safetensors"))
-    ran = [json.loads(ln)["tokens"] for ln in (tmp_path / "True" / "metrics.jsonl").read_text().splitlines()
-           if "tokens" in json.loads(ln)]
-    padded = [json.loads(ln)["tokens"] for ln in (tmp_path / "False" / "metrics.jsonl").read_text().splitlines()
-              if "tokens" in json.loads(ln)]
+        cfg = SFTConfig(
+            lr=1e-3,
+            max_steps=2,
+            batch_tokens=6000,
+            warmup_steps=0,
+            progress=False,
+            ckpt_every=0,
+            packing=packing,
+            micro_batch_tokens=2500 if packing else None,
+        )
+        finals[packing] = load_file(
+            str(train_sft(cfg, examples, model_dir, tmp_path / str(packing)) / "model.safetensors")
+        )
+    ran = [
+        json.loads(ln)["tokens"]
+        for ln in (tmp_path / "True" / "metrics.jsonl").read_text().splitlines()
+        if "tokens" in json.loads(ln)
+    ]
+    padded = [
+        json.loads(ln)["tokens"]
+        for ln in (tmp_path / "False" / "metrics.jsonl").read_text().splitlines()
+        if "tokens" in json.loads(ln)
+    ]
     assert len(ran) == len(padded) == 2 and sum(ran) < sum(padded)
     start = load_file(str(model_dir / "model.safetensors"))
     assert any(not torch.equal(start[k], finals[True][k]) for k in start)  # it trained

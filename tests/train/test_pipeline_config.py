@@ -32,8 +32,9 @@ def test_the_toml_is_runconfigs_defaults():
 
 def test_overrides_and_other_files_keep_the_main_jobs_other_keys(tmp_path):
     cfg = load_run_config(overrides=["sft.lr=1e-3", "dev_games=6"])
-    assert cfg == RunConfig().model_copy(update={"sft": RunConfig().sft.model_copy(update={"lr": 1e-3}),
-                                                 "dev_games": 6})
+    assert cfg == RunConfig().model_copy(
+        update={"sft": RunConfig().sft.model_copy(update={"lr": 1e-3}), "dev_games": 6}
+    )
     job = tmp_path / "job.toml"
     job.write_text('out_dir = "runs/x"\n[rl.grpo]\ntemperature = 1.0\n')
     cfg = load_run_config(job)
@@ -80,7 +81,9 @@ def test_evoharness_run_loads_the_main_job_from_any_directory(tmp_path, monkeypa
 
 
 def test_the_config_imports_nothing_else_of_the_project():
-    code = ("import sys, evoharness.config.run; print(sorted(m for m in sys.modules "
-            "if m.startswith('evoharness') and not m.startswith('evoharness.config')))")
+    code = (
+        "import sys, evoharness.config.run; print(sorted(m for m in sys.modules "
+        "if m.startswith('evoharness') and not m.startswith('evoharness.config')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == ["evoharness"]

@@ -11,9 +11,23 @@ from evoharness.config.base import load_config
 from evoharness.config.run import RunConfig
 from evoharness.pipeline import run_pipeline
 
-TINY = ["train_games=2", "budget_minutes=0.02", "skip_rl=true", "eval_limit=1", "max_steps=30",
-        "sft.max_steps=2", "sft.ckpt_every=0", "sft.progress=false", "vocab_size=300",
-        'model_preset="mini"', "dev_games=2", "dagger_rounds=1", "dagger_games=2", "dagger_sft_steps=1", "curve_games=1"]
+TINY = [
+    "train_games=2",
+    "budget_minutes=0.02",
+    "skip_rl=true",
+    "eval_limit=1",
+    "max_steps=30",
+    "sft.max_steps=2",
+    "sft.ckpt_every=0",
+    "sft.progress=false",
+    "vocab_size=300",
+    'model_preset="mini"',
+    "dev_games=2",
+    "dagger_rounds=1",
+    "dagger_games=2",
+    "dagger_sft_steps=1",
+    "curve_games=1",
+]
 
 
 def test_rerun_with_other_settings_is_refused(tmp_path):
@@ -21,12 +35,17 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
     run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16"]), log=lambda m: None)
     assert json.loads((tmp_path / "run" / "model_init" / "config.json").read_text())["head_dim"] == 16
     # the same job with another budget and worker count: every stage is done, nothing is redone
-    run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16", "budget_minutes=0.03",
-                                                    "eval_workers=2"]),
-                 log=lambda m: None)
+    run_pipeline(
+        load_config(
+            RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16", "budget_minutes=0.03", "eval_workers=2"]
+        ),
+        log=lambda m: None,
+    )
     with pytest.raises(ValueError, match=r"harness.history_window: None -> 2"):
-        run_pipeline(load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16",
-                                                        "harness.history_window=2"]), log=lambda m: None)
+        run_pipeline(
+            load_config(RunConfig, overrides=[*TINY, out, "model_overrides.head_dim=16", "harness.history_window=2"]),
+            log=lambda m: None,
+        )
 
 
 def test_a_partial_section_keeps_the_main_jobs_defaults():

@@ -22,13 +22,13 @@ import json
 import pytest
 import torch
 
+from evoharness.config.rl import GRPOConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.bpe import BPEHarness, ExperienceStore
 from evoharness.models.init import load_model
 from evoharness.policies.local import LocalHFPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.config.rl import GRPOConfig
 from evoharness.train.grpo import TokenMasks, microbatch_loss
 from evoharness.train.precision import autocast, check_master_weights
 from evoharness.train.step import plan_updates, run_updates, set_token_weights, turn_rows
@@ -39,13 +39,19 @@ STEPS, LR = 5, 1e-6
 
 @pytest.fixture(scope="module")
 def samples_and_masks(model_dir):
-    policy = LocalHFPolicy(model_dir, temperature=1.0, constrained=True, max_new_tokens=16, max_prompt_tokens=512,
-                           num_threads=1, seed=2)
+    policy = LocalHFPolicy(
+        model_dir, temperature=1.0, constrained=True, max_new_tokens=16, max_prompt_tokens=512, num_threads=1, seed=2
+    )
     store = ExperienceStore()
     store.freeze()
     task = discover_games("train")[0]
-    trajs = run_episodes([EpisodeSpec(task, f"{task.task_id}#{k}", 0) for k in range(2)],
-                         lambda t: make_env(t, engine="fast"), lambda: BPEHarness(store), policy, max_steps=2)
+    trajs = run_episodes(
+        [EpisodeSpec(task, f"{task.task_id}#{k}", 0) for k in range(2)],
+        lambda t: make_env(t, engine="fast"),
+        lambda: BPEHarness(store),
+        policy,
+        max_steps=2,
+    )
     samples = [s for t, a in zip(trajs, (1.0, -1.0)) for s in turn_rows(t, [a] * t.steps, GRPOConfig(), 0, group=0)]
     return samples, policy.tokenizer, TokenMasks(policy.tokenizer, policy.model.get_output_embeddings().weight.shape[0])
 
@@ -100,11 +106,20 @@ def test_bf16_compute_moves_fp32_master_weights_like_fp32(model_dir, samples_and
 
 
 def test_rl_in_bf16_keeps_fp32_weights_and_optimizer_state(model_dir, tmp_path):
-    from evoharness.recipes.rl import train_rl
     from evoharness.config.rl import RLConfig
+    from evoharness.recipes.rl import train_rl
 
-    cfg = RLConfig(model_path=str(model_dir), out_dir=str(tmp_path / "rl"), steps=1, max_steps=2, max_new_tokens=12,
-                   max_prompt_tokens=512, decode_threads=1, dtype="bfloat16", ckpt_every=1)
+    cfg = RLConfig(
+        model_path=str(model_dir),
+        out_dir=str(tmp_path / "rl"),
+        steps=1,
+        max_steps=2,
+        max_new_tokens=12,
+        max_prompt_tokens=512,
+        decode_threads=1,
+        dtype="bfloat16",
+        ckpt_every=1,
+    )
     cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 1, 1e-6
     final = train_rl(cfg, progress=False)
     from safetensors.torch import load_file
@@ -124,15 +139,21 @@ def test_rl_in_bf16_keeps_fp32_weights_and_optimizer_state(model_dir, tmp_path):
 
 
 def test_sft_keeps_fp32_master_weights_under_bf16_autocast(model_dir, tmp_path):
-    from evoharness.train.sft import train_sft
     from evoharness.config.sft import SFTConfig
+    from evoharness.train.sft import train_sft
 
-    examples = [{"messages": [{"role": "user", "content": f"You are in room {i}. Find the apple."}],
-                 "completion": f"<think>look</think><action>go to countertop {i}</action>"} for i in range(1, 5)]
+    examples = [
+        {
+            "messages": [{"role": "user", "content": f"You are in room {i}. Find the apple."}],
+            "completion": f"<think>look</think><action>go to countertop {i}</action>",
+        }
+        for i in range(1, 5)
+    ]
     runs = {}
     for precision in ("fp32", "bf16_autocast"):
-        cfg = SFTConfig(lr=1e-6, max_steps=3, warmup_steps=0, batch_tokens=4096, precision=precision, progress=False,
-                        ckpt_every=0)
+        cfg = SFTConfig(
+            lr=1e-6, max_steps=3, warmup_steps=0, batch_tokens=4096, precision=precision, progress=False, ckpt_every=0
+        )
         final = train_sft(cfg, examples, model_dir, tmp_path / precision)
         runs[precision] = load_model(final).state_dict()
         assert {v.dtype for v in runs[precision].values()} == {torch.float32}
@@ -154,23 +175,39 @@ def test_sft_gradient_accumulation_on_a_bf16_model_keeps_fp32_masters_and_export
     and that vLLM's dtype=auto would serve in float16)."""
     from safetensors.torch import load_file
 
+    from evoharness.config.sft import SFTConfig
     from evoharness.models.init import load_tokenizer
     from evoharness.train.sft import split_micro, tokenize_examples, train_sft
-    from evoharness.config.sft import SFTConfig
 
     src = tmp_path / "bf16_src"
     load_model(model_dir).to(torch.bfloat16).save_pretrained(str(src))
     load_tokenizer(model_dir).save_pretrained(str(src))
-    examples = [{"messages": [{"role": "user", "content": f"You are in room {i}. Find the apple." + " Look." * i}],
-                 "completion": f"<think>look</think><action>go to countertop {i}</action>"} for i in range(1, 7)]
+    examples = [
+        {
+            "messages": [{"role": "user", "content": f"You are in room {i}. Find the apple." + " Look." * i}],
+            "completion": f"<think>look</think><action>go to countertop {i}</action>",
+        }
+        for i in range(1, 7)
+    ]
     rows = tokenize_examples(load_tokenizer(src), examples, 512, 64)
     assert len(split_micro(rows, 96)) >= 3  # the step really accumulates over micro-batches
     base = {k: v.float() for k, v in load_file(str(src / "model.safetensors")).items()}
     deltas = {}
-    for name, precision, micro in [("fp32", "fp32", None), ("fp32_micro", "fp32", 96),
-                                   ("bf16_micro", "bf16_autocast", 96)]:
-        cfg = SFTConfig(lr=1e-6, max_steps=3, warmup_steps=0, batch_tokens=4096, micro_batch_tokens=micro,
-                        precision=precision, progress=False, ckpt_every=3)
+    for name, precision, micro in [
+        ("fp32", "fp32", None),
+        ("fp32_micro", "fp32", 96),
+        ("bf16_micro", "bf16_autocast", 96),
+    ]:
+        cfg = SFTConfig(
+            lr=1e-6,
+            max_steps=3,
+            warmup_steps=0,
+            batch_tokens=4096,
+            micro_batch_tokens=micro,
+            precision=precision,
+            progress=False,
+            ckpt_every=3,
+        )
         final = train_sft(cfg, examples, src, tmp_path / name)
         masters = load_file(str(tmp_path / name / "checkpoints" / "step_0000003" / "model.safetensors"))
         assert {v.dtype for v in masters.values()} == {torch.float32}
@@ -188,15 +225,23 @@ def test_sft_gradient_accumulation_on_a_bf16_model_keeps_fp32_masters_and_export
 def test_rl_from_a_bf16_model_exports_bf16_and_checkpoints_fp32_masters(model_dir, tmp_path):
     from safetensors.torch import load_file
 
+    from evoharness.config.rl import RLConfig
     from evoharness.models.init import load_tokenizer
     from evoharness.recipes.rl import train_rl
-    from evoharness.config.rl import RLConfig
 
     src = tmp_path / "bf16_src"
     load_model(model_dir).to(torch.bfloat16).save_pretrained(str(src))
     load_tokenizer(model_dir).save_pretrained(str(src))
-    cfg = RLConfig(model_path=str(src), out_dir=str(tmp_path / "rl"), steps=1, max_steps=2, max_new_tokens=12,
-                   max_prompt_tokens=512, decode_threads=1, ckpt_every=1)
+    cfg = RLConfig(
+        model_path=str(src),
+        out_dir=str(tmp_path / "rl"),
+        steps=1,
+        max_steps=2,
+        max_new_tokens=12,
+        max_prompt_tokens=512,
+        decode_threads=1,
+        ckpt_every=1,
+    )
     cfg.grpo.group_size, cfg.grpo.prompts_per_step = 2, 1
     final = train_rl(cfg, progress=False)
     assert {v.dtype for v in load_file(str(final / "model.safetensors")).values()} == {torch.bfloat16}

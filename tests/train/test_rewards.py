@@ -4,29 +4,59 @@ import math
 
 import pytest
 
+from evoharness.config.rl import RewardConfig
 from evoharness.rollout.records import Trajectory, TurnRecord
 from evoharness.train.rewards import count_spam, distinct_verbs, diversity_weight, token_penalty, trajectory_reward
-from evoharness.config.rl import RewardConfig
 
 
 def make_traj(turns: list[tuple[str, str]], won: bool, tokens_per_turn: int = 10) -> Trajectory:
     """turns: (kind, action) pairs."""
     recs = [
-        TurnRecord(turn=i, messages=[], completion=f"<action>{a}</action>", kind=k, action=a,
-                   feedback=f"obs {i}", completion_token_ids=list(range(tokens_per_turn)),
-                   logprobs=[-1.0] * tokens_per_turn, completion_tokens=tokens_per_turn)
+        TurnRecord(
+            turn=i,
+            messages=[],
+            completion=f"<action>{a}</action>",
+            kind=k,
+            action=a,
+            feedback=f"obs {i}",
+            completion_token_ids=list(range(tokens_per_turn)),
+            logprobs=[-1.0] * tokens_per_turn,
+            completion_tokens=tokens_per_turn,
+        )
         for i, (k, a) in enumerate(turns)
     ]
-    return Trajectory(episode_id="t#0", task_id="t", task_type="pick_cool_then_place_in_recep",
-                      split="train", harness="bpe", policy="test", turns=recs, won=won,
-                      stop_reason="won" if won else "max_steps", max_steps=70)
+    return Trajectory(
+        episode_id="t#0",
+        task_id="t",
+        task_type="pick_cool_then_place_in_recep",
+        split="train",
+        harness="bpe",
+        policy="test",
+        turns=recs,
+        won=won,
+        stop_reason="won" if won else "max_steps",
+        max_steps=70,
+    )
 
 
 ENV_WON = [
-    "go to cabinet 1", "open cabinet 1", "close cabinet 1", "go to cabinet 2", "open cabinet 2",
-    "close cabinet 2", "go to countertop 1", "examine countertop 1", "take apple 1 from countertop 1",
-    "go to fridge 1", "open fridge 1", "cool apple 1 with fridge 1", "close fridge 1",
-    "go to diningtable 1", "look", "inventory", "move apple 1 to diningtable 1",
+    "go to cabinet 1",
+    "open cabinet 1",
+    "close cabinet 1",
+    "go to cabinet 2",
+    "open cabinet 2",
+    "close cabinet 2",
+    "go to countertop 1",
+    "examine countertop 1",
+    "take apple 1 from countertop 1",
+    "go to fridge 1",
+    "open fridge 1",
+    "cool apple 1 with fridge 1",
+    "close fridge 1",
+    "go to diningtable 1",
+    "look",
+    "inventory",
+    "move apple 1 to diningtable 1",
 ]
 
 
@@ -41,12 +71,19 @@ def won_in_20() -> Trajectory:
 
 def failed_with_5_invalid() -> Trajectory:
     turns = [
-        ("env", "go to desk 1"), ("env", "look"), ("env", "look"),            # spam 1 (repeat env)
-        ("meta", "track world"), ("meta", "track world"),                     # spam 2 (meta, no env between)
-        ("env", "examine desk 1"), ("meta", "note desk is empty"),
-        ("env", "examine desk 1"),                                            # spam 3 (env repeat across a meta)
-        ("invalid", "jump around"), ("invalid", "fly"), ("env", "go to shelf 1"),
-        ("invalid", "take book 1"), ("env", "go to shelf 2"),
+        ("env", "go to desk 1"),
+        ("env", "look"),
+        ("env", "look"),  # spam 1 (repeat env)
+        ("meta", "track world"),
+        ("meta", "track world"),  # spam 2 (meta, no env between)
+        ("env", "examine desk 1"),
+        ("meta", "note desk is empty"),
+        ("env", "examine desk 1"),  # spam 3 (env repeat across a meta)
+        ("invalid", "jump around"),
+        ("invalid", "fly"),
+        ("env", "go to shelf 1"),
+        ("invalid", "take book 1"),
+        ("env", "go to shelf 2"),
     ]
     cycle = [[f"go to drawer {k}", f"open drawer {k}", f"close drawer {k}"] for k in range(1, 6)]
     env_rest = [a for c in cycle for a in c]
@@ -67,8 +104,20 @@ def test_cosine_schedule():
 def test_won_in_20_steps_with_3_meta_calls():
     traj = won_in_20()
     assert traj.steps == 20 and sum(traj.meta_calls.values()) == 3
-    assert distinct_verbs(traj) == {"go", "open", "close", "examine", "take", "cool", "look", "inventory",
-                                    "put", "track", "recall", "commit"}
+    assert distinct_verbs(traj) == {
+        "go",
+        "open",
+        "close",
+        "examine",
+        "take",
+        "cool",
+        "look",
+        "inventory",
+        "put",
+        "track",
+        "recall",
+        "commit",
+    }
     cfg = RewardConfig()
     for u, lam in [(0, 0.5), (75, 0.25), (150, 0.0)]:
         r = trajectory_reward(traj, u, cfg)

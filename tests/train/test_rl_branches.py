@@ -7,16 +7,16 @@ import pytest
 from engines import pick_engine
 from rl_cells import rl_config
 
+from evoharness.config.rl import Branch
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
+from evoharness.harness.bpe import ExperienceStore
 from evoharness.harness.factory import make_harness
 from evoharness.policies.teacher import TeacherPolicy
-from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.config.rl import Branch
-from evoharness.harness.bpe import ExperienceStore
 from evoharness.recipes import alfworld
 from evoharness.recipes.alfworld import AlfworldWorkload, branch_starts
 from evoharness.recipes.rl import train_rl
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.runtime.record_store import RecordStore
 
 
@@ -27,8 +27,14 @@ def test_every_other_group_starts_from_the_next_branch(model_dir, tmp_path):
     be = AlfworldWorkload(cfg, [a, b, c], [2, 0, 1], ExperienceStore(), branches=branches)
     specs = [be.spec(e) for e in range(12)]  # 3 steps x 2 groups x 2 samples
     got = [(s.task.task_id, s.prefix) for s in specs[::2]]  # one per group
-    assert got == [(c.task_id, ()), (a.task_id, ("x",)), (a.task_id, ()), (b.task_id, ("y", "z")),
-                   (b.task_id, ()), (a.task_id, ("x",))]
+    assert got == [
+        (c.task_id, ()),
+        (a.task_id, ("x",)),
+        (a.task_id, ()),
+        (b.task_id, ("y", "z")),
+        (b.task_id, ()),
+        (a.task_id, ("x",)),
+    ]
     assert specs[3].episode_id == f"{a.task_id}@1#u0g1"  # a group's samples share the state, not the id
     plain = AlfworldWorkload(cfg, [a, b, c], [2, 0, 1], ExperienceStore())
     assert [plain.spec(e).task.task_id for e in range(0, 12, 2)] == [c.task_id, a.task_id, b.task_id] * 2
@@ -40,8 +46,13 @@ def test_rl_asks_the_policy_first_at_the_branch_state_for_its_own_turns_only(mod
     cfg = rl_config(model_dir, tmp_path / "rl", steps=1, cells=cells, via_gateway=True)
     cfg.branch_turns = 1
     task = discover_games("train")[0]
-    (teacher,) = run_episodes([EpisodeSpec(task, "t")], lambda t: make_env(t, engine=pick_engine(t)),
-                              lambda: make_harness(cfg.harness), TeacherPolicy(), max_steps=8)
+    (teacher,) = run_episodes(
+        [EpisodeSpec(task, "t")],
+        lambda t: make_env(t, engine=pick_engine(t)),
+        lambda: make_harness(cfg.harness),
+        TeacherPolicy(),
+        max_steps=8,
+    )
     prefix = [t.completion for t in teacher.turns[:2]]
     cfg.games, cfg.branches = [discover_games("train")[1].task_id], [Branch(task_id=task.task_id, prefix=prefix)]
     train_rl(cfg, progress=False)
@@ -79,18 +90,27 @@ def test_positive_branch_advantage_zeroes_only_branch_groups_negatives(model_dir
     cfg = rl_config(model_dir, tmp_path / mode, steps=1)  # 1 game group, then 1 branch group, 2 samples each
     cfg.branch_turns, cfg.branch_advantage, cfg.grpo.packing = 1, mode, False
     task, game = discover_games("train")[:2]
-    (teacher,) = run_episodes([EpisodeSpec(task, "t")], lambda t: make_env(t, engine=pick_engine(t)),
-                              lambda: make_harness(cfg.harness), TeacherPolicy(), max_steps=4)
+    (teacher,) = run_episodes(
+        [EpisodeSpec(task, "t")],
+        lambda t: make_env(t, engine=pick_engine(t)),
+        lambda: make_harness(cfg.harness),
+        TeacherPolicy(),
+        max_steps=4,
+    )
     cfg.games = [game.task_id]
     cfg.branches = [Branch(task_id=task.task_id, prefix=[t.completion for t in teacher.turns[:2]])]
     # the estimator's output fixed to -1 / +1 per group, so the test sees what the branch rule does to it
-    monkeypatch.setattr(step, "turn_advantages", lambda groups, *a, **k: [
-        [[-1.0 if i == 0 else 1.0] * t.steps for i, t in enumerate(grp)] for grp in groups])
+    monkeypatch.setattr(
+        step,
+        "turn_advantages",
+        lambda groups, *a, **k: [[[-1.0 if i == 0 else 1.0] * t.steps for i, t in enumerate(grp)] for grp in groups],
+    )
     seen = {}
 
     def capture(traj, advantages, *a, **kw):
         seen[traj.episode_id] = (traj, list(advantages))
         return []
+
     monkeypatch.setattr(alfworld, "turn_rows", capture)
     train_rl(cfg, progress=False)
     trajs, adv = zip(*(seen[k] for k in sorted(seen, key=lambda k: ("@" in k, k))))  # the game group first

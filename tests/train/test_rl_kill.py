@@ -17,9 +17,20 @@ from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow  # real subprocesses, several RL runs: ~25 s on 2 cores
 
-SETTINGS = ["steps=4", "max_steps=4", "max_new_tokens=12", "max_prompt_tokens=512", "decode_threads=1", "threads=1",
-            "seed=5", "grpo.group_size=2", "grpo.prompts_per_step=2", "grpo.lr=1e-3", "grpo.micro_batch_size=8",
-            "grpo.mini_batches=2"]
+SETTINGS = [
+    "steps=4",
+    "max_steps=4",
+    "max_new_tokens=12",
+    "max_prompt_tokens=512",
+    "decode_threads=1",
+    "threads=1",
+    "seed=5",
+    "grpo.group_size=2",
+    "grpo.prompts_per_step=2",
+    "grpo.lr=1e-3",
+    "grpo.micro_batch_size=8",
+    "grpo.mini_batches=2",
+]
 
 
 def _cmd(model: Path, out: Path) -> list[str]:
@@ -35,9 +46,13 @@ def _metrics(out: Path) -> list[dict]:
 
 
 def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
-            # bitwise-reproducible MKL GEMMs whatever the memory alignment (runs are compared exactly)
-            "MKL_CBWR": "AUTO,STRICT"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TQDM_DISABLE": "1",
+        # bitwise-reproducible MKL GEMMs whatever the memory alignment (runs are compared exactly)
+        "MKL_CBWR": "AUTO,STRICT",
+    }
 
 
 def test_sigkill_mid_run_then_resume(model_dir, tmp_path):

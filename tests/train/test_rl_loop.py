@@ -9,15 +9,23 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from evoharness.envs.alfworld.games import discover_games
 from evoharness.config.rl import RLConfig
+from evoharness.envs.alfworld.games import discover_games
 from evoharness.recipes import alfworld as rl_mod
 from evoharness.recipes.rl import train_rl
 
 
 def _cfg(model_dir, out, steps):
-    cfg = RLConfig(model_path=str(model_dir), out_dir=str(out), steps=steps, max_steps=4, max_new_tokens=12,
-                   max_prompt_tokens=512, decode_threads=1, seed=3)
+    cfg = RLConfig(
+        model_path=str(model_dir),
+        out_dir=str(out),
+        steps=steps,
+        max_steps=4,
+        max_new_tokens=12,
+        max_prompt_tokens=512,
+        decode_threads=1,
+        seed=3,
+    )
     cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 2, 1e-3
     cfg.grpo.temperature, cfg.grpo.micro_batch_size = 1.0, 8
     return cfg
@@ -31,9 +39,21 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
     ref = train_rl(_cfg(model_dir, tmp_path / "a", 3), progress=False)
     metrics = [json.loads(ln) for ln in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    for key in ("success", "reward", "reward/total", "reward/invalid", "train/kl", "train/clip_fraction",
-                "train/grad_norm", "harness/recall_per_episode", "timing_s/gen", "timing_s/env", "timing_s/train",
-                "adv/signal_groups", "adv/std_floor_groups"):
+    for key in (
+        "success",
+        "reward",
+        "reward/total",
+        "reward/invalid",
+        "train/kl",
+        "train/clip_fraction",
+        "train/grad_norm",
+        "harness/recall_per_episode",
+        "timing_s/gen",
+        "timing_s/env",
+        "timing_s/train",
+        "adv/signal_groups",
+        "adv/std_floor_groups",
+    ):
         assert key in metrics[0], key
     assert metrics[0]["train/n_tokens"] > 0
     assert metrics[-1]["policy_version"] == 3
@@ -47,7 +67,7 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
 
     def crashing(*a, **kw):
         calls.append(1)
-        if len(calls) == 3:       # step 3's update
+        if len(calls) == 3:  # step 3's update
             raise RuntimeError("killed mid-step")
         return real_step(*a, **kw)
 
@@ -97,7 +117,7 @@ def test_task_type_filter_and_spread_evaluation():
     assert rl_mod.spread(tasks, None) == tasks
     look = rl_mod.select_tasks(tasks, ["look_at_obj_in_light"])
     cfg = RLConfig(split="valid_seen", task_types=["look_at_obj_in_light"], exclude_games=[look[3].task_id])
-    kept = rl_mod.train_tasks(cfg)       # the main job's development games are never trained on
+    kept = rl_mod.train_tasks(cfg)  # the main job's development games are never trained on
     assert kept == look[:3] + look[4:]
     cfg.games = [look[5].task_id, look[1].task_id]  # the main job's screened games: only these, in split order
     assert rl_mod.train_tasks(cfg) == [look[1], look[5]]
@@ -147,7 +167,7 @@ def test_rl_and_its_evaluation_play_the_configured_wording(model_dir, tmp_path, 
         played.append(env.wording)
         return env
 
-    monkeypatch.setattr(rl_mod, "make_env", make_env)       # rollouts and the periodic evaluation
+    monkeypatch.setattr(rl_mod, "make_env", make_env)  # rollouts and the periodic evaluation
     cfg = _cfg(model_dir, tmp_path / "w", 1)
     cfg.wording, cfg.eval_every, cfg.eval_limit = "move", 1, 2
     train_rl(cfg, progress=False)

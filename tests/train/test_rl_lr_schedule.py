@@ -8,8 +8,8 @@ from rl_cells import EXACT, assert_same_update, metrics, rl_config
 from safetensors.torch import load_file
 
 from evoharness.config.rl import GRPOConfig
-from evoharness.train.step import lr_at
 from evoharness.recipes.rl import train_rl
+from evoharness.train.step import lr_at
 
 
 def test_lr_at_warms_up_decays_to_the_floor_and_stays_there():
@@ -17,9 +17,9 @@ def test_lr_at_warms_up_decays_to_the_floor_and_stays_there():
     assert [lr_at(const, s, 8) for s in (0, 7, 20)] == [1e-4] * 3
     cos = GRPOConfig(lr=1e-4, lr_schedule="cosine", lr_warmup_steps=2, min_lr_ratio=0.1)
     got = [lr_at(cos, s, 10) for s in range(12)]
-    assert got[:3] == pytest.approx([1e-4 / 3, 2e-4 / 3, 1e-4])          # warm-up, then the peak
-    assert all(a > b for a, b in zip(got[2:10], got[3:10]))                # strictly decaying to the horizon
-    assert got[10] == got[11] == pytest.approx(1e-5)                       # the floor: min_lr_ratio x lr
+    assert got[:3] == pytest.approx([1e-4 / 3, 2e-4 / 3, 1e-4])  # warm-up, then the peak
+    assert all(a > b for a, b in zip(got[2:10], got[3:10]))  # strictly decaying to the horizon
+    assert got[10] == got[11] == pytest.approx(1e-5)  # the floor: min_lr_ratio x lr
     # an explicit horizon wins over the run's length (extending a run keeps its schedule)
     fixed = cos.model_copy(update={"lr_decay_steps": 10})
     assert [lr_at(fixed, s, 40) for s in range(12)] == got
@@ -47,7 +47,8 @@ def test_cosine_schedule_sets_each_steps_update_in_process_and_on_a_cell(model_d
     # a cell process's optimizer takes the same lr per version (`recipes.alfworld.train_grpo` fixes the
     # horizon to the run's steps)
     cell_out = tmp_path / "colocate"
-    cell_final = train_rl(_cosine(rl_config(model_dir, cell_out, schedule="colocate", cells=1, backend="local")),
-                          progress=False)
+    cell_final = train_rl(
+        _cosine(rl_config(model_dir, cell_out, schedule="colocate", cells=1, backend="local")), progress=False
+    )
     assert [m["train/lr"] for m in metrics(cell_out)] == pytest.approx([m["train/lr"] for m in got])
     assert_same_update(cell_final, w, model_dir)

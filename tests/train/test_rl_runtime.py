@@ -25,6 +25,7 @@ def _same_run(out, final, ref, model_dir):
     assert (final / "experience.json").is_file() and (out / "report.md").is_file()
     # the call trace replays in the simulator
     from evoharness.runtime.workload import load_trace
+
     trace = [json.loads(ln) for ln in (out / "runtime" / "trace.jsonl").read_text().splitlines()]
     assert sorted(t["episode_id"] for t in trace) == sorted({t["episode_id"] for t in trace}) and len(trace) == 8
     assert all(a["end"] <= b["start"] for t in trace for a, b in zip(t["turns"], t["turns"][1:]))
@@ -35,25 +36,25 @@ def _same_run(out, final, ref, model_dir):
 def test_one_cell_process_reproduces_the_inprocess_run(model_dir, tmp_path, rl_reference):
     out = tmp_path / "colocate"
     cfg = rl_config(model_dir, out, schedule="colocate", cells=1, backend="local")
-    cfg.eval_every, cfg.eval_limit = 2, 2            # the periodic evaluation runs in the driver process
+    cfg.eval_every, cfg.eval_limit = 2, 2  # the periodic evaluation runs in the driver process
     final = train_rl(cfg, progress=False)
     rt = _same_run(out, final, rl_reference, model_dir)
     assert "eval/success" not in metrics(out)[0] and metrics(out)[1]["eval/n"] == 2
     assert rt["runtime/aborted_turns"] == 0 and rt["runtime/staleness_max"] == 0
-    assert rt["runtime/micro_batches"] == 8            # one per execution, 2 steps x 4
+    assert rt["runtime/micro_batches"] == 8  # one per execution, 2 steps x 4
     # the same command again resumes the finished job from its last checkpoint: nothing runs twice
     before = (out / "metrics.jsonl").read_text()
     train_rl(cfg, progress=False)
     assert (out / "metrics.jsonl").read_text() == before
 
 
-JOB = '''
+JOB = """
 import sys
 from evoharness.config.rl import RLConfig
 from evoharness.recipes.rl import train_rl
 if __name__ == "__main__":
     train_rl(RLConfig.model_validate_json(open(sys.argv[1]).read()), progress=False)
-'''
+"""
 
 
 def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, rl_reference):
@@ -67,15 +68,18 @@ def test_sigkill_of_the_job_resumes_from_its_checkpoint(model_dir, tmp_path, rl_
     cfg.ckpt_every = 1
     (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
     (tmp_path / "job.py").write_text(JOB)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "cfg.json")],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "job.py"), str(tmp_path / "cfg.json")],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stderr=subprocess.DEVNULL,
+    )
     ckpt = out / "checkpoints" / "latest"
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert ckpt.exists() and len(metrics(out)) == 1           # killed in step 2
+    assert ckpt.exists() and len(metrics(out)) == 1  # killed in step 2
     final = train_rl(cfg, progress=False)
     rt = _same_run(out, final, rl_reference, model_dir)
     assert rt["runtime/aborted_turns"] == 0
@@ -89,8 +93,8 @@ def test_colocate_three_cells_all_reduce_the_same_update(model_dir, tmp_path, rl
     final = train_rl(rl_config(model_dir, out, schedule="colocate", cells=3), progress=False)
     rt = _same_run(out, final, rl_reference, model_dir)
     assert rt["runtime/micro_batches"] == 8 and rt["runtime/aborted_turns"] == 0
-    assert not list((out / "runtime").glob("grads/v*/*.pt"))       # nothing went through files
-    assert (out / "runtime" / "dist").is_dir()                      # the group's rendezvous (gloo FileStore)
+    assert not list((out / "runtime").glob("grads/v*/*.pt"))  # nothing went through files
+    assert (out / "runtime" / "dist").is_dir()  # the group's rendezvous (gloo FileStore)
 
 
 def test_elastic_three_cells_migrates_calls_and_trains_the_same_update(model_dir, tmp_path, rl_reference):
@@ -136,7 +140,7 @@ def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
 
     out = tmp_path / "async"
     cfg = rl_config(model_dir, out, steps=3, schedule="async", cells=2, staleness=1)
-    assert train_grpo(cfg).off_policy == "decoupled"      # stale samples: decoupled PPO on the cells
+    assert train_grpo(cfg).off_policy == "decoupled"  # stale samples: decoupled PPO on the cells
     train_rl(cfg, progress=False)
     rt = json.loads((out / "runtime.json").read_text())
     # batch 2 is dispatched at once under v0 and trained on v1: off-policy, within η
@@ -149,9 +153,9 @@ def test_async_trains_within_the_staleness_bound(model_dir, tmp_path):
     from evoharness.runtime.sim import simulate
 
     trace = [json.loads(ln) for ln in (out / "runtime" / "trace.jsonl").read_text().splitlines()]
-    assert all(x["cell"] in (0, 1) for t in trace for x in t["turns"])    # the cell that answered each call
+    assert all(x["cell"] in (0, 1) for t in trace for x in t["turns"])  # the cell that answered each call
     sim_cfg = sim_config_from_run(out)
-    assert 0 < sim_cfg.cluster.gen_concurrency_exponent <= 1       # fitted on each call's cell concurrency
+    assert 0 < sim_cfg.cluster.gen_concurrency_exponent <= 1  # fitted on each call's cell concurrency
     sim = simulate(sim_cfg, "async")
     assert sim.metrics["model_calls"] == sum(len(t["turns"]) for t in trace)
     assert sim.metrics["staleness_max"] == 1 and len(sim.step_end_s) == 3
@@ -177,8 +181,22 @@ def test_step_cap_mix_plays_the_same_episodes_in_process_and_on_cells(model_dir,
 
 
 def test_cli_schedule_flags_reach_the_config(model_dir, tmp_path):
-    res = CliRunner().invoke(app, ["rl", "--model-path", str(model_dir), "--out", str(tmp_path / "x"),
-                                   "--schedule", "elastic", "--cells", "2", "--backend", "slurm"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "rl",
+            "--model-path",
+            str(model_dir),
+            "--out",
+            str(tmp_path / "x"),
+            "--schedule",
+            "elastic",
+            "--cells",
+            "2",
+            "--backend",
+            "slurm",
+        ],
+    )
     assert res.exit_code != 0 and "runtime.backend" in res.output
     res = CliRunner().invoke(app, ["rl", "--model-path", str(model_dir), "--schedule", "streaming"])
     assert res.exit_code != 0 and "runtime.schedule" in res.output
@@ -204,8 +222,16 @@ def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, 
 
     def backend(state=None):
         workload = AlfworldWorkload(cfg, tasks, shuffled_order(len(tasks), cfg.seed), ExperienceStore())
-        return CellBackend(sim, sched.initial_roles(), InProcessTransport(), make_worker, workload, ModelTraining(),
-                           tmp_path / "rt", state=state)
+        return CellBackend(
+            sim,
+            sched.initial_roles(),
+            InProcessTransport(),
+            make_worker,
+            workload,
+            ModelTraining(),
+            tmp_path / "rt",
+            state=state,
+        )
 
     be = backend()
     try:
@@ -216,20 +242,23 @@ def test_a_resumed_backend_replays_live_episodes_without_model_calls(model_dir, 
                 for c in sched.handle(ev):
                     be.apply(c)
         state = be.state()
-        turns = {e: [(t.messages, t.completion, t.feedback, t.completion_token_ids) for t in lv.traj.turns]
-                 for e, lv in be.workload.live.items()}
+        turns = {
+            e: [(t.messages, t.completion, t.feedback, t.completion_token_ids) for t in lv.traj.turns]
+            for e, lv in be.workload.live.items()
+        }
     finally:
         be.close()
     assert turns and any(len(t) >= 2 for t in turns.values())
     in_flight = [e for e, x in state["x_state"].items() if x == "call"]
     be2 = backend(state)
     try:
-        assert be2.counts["calls"] == be.counts["calls"] + len(in_flight)     # only the in-flight ones again
+        assert be2.counts["calls"] == be.counts["calls"] + len(in_flight)  # only the in-flight ones again
         store = be2.workload.store
-        assert store.to_dict() == state["workload"]["store"]                   # replay wrote nothing twice
+        assert store.to_dict() == state["workload"]["store"]  # replay wrote nothing twice
         for e, want in turns.items():
-            got = [(t.messages, t.completion, t.feedback, t.completion_token_ids)
-                   for t in be2.workload.live[e].traj.turns]
+            got = [
+                (t.messages, t.completion, t.feedback, t.completion_token_ids) for t in be2.workload.live[e].traj.turns
+            ]
             assert got == want
             assert be2.workload.live[e].harness.experience is store
     finally:

@@ -67,8 +67,7 @@ def test_a_missing_or_unusable_data_file_is_a_clear_error(model_dir, tmp_path):
         SFTAnchor(SFTAnchorConfig(data_path=str(data), max_prompt_tokens=4), tok, 0, 1)
 
 
-def test_grpo_with_the_anchor_learns_the_teacher_rows_that_grpo_alone_does_not(model_dir, tmp_path,
-                                                                               rl_reference):
+def test_grpo_with_the_anchor_learns_the_teacher_rows_that_grpo_alone_does_not(model_dir, tmp_path, rl_reference):
     data = write_examples(tmp_path / "sft.jsonl")
     cfg = rl_config(model_dir, tmp_path / "rl")  # rl_reference's run, plus the anchor
     cfg.sft_anchor = SFTAnchorConfig(data_path=str(data), coef=1.0, max_prompt_tokens=512, max_completion_tokens=64)

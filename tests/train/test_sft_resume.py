@@ -9,23 +9,33 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from evoharness.config.sft import SFTConfig
 from evoharness.models.init import init_model
 from evoharness.models.tokenizer import build_tokenizer
 from evoharness.train.checkpoint import latest_checkpoint
 from evoharness.train.sft import train_sft
-from evoharness.config.sft import SFTConfig
 
-MICRO = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=16)
+MICRO = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16
+)
 
 
 def examples(n: int = 10) -> list[dict]:
     rooms = ["fridge 1", "cabinet 4", "sinkbasin 1", "microwave 1", "countertop 2", "drawer 3"]
-    return [{"messages": [{"role": "system", "content": "You are an agent."},
-                          {"role": "user", "content": f"OBJECTIVE: find item {i}\nOBSERVATION: you see {rooms[i % 6]}."
-                                                      + " Nothing happens." * (i % 4)}],
-             "completion": f"<think>try {rooms[(i + 1) % 6]}</think><action>go to {rooms[(i + 1) % 6]}</action>"}
-            for i in range(n)]
+    return [
+        {
+            "messages": [
+                {"role": "system", "content": "You are an agent."},
+                {
+                    "role": "user",
+                    "content": f"OBJECTIVE: find item {i}\nOBSERVATION: you see {rooms[i % 6]}."
+                    + " Nothing happens." * (i % 4),
+                },
+            ],
+            "completion": f"<think>try {rooms[(i + 1) % 6]}</think><action>go to {rooms[(i + 1) % 6]}</action>",
+        }
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +111,12 @@ def test_resume_refuses_other_data(tmp_path, model_dir):
     with pytest.raises(ValueError, match=r"lr: 0.003 -> 0.001"):
         train_sft(CFG.model_copy(update={"max_steps": 2, "lr": 1e-3}), examples(), model_dir, tmp_path / "run")
     # how it runs may change
-    train_sft(CFG.model_copy(update={"max_steps": 2, "micro_batch_tokens": 100, "ckpt_every": 1}), examples(),
-              model_dir, tmp_path / "run")
+    train_sft(
+        CFG.model_copy(update={"max_steps": 2, "micro_batch_tokens": 100, "ckpt_every": 1}),
+        examples(),
+        model_dir,
+        tmp_path / "run",
+    )
 
 
 def test_torn_metrics_and_unreadable_latest_checkpoint_fall_back(tmp_path, model_dir):
@@ -133,8 +147,11 @@ def test_torn_metrics_and_unreadable_latest_checkpoint_fall_back(tmp_path, model
     assert [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()] == ref_losses
 
 
-@pytest.mark.parametrize("pointer", [b"step_000", b"\xff\xfe\x00\x13", b"", b"../../ref/checkpoints/step_0000009"],
-                         ids=["torn-prefix", "garbage-bytes", "empty", "a-path"])
+@pytest.mark.parametrize(
+    "pointer",
+    [b"step_000", b"\xff\xfe\x00\x13", b"", b"../../ref/checkpoints/step_0000009"],
+    ids=["torn-prefix", "garbage-bytes", "empty", "a-path"],
+)
 def test_torn_latest_pointer_resumes_from_the_newest_checkpoint(tmp_path, model_dir, pointer):
     """A `checkpoints/latest` that names no checkpoint directory (torn by a crash of the file
     system, garbage, a path out of the run) is reported and ignored: the run resumes from the

@@ -71,8 +71,11 @@ def test_average_weights_keeps_the_dtype_and_refuses_other_models(model_dir, tmp
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d, scale in zip(dirs, (1.0, 3.0)):
         shutil.copytree(model_dir, d)
-        save_file({k: (v.float() * scale).to(torch.bfloat16) for k, v in w.items()}, d / "model.safetensors",
-                  metadata={"format": "pt"})
+        save_file(
+            {k: (v.float() * scale).to(torch.bfloat16) for k, v in w.items()},
+            d / "model.safetensors",
+            metadata={"format": "pt"},
+        )
         (d / "trainer_state.pt").write_bytes(b"one run's optimizer")
     avg = load_file(average_weights(dirs, tmp_path / "avg") / "model.safetensors")
     for k, v in w.items():

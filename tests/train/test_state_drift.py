@@ -26,13 +26,28 @@ from evoharness.train.step import mini_batch_slices, plan_updates, turn_rows
 
 def test_experience_epoch_continues_from_collect_into_rl(model_dir, tmp_path):
     exp = tmp_path / "experience.json"
-    stats = collect_traces(discover_games("train")[:6], ExpertPolicy(), lambda store: BPEHarness(store),
-                           lambda task: make_env(task, engine="fast"), tmp_path / "traces.jsonl", max_steps=30,
-                           batch_size=2, experience_path=exp, progress=False)
+    stats = collect_traces(
+        discover_games("train")[:6],
+        ExpertPolicy(),
+        lambda store: BPEHarness(store),
+        lambda task: make_env(task, engine="fast"),
+        tmp_path / "traces.jsonl",
+        max_steps=30,
+        batch_size=2,
+        experience_path=exp,
+        progress=False,
+    )
     collected = json.loads(exp.read_text())["epoch"]
     assert stats.batches == 3 and collected == 3
-    cfg = RLConfig(model_path=str(model_dir), out_dir=str(tmp_path / "rl"), steps=2, max_steps=3, max_new_tokens=12,
-                   max_prompt_tokens=512, decode_threads=1)
+    cfg = RLConfig(
+        model_path=str(model_dir),
+        out_dir=str(tmp_path / "rl"),
+        steps=2,
+        max_steps=3,
+        max_new_tokens=12,
+        max_prompt_tokens=512,
+        decode_threads=1,
+    )
     cfg.harness.experience_path = str(exp)
     cfg.grpo.group_size, cfg.grpo.prompts_per_step = 2, 1
     final = train_rl(cfg, progress=False)
@@ -50,14 +65,30 @@ def test_rl_with_consolidation_off_keeps_the_store_it_started_from(model_dir, tm
     dropped at each step, so the final store's entries are the starting store's; with it on
     (the default) the same run changes them."""
     exp = tmp_path / "experience.json"
-    collect_traces(discover_games("train")[:4], ExpertPolicy(), lambda store: BPEHarness(store),
-                   lambda task: make_env(task, engine="fast"), tmp_path / "traces.jsonl", max_steps=30,
-                   batch_size=2, experience_path=exp, progress=False)
+    collect_traces(
+        discover_games("train")[:4],
+        ExpertPolicy(),
+        lambda store: BPEHarness(store),
+        lambda task: make_env(task, engine="fast"),
+        tmp_path / "traces.jsonl",
+        max_steps=30,
+        batch_size=2,
+        experience_path=exp,
+        progress=False,
+    )
     start = json.loads(exp.read_text())["entries"]
     finals = {}
     for on in (False, True):
-        cfg = RLConfig(model_path=str(model_dir), out_dir=str(tmp_path / f"rl_{on}"), steps=2, max_steps=3,
-                       max_new_tokens=12, max_prompt_tokens=512, decode_threads=1, consolidate_experience=on)
+        cfg = RLConfig(
+            model_path=str(model_dir),
+            out_dir=str(tmp_path / f"rl_{on}"),
+            steps=2,
+            max_steps=3,
+            max_new_tokens=12,
+            max_prompt_tokens=512,
+            decode_threads=1,
+            consolidate_experience=on,
+        )
         cfg.harness.experience_path = str(exp)
         cfg.grpo.group_size, cfg.grpo.prompts_per_step = 2, 1
         finals[on] = json.loads((train_rl(cfg, progress=False) / "experience.json").read_text())
@@ -75,29 +106,37 @@ def test_mini_batches_keep_groups_whole_when_a_game_fails_to_load(model_dir):
             if next(spec_ids) == broken:
                 raise FileNotFoundError("game file vanished")
             return make_env(task, engine="fast")
+
         return make
 
     specs = [EpisodeSpec(t, f"{t.task_id}#{k}", 0) for t in tasks for k in range(2)]
-    policy = LocalHFPolicy(model_dir, temperature=1.0, constrained=True, max_new_tokens=12, max_prompt_tokens=512,
-                           num_threads=1)
+    policy = LocalHFPolicy(
+        model_dir, temperature=1.0, constrained=True, max_new_tokens=12, max_prompt_tokens=512, num_threads=1
+    )
     store = ExperienceStore()
     store.freeze()
-    trajs = run_episodes(specs, env_for(iter(s.episode_id for s in specs)), lambda: BPEHarness(store), policy,
-                         max_steps=2)
+    trajs = run_episodes(
+        specs, env_for(iter(s.episode_id for s in specs)), lambda: BPEHarness(store), policy, max_steps=2
+    )
     assert trajs[1].stop_reason == "error" and not trajs[1].turns
     # each trajectory's rows carry its GRPO group (as `recipes.alfworld.AlfworldWorkload` deals them)
     samples = [r for i, t in enumerate(trajs) for r in turn_rows(t, [0.5] * t.steps, GRPOConfig(), 0, group=i // 2)]
-    assert {s.episode_id: s.group for s in samples} == {specs[0].episode_id: 0, specs[2].episode_id: 1,
-                                                         specs[3].episode_id: 1, specs[4].episode_id: 2,
-                                                         specs[5].episode_id: 2}
+    assert {s.episode_id: s.group for s in samples} == {
+        specs[0].episode_id: 0,
+        specs[2].episode_id: 1,
+        specs[3].episode_id: 1,
+        specs[4].episode_id: 2,
+        specs[5].episode_id: 2,
+    }
     slices = mini_batch_slices(samples, 2)
     assert [{s.group for s in sl} for sl in slices] == [{0, 2}, {1}]
     # every group sits in exactly one slice, whole
     for g in (0, 1, 2):
         owners = [i for i, sl in enumerate(slices) if any(s.group == g for s in sl)]
         assert len(owners) == 1
-        assert {s.episode_id for s in slices[owners[0]] if s.group == g} == \
-            {s.episode_id for s in samples if s.group == g}
+        assert {s.episode_id for s in slices[owners[0]] if s.group == g} == {
+            s.episode_id for s in samples if s.group == g
+        }
     # the step's updates: 2 epochs over those slices, token weights 1/(M·N_j) over each slice
     updates = plan_updates(samples, GRPOConfig(mini_batches=2, epochs=2))
     assert [[id(s) for s in u] for u in updates] == [[id(s) for s in sl] for sl in slices] * 2
@@ -113,7 +152,7 @@ def test_mini_batches_keep_groups_whole_when_a_game_fails_to_load(model_dir):
         s.group = None
     with pytest.raises(ValueError, match="GRPO group"):
         mini_batch_slices(samples, 2)
-    assert mini_batch_slices(samples, 1) == [samples]       # one mini-batch needs no groups
+    assert mini_batch_slices(samples, 1) == [samples]  # one mini-batch needs no groups
 
 
 @pytest.mark.parametrize("key", ["grpo.ppo_epochs=3", "grpo.max_prompt_tokens=1024", "grpo.max_response_tokens=64"])

@@ -12,8 +12,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from evoharness.config.rl import GRPOConfig, RLConfig
 from evoharness.train.grpo import TurnSample, logprobs_of
-from evoharness.train.step import (merged_update_metrics, plan_updates, run_updates, stream_scale, streamed_rows,
-                                   streams)
+from evoharness.train.step import merged_update_metrics, plan_updates, run_updates, stream_scale, streamed_rows, streams
 from evoharness.train.trainer import Trainer
 
 VOCAB = 64
@@ -21,8 +20,16 @@ VOCAB = 64
 
 def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+    )
     return Qwen3ForCausalLM(cfg).float()
 
 
@@ -74,7 +81,7 @@ def test_streamed_rows_give_the_whole_batch_gradient():
     stream_model = copy.deepcopy(base)
     streamed = Trainer(stream_model, range(VOCAB), cfg, ref_model=ref)
     micro = []
-    for finished in (["c"], ["a", "d"], ["b"]):   # in the order executions finish
+    for finished in (["c"], ["a", "d"], ["b"]):  # in the order executions finish
         mb = streamed_rows([r for e in finished for r in rows_of(base, e)], N)
         assert [r.weight for r in mb] == pytest.approx([1 / (N * n_tok[r.episode_id]) for r in mb])
         micro.append(streamed.accumulate(mb))
@@ -113,8 +120,10 @@ def test_a_planned_step_runs_the_same_update_as_streamed_rows():
     planned_model, stream_model = copy.deepcopy(base), copy.deepcopy(base)
     planned = run_updates(sgd_trainer(planned_model), plan_updates(rows, cfg), cfg.lr, step=0)
     streamed = sgd_trainer(stream_model)
-    micro = [streamed.accumulate(streamed_rows([r for e in es for r in rows_of(base, e)], N))
-             for es in (["a", "b"], ["c", "d"])]
+    micro = [
+        streamed.accumulate(streamed_rows([r for e in es for r in rows_of(base, e)], N))
+        for es in (["a", "b"], ["c", "d"])
+    ]
     runs = run_updates(streamed, [], cfg.lr, step=0, scale=stream_scale(N, 3))
     with torch.no_grad():
         moved = max(float((p - q).abs().max()) for p, q in zip(planned_model.parameters(), base.parameters()))
@@ -139,8 +148,10 @@ def test_ranks_add_up_within_an_update_and_updates_average():
     whole = [one.accumulate(u) for u in updates]
     for _ in updates:
         one.model.zero_grad(set_to_none=True)
-    ranks = [[{**one.accumulate(u[r::2]), "grad_norm": 1.0 + j, "lr": cfg.lr} for j, u in enumerate(updates)]
-             for r in range(2)]
+    ranks = [
+        [{**one.accumulate(u[r::2]), "grad_norm": 1.0 + j, "lr": cfg.lr} for j, u in enumerate(updates)]
+        for r in range(2)
+    ]
     m = merged_update_metrics([], ranks)
     assert m["train/updates"] == 2 and m["train/n_tokens"] == 16
     assert m["train/loss"] == pytest.approx(sum(w["loss"] for w in whole) / 2, rel=1e-5)
@@ -150,13 +161,25 @@ def test_ranks_add_up_within_an_update_and_updates_average():
 
 # ---- the reward's step budget (RLConfig `_one_episode_budget`, `train.rewards.trajectory_reward`) ------
 
+
 def _won(steps: int, max_steps: int):
     from evoharness.rollout.records import Trajectory, TurnRecord
 
-    turns = [TurnRecord(turn=i, messages=[], completion="", kind="env", action="look", feedback="")
-             for i in range(steps)]
-    return Trajectory(episode_id="t#0", task_id="t", task_type="pick_and_place_simple", split="train",
-                      harness="bpe", policy="p", turns=turns, won=True, stop_reason="won", max_steps=max_steps)
+    turns = [
+        TurnRecord(turn=i, messages=[], completion="", kind="env", action="look", feedback="") for i in range(steps)
+    ]
+    return Trajectory(
+        episode_id="t#0",
+        task_id="t",
+        task_type="pick_and_place_simple",
+        split="train",
+        harness="bpe",
+        policy="p",
+        turns=turns,
+        won=True,
+        stop_reason="won",
+        max_steps=max_steps,
+    )
 
 
 def test_reward_t_max_unset_is_each_episodes_own_step_cap():

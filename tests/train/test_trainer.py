@@ -37,13 +37,15 @@ def _one_thread():
 def played(model_dir):
     """Four real BPE episodes (3 turns each) sampled from the micro model at T=1 under the action
     grammar: games 0, 1, 2 and game 0 again (its first prompt is game 0's, its answer another)."""
-    policy = LocalHFPolicy(model_dir, temperature=1.0, max_new_tokens=16, max_prompt_tokens=4096, seed=1,
-                           constrained=True, num_threads=1)
+    policy = LocalHFPolicy(
+        model_dir, temperature=1.0, max_new_tokens=16, max_prompt_tokens=4096, seed=1, constrained=True, num_threads=1
+    )
     tasks = discover_games("valid_seen")[:3]
     specs = [EpisodeSpec(t, f"{t.task_id}#0", seed=i) for i, t in enumerate(tasks)]
     specs.append(EpisodeSpec(tasks[0], f"{tasks[0].task_id}#1", seed=0))
-    trajs = run_episodes(specs, lambda t: make_env(t, engine="fast"), lambda: BPEHarness(ExperienceStore()),
-                         policy, max_steps=3)
+    trajs = run_episodes(
+        specs, lambda t: make_env(t, engine="fast"), lambda: BPEHarness(ExperienceStore()), policy, max_steps=3
+    )
     assert all(len(t.turns) == 3 and all(x.completion_token_ids for x in t.turns) for t in trajs)
     return trajs, policy.tokenizer, policy.model
 
@@ -77,7 +79,8 @@ def step_rows(played, shift: float = 0.25) -> list:
     j = 3
     prompt, comp = a.prompt_token_ids + a.completion_token_ids[:j], a.completion_token_ids[j:]
     allowed = TokenMasks(tokenizer, model.get_output_embeddings().weight.shape[0])(
-        [TurnSample(prompt, comp, [0.0] * len(comp), 0.0, "")], len(comp), torch.device("cpu"))
+        [TurnSample(prompt, comp, [0.0] * len(comp), 0.0, "")], len(comp), torch.device("cpu")
+    )
     with torch.no_grad():
         free = logprobs_of(model, [prompt], [comp], 1.0, allowed)[0].tolist()
     t0.turns += [
@@ -90,11 +93,18 @@ def step_rows(played, shift: float = 0.25) -> list:
     for traj in (t0, t1, t2, t3):
         for n, turn in enumerate(traj.turns):
             turn.logprobs = [x + shift * ((i + n) % 3 - 1) for i, x in enumerate(turn.logprobs)]
-    adv = {id(t0): [1.0, -0.5, 0.3, 0.8, -1.2, 0.6, 0.4], id(t3): [-0.7] * 3, id(t1): [0.9, 0.2, -0.1],
-           id(t2): [0.0] * 3}
+    adv = {
+        id(t0): [1.0, -0.5, 0.3, 0.8, -1.2, 0.6, 0.4],
+        id(t3): [-0.7] * 3,
+        id(t1): [0.9, 0.2, -0.1],
+        id(t2): [0.0] * 3,
+    }
     assert turn_rows(t2, adv[id(t2)], GRPOConfig(), 0) == []
-    return [r for traj, g in ((t0, 0), (t3, 0), (t1, 1), (t2, 1))
-            for r in turn_rows(traj, adv[id(traj)], GRPOConfig(), 0, group=g)]
+    return [
+        r
+        for traj, g in ((t0, 0), (t3, 0), (t1, 1), (t2, 1))
+        for r in turn_rows(traj, adv[id(traj)], GRPOConfig(), 0, group=g)
+    ]
 
 
 def _grads(model) -> dict[str, torch.Tensor]:
@@ -123,9 +133,12 @@ def test_the_rows_repeat_and_share_completion_positions(played):
     # the repeat claims all of turn 1's answer, the sibling its shared first tokens, the cut-short
     # turn 2 the first half of its answer, the continuation the rest of turn 0's
     assert claimed_by == {3, 4, 5, 6}
-    assert sum(len(cs) for cs in claims.values()) == (len(rows[1].completion_ids) + len(rows[5].completion_ids)
-                                                      + len(rows[6].completion_ids)
-                                                      + sum(1 for _ in _common(rows[0], rows[4])))
+    assert sum(len(cs) for cs in claims.values()) == (
+        len(rows[1].completion_ids)
+        + len(rows[5].completion_ids)
+        + len(rows[6].completion_ids)
+        + sum(1 for _ in _common(rows[0], rows[4]))
+    )
 
 
 def _common(r, s):
@@ -135,8 +148,10 @@ def _common(r, s):
         yield x
 
 
-@pytest.mark.parametrize("kl_beta,entropy_coef,pack_tokens,micro_batch_size",
-                         [(0.0, 0.0, 4096, 8), (0.05, 0.01, 4096, 8), (0.05, 0.0, 700, 2)])
+@pytest.mark.parametrize(
+    "kl_beta,entropy_coef,pack_tokens,micro_batch_size",
+    [(0.0, 0.0, 4096, 8), (0.05, 0.01, 4096, 8), (0.05, 0.0, 700, 2)],
+)
 def test_packed_rows_equal_turn_rows(model_dir, played, kl_beta, entropy_coef, pack_tokens, micro_batch_size):
     """Trainer(packing=True).accumulate gives the turn rows' gradient and statistics to 1e-5, with
     a KL reference, with the entropy bonus, and with a token budget that spreads a tree over
@@ -151,8 +166,9 @@ def test_packed_rows_equal_turn_rows(model_dir, played, kl_beta, entropy_coef, p
         with torch.no_grad():
             for p in ref.parameters():
                 p.add_(0.01 * torch.randn_like(p))
-    cfg = GRPOConfig(kl_beta=kl_beta, entropy_coef=entropy_coef, pack_tokens=pack_tokens,
-                     micro_batch_size=micro_batch_size)
+    cfg = GRPOConfig(
+        kl_beta=kl_beta, entropy_coef=entropy_coef, pack_tokens=pack_tokens, micro_batch_size=micro_batch_size
+    )
     want = Trainer(model, tokenizer, cfg, ref_model=ref).accumulate(rows)
     want_grads = _grads(model)
     model.zero_grad(set_to_none=True)
@@ -186,8 +202,9 @@ def test_decoupled_ppo_over_mini_batches_clips_against_the_proximal_policy(model
     clip, even with behaviour log-probs far off: those enter as the capped importance weight);
     the second is taken at moved weights, and the clip acts on the ratio to π_prox."""
     _, tokenizer, _ = played
-    cfg = GRPOConfig(off_policy="decoupled", mini_batches=2, kl_beta=0.0, lr=0.05, clip_low=0.05, clip_high=0.05,
-                     packing=packing)
+    cfg = GRPOConfig(
+        off_policy="decoupled", mini_batches=2, kl_beta=0.0, lr=0.05, clip_low=0.05, clip_high=0.05, packing=packing
+    )
     model = load_model(model_dir)
     trainer = Trainer(model, tokenizer, cfg)
     # fresh samples: π_prox is the behaviour policy
@@ -228,8 +245,9 @@ def test_decoupled_ppo_over_mini_batches_packed_equals_turn_rows(model_dir, play
     """Two epochs of two mini-batches: π_prox read per target of a packed tree (claims included)
     gives the turn rows' updates."""
     _, tokenizer, _ = played
-    cfg = GRPOConfig(off_policy="decoupled", mini_batches=2, epochs=2, kl_beta=0.0, lr=0.5, clip_low=0.05,
-                     clip_high=0.05)
+    cfg = GRPOConfig(
+        off_policy="decoupled", mini_batches=2, epochs=2, kl_beta=0.0, lr=0.5, clip_low=0.05, clip_high=0.05
+    )
     out = {}
     for packing in (False, True):
         runs, model = _sgd_step(model_dir, tokenizer, step_rows(played), cfg.model_copy(update={"packing": packing}))

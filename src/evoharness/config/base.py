@@ -65,8 +65,12 @@ def complete_sections(default: BaseModel, data: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def load_config(model: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None) -> T:
+def load_config(
+    model: type[T],
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> T:
     """Build a config of type `model` from defaults, a TOML file and overrides.
 
     Raises:

@@ -20,7 +20,6 @@ def protocol_step_cap(protocol: str) -> int:
     return PROTOCOLS[protocol]
 
 
-
 class EvalConfig(Strict):
     split: str = "valid_seen"
     protocol: Literal["panel", "evoharness", "random128"] = "panel"
@@ -45,7 +44,6 @@ class EvalConfig(Strict):
         return self.max_steps or protocol_step_cap(self.protocol)
 
 
-
 class RepoPolicyConfig(Strict):
     """Who plays: ``reference`` (scripted replay of the solution), ``empty``, or
     ``openai`` (any OpenAI-compatible endpoint, the gateway included)."""
@@ -64,12 +62,11 @@ class RepoPolicyConfig(Strict):
 
 
 class RepoEvalConfig(Strict):
-    tasks: str = "pack"                   # "pack", a task directory, or a directory of tasks
-    task_ids: list[str] = []              # only these (default: all)
+    tasks: str = "pack"  # "pack", a task directory, or a directory of tasks
+    task_ids: list[str] = []  # only these (default: all)
     limit: int | None = Field(None, ge=1)
     workers: int = Field(2, ge=1)
     out_dir: str = "runs/eval_repo"
     resume: bool = True
     agent: AgentConfig = AgentConfig(keep_workspace=True)  # workspaces/<task_id>/workspace, for reading
     policy: RepoPolicyConfig = RepoPolicyConfig()
-

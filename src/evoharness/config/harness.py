@@ -14,7 +14,6 @@ fault 4). A run that changes it sets the same value for each stage it runs (the 
 job's ``RunConfig`` checks this; configs/rl_qwen3_8b.toml uses the paper's 12,288)."""
 
 
-
 class HarnessConfig(Strict):
     """Which harness renders the prompts.
 
@@ -32,4 +31,3 @@ class HarnessConfig(Strict):
     history_window: int | None = None  # None: the harness's own default (react 8, bpe 4)
     experience_path: str | None = None
     system_prompt: Literal["full", "compact"] = "full"
-

@@ -29,7 +29,9 @@ class PolicyConfig(Strict):
     timeout_s: float = 120.0
     max_retries: int = 3
     concurrency: int = 16
-    constraint_format: Literal["gateway", "vllm", "vllm_xargs"] = "gateway"  # how `constrained` is sent (policies.openai_policy)
+    constraint_format: Literal["gateway", "vllm", "vllm_xargs"] = (
+        "gateway"  # how `constrained` is sent (policies.openai_policy)
+    )
     # sampling (openai and hf)
     temperature: float = 0.0
     top_p: float = 1.0
@@ -42,4 +44,3 @@ class PolicyConfig(Strict):
     constrained: bool = False
     num_threads: int | None = None  # torch CPU threads while decoding (1 suits tiny models)
     decoder: Literal["auto", "static", "hf"] = "auto"  # in-process engine (evoharness.engines.make_engine)
-

@@ -11,16 +11,21 @@ from evoharness.config.env import AgentConfig
 from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS, HarnessConfig
 from evoharness.config.sft import SFTAnchorConfig
 
+
 class RewardConfig(Strict):
     """Weights of the trajectory reward (paper defaults; Eq. 5-6)."""
 
     success_reward: float = 10.0
     lambda_eff: float = 1.0
-    t_max: int | None = Field(None, gt=0, description="step budget T_max in the efficiency term; None: the "
-                                                      "episode's own step cap")
+    t_max: int | None = Field(
+        None, gt=0, description="step budget T_max in the efficiency term; None: the episode's own step cap"
+    )
     lambda_div_max: float = 0.5
-    div_epochs: int | None = Field(None, gt=0, description="U: RL epochs over which λ_div decays to 0; None: "
-                                                           "an RL run's steps (elsewhere the paper's 150)")
+    div_epochs: int | None = Field(
+        None,
+        gt=0,
+        description="U: RL epochs over which λ_div decays to 0; None: an RL run's steps (elsewhere the paper's 150)",
+    )
     lambda_spam: float = 0.1
     spam_cap: int = 10
     lambda_inv: float = 0.1
@@ -31,16 +36,17 @@ class RewardConfig(Strict):
     token_cache_frac: float = Field(0.2, gt=0.0, le=1.0, description="DAPO soft window L_cache / B")
 
 
-
 class AdvantageConfig(Strict):
     estimator: Literal["grpo", "gigpo"] = "grpo"
     normalize_std: bool = True
     eps: float = 1e-6
-    std_floor: float = Field(1.0, ge=0.0, description="σ_min: the group std is clamped to at least this before "
-                                                      "dividing (0: the paper's rule)")
+    std_floor: float = Field(
+        1.0,
+        ge=0.0,
+        description="σ_min: the group std is clamped to at least this before dividing (0: the paper's rule)",
+    )
     gigpo_omega: float = 1.0
     gigpo_gamma: float = 0.95
-
 
 
 class GRPOConfig(Strict):
@@ -55,12 +61,15 @@ class GRPOConfig(Strict):
     prompts_per_step: int = 16
     lr: float = 1e-6
     lr_schedule: Literal["constant", "cosine"] = Field(
-        "constant", description="per RL step (policy version): constant, or linear warm-up over lr_warmup_steps "
-                                "then cosine to min_lr_ratio x lr at lr_decay_steps (`lr_at`)")
+        "constant",
+        description="per RL step (policy version): constant, or linear warm-up over lr_warmup_steps "
+        "then cosine to min_lr_ratio x lr at lr_decay_steps (`lr_at`)",
+    )
     lr_warmup_steps: int = Field(0, ge=0, description="cosine: RL steps of linear warm-up")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: the floor lr / lr, reached at lr_decay_steps")
-    lr_decay_steps: int | None = Field(None, gt=0, description="cosine: RL steps the decay spans; None: the run's "
-                                                               "RLConfig.steps")
+    lr_decay_steps: int | None = Field(
+        None, gt=0, description="cosine: RL steps the decay spans; None: the run's RLConfig.steps"
+    )
     weight_decay: float = 0.0
     kl_beta: float = 0.01
     clip_low: float = 0.2
@@ -69,21 +78,36 @@ class GRPOConfig(Strict):
     grad_clip: float = 1.0
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature the behaviour log-probs used")
     micro_batch_size: int = Field(8, gt=0, description="turns (with packing: packed rows) per forward/backward")
-    mini_batches: int = Field(1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); "
-                                                    "groups are kept whole")
-    epochs: int = Field(1, gt=0, description="passes over the step batch, each of `mini_batches` updates "
-                                             "(verl ppo_epochs): from the second on the PPO clip bounds the move")
+    mini_batches: int = Field(
+        1, gt=0, description="optimizer steps per RL step (verl ppo_mini_batch); groups are kept whole"
+    )
+    epochs: int = Field(
+        1,
+        gt=0,
+        description="passes over the step batch, each of `mini_batches` updates "
+        "(verl ppo_epochs): from the second on the PPO clip bounds the move",
+    )
     off_policy: Literal["auto", "ppo", "decoupled"] = Field(
-        "auto", description="ppo: clip the ratio to the behaviour policy; decoupled: decoupled PPO with a truncated "
-                            "behaviour importance weight (`train.grpo`); auto: decoupled on the schedules that "
-                            "train stale samples (async, elastic-async with staleness > 0), ppo elsewhere")
-    behaviour_weight_cap: float = Field(2.0, gt=0.0, description="decoupled: cap c of the importance weight "
-                                                                 "π_prox / π_behaviour (truncated IS)")
+        "auto",
+        description="ppo: clip the ratio to the behaviour policy; decoupled: decoupled PPO with a truncated "
+        "behaviour importance weight (`train.grpo`); auto: decoupled on the schedules that "
+        "train stale samples (async, elastic-async with staleness > 0), ppo elsewhere",
+    )
+    behaviour_weight_cap: float = Field(
+        2.0, gt=0.0, description="decoupled: cap c of the importance weight π_prox / π_behaviour (truncated IS)"
+    )
     max_train_turns: int | None = Field(None, gt=0, description="turns trained per trajectory (sampled); None: all")
-    packing: bool = Field(False, description="tree-pack each execution's rows (`train.trainer`): shared prefixes "
-                                             "run once, the same objective as turn rows")
-    j_max: int | None = Field(None, gt=0, description="root-to-leaf paths of an execution's trajectory tree trained "
-                                                      "(QwenGyre's role-priority dedup sampling); None: all")
+    packing: bool = Field(
+        False,
+        description="tree-pack each execution's rows (`train.trainer`): shared prefixes "
+        "run once, the same objective as turn rows",
+    )
+    j_max: int | None = Field(
+        None,
+        gt=0,
+        description="root-to-leaf paths of an execution's trajectory tree trained "
+        "(QwenGyre's role-priority dedup sampling); None: all",
+    )
     pack_tokens: int = Field(4096, gt=0, description="with packing: token budget of one packed row")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
@@ -98,7 +122,6 @@ def resolved_off_policy(g: GRPOConfig, stale: bool) -> GRPOConfig:
     return g.model_copy(update={"off_policy": "decoupled" if stale else "ppo"})
 
 
-
 class RuntimeConfig(Strict):
     """Where the RL steps run (``RLConfig.runtime``; CLI ``--schedule/--cells/--backend``)."""
 
@@ -109,10 +132,10 @@ class RuntimeConfig(Strict):
     backend: Literal["inprocess", "local", "ray"] = "inprocess"
     # executions one rollout cell hosts at once (C_e); None: a step's executions spread over all cells
     capacity: int | None = Field(None, ge=1)
-    staleness: int = Field(1, ge=0)          # η of async / elastic-async
+    staleness: int = Field(1, ge=0)  # η of async / elastic-async
     async_train_cells: int | None = Field(None, ge=1)
-    stall_s: float = Field(900.0, gt=0)      # no event for this long: the run fails (a dead backend)
-    ray_address: str | None = None          # backend "ray": a cluster to join (None: start a local head)
+    stall_s: float = Field(900.0, gt=0)  # no event for this long: the run fails (a dead backend)
+    ray_address: str | None = None  # backend "ray": a cluster to join (None: start a local head)
     ray_num_cpus: float = Field(0.25, gt=0)  # CPUs each Ray cell actor reserves (fractions share a machine)
     # rollout calls through the gateway (routed by execution, TITO records in out_dir/gateway; a switch
     # drains the cell and re-issues its calls elsewhere)
@@ -123,15 +146,19 @@ class RuntimeConfig(Strict):
     trainer: Literal["auto", "single", "allreduce"] = "auto"
 
     @model_validator(mode="after")
-    def _one_process_one_cell(self) -> "RuntimeConfig":
+    def _one_process_one_cell(self) -> RuntimeConfig:
         if "backend" not in self.model_fields_set and self.cells > 1:
-            self.backend = "local"              # K cells and no backend named: a process per cell
+            self.backend = "local"  # K cells and no backend named: a process per cell
         if self.backend == "inprocess" and self.cells != 1:
-            raise ValueError(f"runtime.backend = 'inprocess' is one cell (this process); for {self.cells} cells "
-                             "set runtime.backend = 'local' (processes) or 'ray'")
+            raise ValueError(
+                f"runtime.backend = 'inprocess' is one cell (this process); for {self.cells} cells "
+                "set runtime.backend = 'local' (processes) or 'ray'"
+            )
         if self.trainer == "allreduce" and self.schedule.startswith("elastic"):
-            raise ValueError("runtime.trainer = 'allreduce' needs a fixed set of train cells; elastic schedules move "
-                             "cells in and out of training within a step (use 'single' or 'auto')")
+            raise ValueError(
+                "runtime.trainer = 'allreduce' needs a fixed set of train cells; elastic schedules move "
+                "cells in and out of training within a step (use 'single' or 'auto')"
+            )
         return self
 
     def resolved_trainer(self) -> str:
@@ -139,7 +166,6 @@ class RuntimeConfig(Strict):
         if self.trainer != "auto":
             return self.trainer
         return "single" if self.schedule.startswith("elastic") or self.cells == 1 else "allreduce"
-
 
 
 class LLMConsolidatorConfig(Strict):
@@ -158,8 +184,8 @@ class RepoRLConfig(Strict):
     execution's call records are trained as a trajectory tree (``grpo.j_max`` paths per tree;
     None: every trainable token once)."""
 
-    tasks: str = "pack"                   # "pack", a task directory, or a directory of tasks
-    task_ids: list[str] = []              # only these (default: all of `tasks`)
+    tasks: str = "pack"  # "pack", a task directory, or a directory of tasks
+    task_ids: list[str] = []  # only these (default: all of `tasks`)
     agent: AgentConfig = Field(default_factory=AgentConfig)
 
 
@@ -248,25 +274,38 @@ class RLConfig(Strict):
 
     # settings a resumed run may change: how long and how it runs, not what it trains
     RESUME_FREE: ClassVar[tuple[str, ...]] = (
-        "out_dir", "steps", "max_minutes", "threads", "decode_threads", "ckpt_every", "keep_checkpoints",
-        "eval_every", "eval_split", "eval_limit", "runtime.stall_s", "runtime.ray_address")
+        "out_dir",
+        "steps",
+        "max_minutes",
+        "threads",
+        "decode_threads",
+        "ckpt_every",
+        "keep_checkpoints",
+        "eval_every",
+        "eval_split",
+        "eval_limit",
+        "runtime.stall_s",
+        "runtime.ray_address",
+    )
 
     @model_validator(mode="after")
-    def _one_episode_budget(self) -> "RLConfig":
+    def _one_episode_budget(self) -> RLConfig:
         # T_max of the efficiency term is each episode's own step cap (max_steps, the step_caps mix,
         # a branch's cap) unless set; set, it must be the one cap every episode has
         t_max = self.grpo.reward.t_max
         if t_max is not None and (t_max != self.max_steps or self.step_caps):
-            raise ValueError(f"grpo.reward.t_max ({t_max}) must equal max_steps ({self.max_steps}) with no step_caps: "
-                             "the efficiency term's budget is the episode's step cap (leave it unset to use each "
-                             "episode's own)")
+            raise ValueError(
+                f"grpo.reward.t_max ({t_max}) must equal max_steps ({self.max_steps}) with no step_caps: "
+                "the efficiency term's budget is the episode's step cap (leave it unset to use each "
+                "episode's own)"
+            )
         return self
 
     @model_validator(mode="after")
-    def _soup_needs_fixed_store(self) -> "RLConfig":
+    def _soup_needs_fixed_store(self) -> RLConfig:
         if self.soup_seeds > 1 and self.consolidate_experience:  # refused before any seed trains
-            raise ValueError("soup_seeds > 1 needs consolidate_experience = false: each seed would consolidate "
-                             "its own experience store, and stores have no average")
+            raise ValueError(
+                "soup_seeds > 1 needs consolidate_experience = false: each seed would consolidate "
+                "its own experience store, and stores have no average"
+            )
         return self
-
-

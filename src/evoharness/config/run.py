@@ -24,16 +24,46 @@ MAIN_JOB_TOML = Path(__file__).resolve().parents[3] / "configs" / "main_job.toml
 
 
 def _default_sft() -> SFTConfig:
-    return SFTConfig(lr=2e-3, max_steps=2000, batch_tokens=4096, warmup_steps=20, max_prompt_tokens=1024,
-                     max_completion_tokens=96, prompt_loss_weight=2.0, ckpt_every=1000, keep_checkpoints=100)
+    return SFTConfig(
+        lr=2e-3,
+        max_steps=2000,
+        batch_tokens=4096,
+        warmup_steps=20,
+        max_prompt_tokens=1024,
+        max_completion_tokens=96,
+        prompt_loss_weight=2.0,
+        ckpt_every=1000,
+        keep_checkpoints=100,
+    )
 
 
 def _default_rl() -> RLConfig:
-    grpo = GRPOConfig(group_size=8, prompts_per_step=4, max_train_turns=8, mini_batches=2, lr=1e-4, temperature=1.5,
-                      micro_batch_size=16, reward=RewardConfig(t_max=30, div_epochs=30))
-    return RLConfig(steps=8, max_steps=30, max_new_tokens=48, max_prompt_tokens=1024, eval_every=0, decode_threads=1,
-                    task_types=list(TASK_TYPES), ckpt_every=8, keep_checkpoints=100, consolidate_experience=False,
-                    branch_turns=4, sft_anchor=SFTAnchorConfig(coef=1.0), soup_seeds=2, grpo=grpo)
+    grpo = GRPOConfig(
+        group_size=8,
+        prompts_per_step=4,
+        max_train_turns=8,
+        mini_batches=2,
+        lr=1e-4,
+        temperature=1.5,
+        micro_batch_size=16,
+        reward=RewardConfig(t_max=30, div_epochs=30),
+    )
+    return RLConfig(
+        steps=8,
+        max_steps=30,
+        max_new_tokens=48,
+        max_prompt_tokens=1024,
+        eval_every=0,
+        decode_threads=1,
+        task_types=list(TASK_TYPES),
+        ckpt_every=8,
+        keep_checkpoints=100,
+        consolidate_experience=False,
+        branch_turns=4,
+        sft_anchor=SFTAnchorConfig(coef=1.0),
+        soup_seeds=2,
+        grpo=grpo,
+    )
 
 
 class RunConfig(Strict):
@@ -41,8 +71,18 @@ class RunConfig(Strict):
 
     # settings a rerun may change (how long and on how many workers), not what the stages compute
     RESUME_FREE: ClassVar[tuple[str, ...]] = (
-        "out_dir", "budget_minutes", "threads", "eval_workers", "eval_batch", "sft.max_minutes", "sft.progress",
-        "rl.max_minutes", "rl.threads", "rl.decode_threads", "curve_games")
+        "out_dir",
+        "budget_minutes",
+        "threads",
+        "eval_workers",
+        "eval_batch",
+        "sft.max_minutes",
+        "sft.progress",
+        "rl.max_minutes",
+        "rl.threads",
+        "rl.decode_threads",
+        "curve_games",
+    )
 
     out_dir: str = "runs/main"
     seed: int = 0
@@ -91,8 +131,10 @@ class RunConfig(Strict):
         # SFT trains on the prompts RL and evaluation show: one harness config
         # (``harness``) and one prompt budget for every stage.
         if self.rl.max_prompt_tokens != self.sft.max_prompt_tokens:
-            raise ValueError(f"rl.max_prompt_tokens ({self.rl.max_prompt_tokens}) must equal sft.max_prompt_tokens "
-                             f"({self.sft.max_prompt_tokens}): the student must see the prompts it was trained on")
+            raise ValueError(
+                f"rl.max_prompt_tokens ({self.rl.max_prompt_tokens}) must equal sft.max_prompt_tokens "
+                f"({self.sft.max_prompt_tokens}): the student must see the prompts it was trained on"
+            )
         if self.rl.harness != HarnessConfig(kind="bpe"):
             raise ValueError("set the harness for every stage with `harness.*`, not `rl.harness.*`")
         return self
@@ -112,6 +154,8 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     if path is None:
         path = MAIN_JOB_TOML
         if not path.is_file():
-            raise ConfigError(f"the main job's config {path} is missing (it ships with the repository checkout); "
-                              "pass one with --config FILE")
+            raise ConfigError(
+                f"the main job's config {path} is missing (it ships with the repository checkout); "
+                "pass one with --config FILE"
+            )
     return load_config(RunConfig, path, overrides)

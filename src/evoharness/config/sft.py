@@ -9,19 +9,20 @@ from pydantic import Field
 from evoharness.config.base import Strict
 from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS
 
+
 class SFTConfig(Strict):
     """Supervised fine-tuning settings (TOML section ``[sft]``)."""
 
     lr: float = 1e-3
-    min_lr_ratio: float = 0.1          # cosine decays to lr * min_lr_ratio
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.95)
     epochs: int = 3
-    max_steps: int | None = None       # overrides epochs (cycles through epochs)
-    batch_tokens: int = 8192           # padded tokens per optimizer step
+    max_steps: int | None = None  # overrides epochs (cycles through epochs)
+    batch_tokens: int = 8192  # padded tokens per optimizer step
     micro_batch_tokens: int | None = None  # split a step into micro-batches of this many padded tokens
-    packing: bool = False              # tree-pack each step's rows (micro_batch_tokens: row budget); a row
-                                       # duplicated within a step then trains once
+    packing: bool = False  # tree-pack each step's rows (micro_batch_tokens: row budget); a row
+    # duplicated within a step then trains once
     warmup_steps: int = 10
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with rl and eval (harness.prompt)
     max_completion_tokens: int = 256
@@ -29,20 +30,19 @@ class SFTConfig(Strict):
     # prompt is ~95% of a row's tokens; predicting it (admissible commands from the observation,
     # history lines from earlier turns) is the copying a from-scratch student needs to learn.
     prompt_loss_weight: float = 0.0
-    grad_clip: float = 1.0             # <= 0: no clipping
+    grad_clip: float = 1.0  # <= 0: no clipping
     seed: int = 0
     device: str = "cpu"
     # Forward compute dtype; parameters and AdamW state stay fp32 (pure-bf16 weights would
     # round small updates away). auto: fp32 on CPU, bf16 autocast on CUDA.
     precision: Literal["auto", "fp32", "bf16_autocast"] = "auto"
-    max_minutes: float | None = None   # time budget; stops after a checkpoint
+    max_minutes: float | None = None  # time budget; stops after a checkpoint
     fit_schedule_to_budget: bool = False  # shrink the cosine horizon to the steps the budget allows
-    calibration_steps: int = 10        # steps timed before fitting the horizon
-    ckpt_every: int = 50               # steps; 0: only at the end / budget
+    calibration_steps: int = 10  # steps timed before fitting the horizon
+    ckpt_every: int = 50  # steps; 0: only at the end / budget
     keep_checkpoints: int = 2
-    eval_every: int = 0                # steps; 0: only at the end (when eval examples are given)
+    eval_every: int = 0  # steps; 0: only at the end (when eval examples are given)
     progress: bool = True
-
 
 
 class SFTAnchorConfig(Strict):
@@ -53,4 +53,3 @@ class SFTAnchorConfig(Strict):
     batch_tokens: int = Field(4096, gt=0, description="padded tokens per anchor batch")
     max_prompt_tokens: int = Field(DEFAULT_MAX_PROMPT_TOKENS, gt=0, description="as `SFTConfig`'s")
     max_completion_tokens: int = Field(256, gt=0, description="as `SFTConfig`'s")
-

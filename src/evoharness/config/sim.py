@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from evoharness.config.base import Strict
 
+
 class Dist(Strict):
     """A non-negative random quantity; a bare number in TOML means fixed.
 
@@ -78,14 +79,14 @@ class ClusterConfig(Strict):
     prefill_speedup: float = Field(100.0, gt=0)
     train_tps: float = Field(50_000.0, gt=0)
     train_seq_tps: float | None = Field(None, gt=0)
-    micro_batch_overhead_s: float = Field(0.0, ge=0)   # fixed cost per micro-batch (launch, gradient hand-off)
+    micro_batch_overhead_s: float = Field(0.0, ge=0)  # fixed cost per micro-batch (launch, gradient hand-off)
     weight_sync_s: float = Field(20.0, ge=0)
     switch_to_train_s: float = Field(8.52, ge=0)
     switch_to_rollout_s: float = Field(3.46, ge=0)
-    sync_flushes_kv: bool = True   # a weight update makes cached contexts re-prefill
+    sync_flushes_kv: bool = True  # a weight update makes cached contexts re-prefill
 
     @model_validator(mode="after")
-    def _replicas_divide_capacity(self) -> "ClusterConfig":
+    def _replicas_divide_capacity(self) -> ClusterConfig:
         if self.capacity % self.decode_replicas:
             raise ValueError(f"capacity {self.capacity} is not a multiple of decode_replicas {self.decode_replicas}")
         return self
@@ -125,8 +126,9 @@ class ClusterConfig(Strict):
         less than its longest trajectory at ``seq_train_tps`` (the replicas
         share the executions; one trajectory is not split across replicas),
         plus ``micro_batch_overhead_s``."""
-        return self.micro_batch_overhead_s + max(sum(tokens) / self.train_tps,
-                                                 max(tokens, default=0.0) / self.seq_train_tps)
+        return self.micro_batch_overhead_s + max(
+            sum(tokens) / self.train_tps, max(tokens, default=0.0) / self.seq_train_tps
+        )
 
     def regrouped(self, factor: float) -> ClusterConfig:
         """The same accelerators in cells `factor` times larger (factor 2: half
@@ -143,18 +145,27 @@ class ClusterConfig(Strict):
             raise ValueError(f"cannot regroup {self.cells} cells by {factor}")
         acc, cap = self.accelerators_per_cell * factor, self.capacity * factor
         if acc != round(acc) or cap != round(cap) or acc < 1 or cap < 1:
-            raise ValueError(f"cannot regroup cells of {self.accelerators_per_cell} accelerators and capacity "
-                             f"{self.capacity} by {factor}")
+            raise ValueError(
+                f"cannot regroup cells of {self.accelerators_per_cell} accelerators and capacity "
+                f"{self.capacity} by {factor}"
+            )
         tps = self.train_tps * factor
         reps = self.decode_replicas * factor
-        if reps >= 1 and reps == int(reps):   # the same replicas, more (or fewer) of them per cell
+        if reps >= 1 and reps == int(reps):  # the same replicas, more (or fewer) of them per cell
             dec = dict(decode_replicas=int(reps))
-        else:                                 # a smaller replica: throughput scales, one sequence no faster
+        else:  # a smaller replica: throughput scales, one sequence no faster
             g = self.gen_tps_single * factor ** (1 - self.gen_concurrency_exponent)
             dec = dict(decode_replicas=1, gen_tps_single=g, gen_per_seq_max=min(self.per_seq_tps(1), g))
-        return self.model_copy(update=dict(
-            cells=int(cells), accelerators_per_cell=round(acc), capacity=round(cap), train_tps=tps,
-            train_seq_tps=min(self.seq_train_tps, tps), **dec))
+        return self.model_copy(
+            update=dict(
+                cells=int(cells),
+                accelerators_per_cell=round(acc),
+                capacity=round(cap),
+                train_tps=tps,
+                train_seq_tps=min(self.seq_train_tps, tps),
+                **dec,
+            )
+        )
 
 
 class ScheduleConfig(Strict):
@@ -179,7 +190,7 @@ class ScheduleConfig(Strict):
     elastic_gate_ready_per_cell: float = Field(1.0, gt=0)
     elastic_async_ready_per_cell: float = Field(1.0, gt=0)
     train_unit: Literal["group", "execution"] = "group"
-    balance_micro_batches: bool = False   # cells of several replicas: longest waiting executions together
+    balance_micro_batches: bool = False  # cells of several replicas: longest waiting executions together
 
 
 class SimConfig(Strict):
@@ -188,4 +199,3 @@ class SimConfig(Strict):
     policy: ScheduleConfig = ScheduleConfig()
     steps: int = Field(3, ge=1)
     seed: int = 0
-

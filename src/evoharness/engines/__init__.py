@@ -22,8 +22,9 @@ from evoharness.engines.static import StaticEngine
 ENGINES = ("auto", "static", "hf")
 
 
-def make_engine(kind: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                stop_ids: list[int] | None = None) -> StaticEngine | Engine:
+def make_engine(
+    kind: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, stop_ids: list[int] | None = None
+) -> StaticEngine | Engine:
     """An in-process engine by name (`ENGINES`).
 
     Raises:

@@ -147,7 +147,7 @@ class StaticKVDecoder:
     def _build(self) -> None:
         m = self.model.model
         layers = []
-        scale = self.D ** -0.5
+        scale = self.D**-0.5
         for lay in m.layers:
             a, mlp = lay.self_attn, lay.mlp
             bias = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
@@ -158,20 +158,24 @@ class StaticKVDecoder:
             bqkv = torch.cat(bias).detach() if bias[0] is not None else None
             qk_norm = None
             if qn is not None:
-                qk_norm = torch.cat([qn.weight.expand(self.Hq, self.D) * scale, a.k_norm.weight.expand(self.Hk, self.D)])
+                qk_norm = torch.cat(
+                    [qn.weight.expand(self.Hq, self.D) * scale, a.k_norm.weight.expand(self.Hk, self.D)]
+                )
             else:
-                wqkv[:self.Hq * self.D] *= scale
+                wqkv[: self.Hq * self.D] *= scale
                 if bqkv is not None:
-                    bqkv[:self.Hq * self.D] *= scale
-            layers.append(_Layer(
-                ln1=lay.input_layernorm.weight.detach(),
-                qkv=PackedLinear(wqkv, bqkv),
-                qk_norm=qk_norm.detach().contiguous() if qk_norm is not None else None,
-                o=PackedLinear(a.o_proj.weight, a.o_proj.bias),
-                ln2=lay.post_attention_layernorm.weight.detach(),
-                gu=PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                down=PackedLinear(mlp.down_proj.weight),
-            ))
+                    bqkv[: self.Hq * self.D] *= scale
+            layers.append(
+                _Layer(
+                    ln1=lay.input_layernorm.weight.detach(),
+                    qkv=PackedLinear(wqkv, bqkv),
+                    qk_norm=qk_norm.detach().contiguous() if qk_norm is not None else None,
+                    o=PackedLinear(a.o_proj.weight, a.o_proj.bias),
+                    ln2=lay.post_attention_layernorm.weight.detach(),
+                    gu=PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    down=PackedLinear(mlp.down_proj.weight),
+                )
+            )
         self._layers = layers
         self._embed = m.embed_tokens.weight.detach()
         self._norm = m.norm.weight.detach()
@@ -186,7 +190,7 @@ class StaticKVDecoder:
             dummy = torch.empty(1, device=self.device, dtype=self.dtype)
             cos, sin = self.model.model.rotary_emb(dummy, pos)
             sin = sin[0].clone()
-            sin[:, :self.D // 2].neg_()
+            sin[:, : self.D // 2].neg_()
             self._rope = torch.stack([cos[0], sin], dim=1).contiguous()
         return self._rope
 
@@ -207,7 +211,9 @@ class StaticKVDecoder:
             b = max(B, pool.shape[2] if pool is not None else 0)
             t = -(-max(T, pool.shape[5] if pool is not None else 0) // 64) * 64
             self._pool = None  # free the old buffer first
-            pool = self._pool = torch.zeros(self.n_layers, 2, b, self.Hk, self.D, t, device=self.device, dtype=self.dtype)
+            pool = self._pool = torch.zeros(
+                self.n_layers, 2, b, self.Hk, self.D, t, device=self.device, dtype=self.dtype
+            )
         return pool[:, :, :B, :, :, :T]
 
     def release(self) -> None:
@@ -224,8 +230,9 @@ class StaticKVDecoder:
     def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self._head(F.rms_norm(x, (self.H,), self._norm, self.eps))
 
-    def _forward_block(self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, col0: int,
-                       mask: torch.Tensor) -> torch.Tensor:
+    def _forward_block(
+        self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, col0: int, mask: torch.Tensor
+    ) -> torch.Tensor:
         """Prefill-style forward of ids [B, L] at positions [B, L], writing cache columns
         ``col0 .. col0+L-1``; `mask` [B, 1, L, col0+L] additive. Returns the last hidden states [B, H]."""
         B, L = ids.shape
@@ -237,7 +244,7 @@ class StaticKVDecoder:
         for li, w in enumerate(self._layers):
             h = F.rms_norm(x, (H,), w.ln1, self.eps)
             qkv = w.qkv(h).view(B, L, Hq + 2 * Hk, D)
-            qk, v = qkv[:, :, :Hq + Hk], qkv[:, :, Hq + Hk:]
+            qk, v = qkv[:, :, : Hq + Hk], qkv[:, :, Hq + Hk :]
             if w.qk_norm is not None:
                 qk = F.rms_norm(qk, (D,), None, self.eps) * w.qk_norm
             qk = self._rot(qk, cos, sin).transpose(1, 2)  # [B, Hq+Hk, L, D]
@@ -253,8 +260,9 @@ class StaticKVDecoder:
             x = x.add_(w.down(F.silu(g, inplace=True).mul_(u)))  # in place: big activations
         return x[:, -1]
 
-    def prefill(self, prompts: list[list[int]], max_new_tokens: int, min_shared_prefix: int = 32,
-                pad_id: int = 0) -> tuple[torch.Tensor, DecodeState]:
+    def prefill(
+        self, prompts: list[list[int]], max_new_tokens: int, min_shared_prefix: int = 32, pad_id: int = 0
+    ) -> tuple[torch.Tensor, DecodeState]:
         """Run the prompts into a fresh cache sized for `max_new_tokens` more tokens.
 
         The prompts' longest common prefix (when at least `min_shared_prefix`
@@ -299,17 +307,17 @@ class StaticKVDecoder:
             cols = torch.arange(shared + P, device=dev)
             see = cols[None] <= (shared + torch.arange(P, device=dev))[:, None]
             mask = torch.zeros(see.shape, device=dev, dtype=self.dtype).masked_fill_(~see, neg)[None, None]
-            self._forward_block(ids, pos, kv[:, :, rows[0]:rows[0] + 1], shared, mask)
+            self._forward_block(ids, pos, kv[:, :, rows[0] : rows[0] + 1], shared, mask)
             others = torch.tensor(rows[1:], device=dev)
-            kv[:, :, others, :, :, shared:shared + P] = kv[:, :, rows[0]:rows[0] + 1, ..., shared:shared + P]
+            kv[:, :, others, :, :, shared : shared + P] = kv[:, :, rows[0] : rows[0] + 1, ..., shared : shared + P]
             for r in rows:
                 group[r] = P
         suffix = [r[g:] for r, g in zip(rest, group)]
         ids = torch.full((B, L), pad_id, dtype=torch.long)
         real = torch.ones((B, shared + L), dtype=torch.bool)
         for i, r in enumerate(suffix):
-            ids[i, L - len(r):] = torch.tensor(r)
-            real[i, shared + group[i]:shared + L - len(r)] = False
+            ids[i, L - len(r) :] = torch.tensor(r)
+            real[i, shared + group[i] : shared + L - len(r)] = False
         ids, real = ids.to(dev), real.to(dev)
         pos_all = (real.cumsum(-1) - 1).clamp(min=0)
         cols = torch.arange(shared + L, device=dev)
@@ -323,10 +331,10 @@ class StaticKVDecoder:
             qcol = (c0 + torch.arange(Lc, device=dev))[:, None]
             see = (cols[None] <= qcol)[None] & (real[r0:r1, None, :] | (cols[None] == qcol)[None])
             mask = torch.zeros(see.shape, device=dev, dtype=self.dtype).masked_fill_(~see, neg)[:, None]
-            hidden.append(self._forward_block(ids[r0:r1, L - Lc:], pos_all[r0:r1, c0:], kv[:, :, r0:r1], c0, mask))
+            hidden.append(self._forward_block(ids[r0:r1, L - Lc :], pos_all[r0:r1, c0:], kv[:, :, r0:r1], c0, mask))
         hidden = torch.cat(hidden)
         bias = torch.zeros((B, 1, 1, T), device=dev, dtype=self.dtype)
-        bias[:, 0, 0, :shared + L].masked_fill_(~real, float("-inf"))
+        bias[:, 0, 0, : shared + L].masked_fill_(~real, float("-inf"))
         return self._head_logits(hidden), DecodeState(kv, bias, pos_all[:, -1] + 1, shared + L, shared)
 
     @staticmethod
@@ -337,6 +345,7 @@ class StaticKVDecoder:
         common prefix with its first row stays >= `min_prefix`; a group's prefix
         leaves every row at least one token of its own.
         """
+
         def lcp(a: list[int], b: list[int]) -> int:
             n = min(len(a), len(b))
             k = 0
@@ -377,8 +386,9 @@ class StaticKVDecoder:
         out.append((r0, len(lengths)))
         return out
 
-    def _cascade(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S: int, T: int,
-                 bias_s: torch.Tensor) -> torch.Tensor:
+    def _cascade(
+        self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, S: int, T: int, bias_s: torch.Tensor
+    ) -> torch.Tensor:
         """Decode attention with a shared prefix read once (cascade attention).
 
         q [B, Hk, G, D] (already scaled by D^-1/2); caches [B, Hk, D, T'] whose
@@ -403,24 +413,26 @@ class StaticKVDecoder:
         cs = self._rope_rows(t + 1)[st.pos]  # [B, 2, D]
         cos, sin = cs[:, None, 0], cs[:, None, 1]
         S = st.shared
-        bias = st.bias[..., :t + 1]
+        bias = st.bias[..., : t + 1]
         x = F.embedding(tokens, self._embed)
         kv = st.kv
         for li, w in enumerate(self._layers):
             h = F.rms_norm(x, (H,), w.ln1, self.eps)
             qkv = w.qkv(h).view(B, Hq + 2 * Hk, D)
-            qk = qkv[:, :Hq + Hk]
+            qk = qkv[:, : Hq + Hk]
             if w.qk_norm is not None:
                 qk = F.rms_norm(qk, (D,), None, self.eps).mul_(w.qk_norm)
             qk = self._rot(qk, cos, sin)
             kc, vc = kv[li, 0], kv[li, 1]  # [B, Hk, D, T]
             kc.select(3, t).copy_(qk[:, Hq:])
-            vc.select(3, t).copy_(qkv[:, Hq + Hk:])
+            vc.select(3, t).copy_(qkv[:, Hq + Hk :])
             q = qk[:, :Hq].view(B, Hk, G, D)  # the G query heads of a kv head are G query rows
             if S and self.cascade:
                 att = self._cascade(q, kc, vc, S, t + 1, bias[..., S:])
             else:  # products on the cache's own layout (SDPA would copy the transposed views)
-                att = torch.matmul(torch.matmul(q, kc[..., :t + 1]).add_(bias).softmax(-1), vc[..., :t + 1].transpose(2, 3))
+                att = torch.matmul(
+                    torch.matmul(q, kc[..., : t + 1]).add_(bias).softmax(-1), vc[..., : t + 1].transpose(2, 3)
+                )
             x = x.add_(w.o(att.reshape(B, Hq * D)))
             h = F.rms_norm(x, (H,), w.ln2, self.eps)
             g, u = w.gu(h).chunk(2, dim=-1)

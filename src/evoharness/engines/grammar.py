@@ -16,7 +16,6 @@ Constrained decoding (`ActionGrammar`) restricts a completion to
 or ``verb free-text`` for an allowed meta verb (see the class docstring).
 """
 
-
 from __future__ import annotations
 
 import re
@@ -43,7 +42,7 @@ class GenRequest:
 
     prompt_ids: list[int]
     seed: int = 0
-    grammar: "ActionGrammar | None" = None
+    grammar: ActionGrammar | None = None
 
 
 @dataclass
@@ -61,7 +60,7 @@ class _Node:
 
     def __init__(self) -> None:
         self.children: dict[int, _Node] = {}
-        self.terminal = False          # a complete admissible command ends here
+        self.terminal = False  # a complete admissible command ends here
         self.meta_verb: str | None = None  # a meta verb ends here: free text may follow
 
 
@@ -91,9 +90,16 @@ class Vocab:
             free[i] = bool(s) and "<" not in s  # free text can never spell a marker like "<action>"
             space[i] = s.startswith(" ")
             text[i] = bool(s.strip())
-        self.size, self.free, self.space, self.text = size, free.to(device), (space & free).to(device), (text & free).to(device)
-        self.markers = {m: tokenizer.encode(m, add_special_tokens=False)
-                        for m in (THINK_OPEN, THINK_CLOSE, ACTION_OPEN, ACTION_CLOSE)}
+        self.size, self.free, self.space, self.text = (
+            size,
+            free.to(device),
+            (space & free).to(device),
+            (text & free).to(device),
+        )
+        self.markers = {
+            m: tokenizer.encode(m, add_special_tokens=False)
+            for m in (THINK_OPEN, THINK_CLOSE, ACTION_OPEN, ACTION_CLOSE)
+        }
         self.tokenizer = tokenizer
 
 
@@ -128,12 +134,21 @@ class ActionGrammar:
     it applied before each token of a completion.
     """
 
-    def __init__(self, vocab: Vocab, commands: list[str], meta_verbs: tuple[str, ...] = (),
-                 empty_arg_verbs: tuple[str, ...] = ("track",)):
+    def __init__(
+        self,
+        vocab: Vocab,
+        commands: list[str],
+        meta_verbs: tuple[str, ...] = (),
+        empty_arg_verbs: tuple[str, ...] = ("track",),
+    ):
         self.v, self.root = vocab, _Node()
         self.commands, self.meta_verbs = list(commands), tuple(meta_verbs)
         tok = vocab.tokenizer
-        seqs = tok(list(commands) + list(meta_verbs), add_special_tokens=False)["input_ids"] if commands or meta_verbs else []
+        seqs = (
+            tok(list(commands) + list(meta_verbs), add_special_tokens=False)["input_ids"]
+            if commands or meta_verbs
+            else []
+        )
         for k, ids in enumerate(seqs):
             node = self.root
             for t in ids:
@@ -144,22 +159,25 @@ class ActionGrammar:
                 node.meta_verb = meta_verbs[k - len(commands)]
         self.empty_arg_verbs = empty_arg_verbs
         m = vocab.markers
-        n_meta = max((len(s) for s in seqs[len(commands):]), default=0) + 2 if meta_verbs else 0
-        n_cmd = max((len(s) for s in seqs[:len(commands)]), default=0)
+        n_meta = max((len(s) for s in seqs[len(commands) :]), default=0) + 2 if meta_verbs else 0
+        n_cmd = max((len(s) for s in seqs[: len(commands)]), default=0)
         self.reserve = len(m[THINK_CLOSE]) + len(m[ACTION_OPEN]) + max(n_cmd, n_meta) + len(m[ACTION_CLOSE])
         self.forced: deque[int] = deque(m[THINK_OPEN])
-        self.phase = "think"            # think -> action -> done
+        self.phase = "think"  # think -> action -> done
         self.node: _Node | None = self.root  # None: free text after a meta verb
         self.has_text = False
 
     def constraint(self, max_new_tokens: int) -> dict:
         """This grammar as a JSON-able record: ``{"commands", "meta_verbs", "max_new_tokens"}``
         (the budget matters: `allowed` closes the think block when it runs short)."""
-        return {"commands": list(self.commands), "meta_verbs": list(self.meta_verbs),
-                "max_new_tokens": int(max_new_tokens)}
+        return {
+            "commands": list(self.commands),
+            "meta_verbs": list(self.meta_verbs),
+            "max_new_tokens": int(max_new_tokens),
+        }
 
     @classmethod
-    def from_constraint(cls, vocab: Vocab, constraint: dict) -> "ActionGrammar":
+    def from_constraint(cls, vocab: Vocab, constraint: dict) -> ActionGrammar:
         """A fresh grammar from a `constraint` record (same vocabulary classes as the sampler's)."""
         return cls(vocab, list(constraint["commands"]), tuple(constraint.get("meta_verbs", ())))
 
@@ -257,7 +275,7 @@ class GrammarMixin:
     tokenizer: PreTrainedTokenizerBase
     vocab_size: int
     device: torch.device
-    _vocab: "Vocab | None"
+    _vocab: Vocab | None
 
     @property
     def vocab(self) -> Vocab:
@@ -273,6 +291,7 @@ class GrammarMixin:
 
 
 # ---- on the wire: the gateway's ``action_grammar`` request field, and its regex for vLLM/SGLang
+
 
 class ActionGrammarSpec(BaseModel):
     """The ``action_grammar`` extension: the constraint a turn was sampled under

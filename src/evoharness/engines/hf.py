@@ -48,13 +48,14 @@ class Engine(GrammarMixin):
         self.stop_ids = set(stop_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
         self.invalid = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-        self.invalid[len(tokenizer):] = True
+        self.invalid[len(tokenizer) :] = True
         self._vocab: Vocab | None = None
         self.min_shared_prefix = 32  # shorter common prefixes are not worth a separate prefill
 
     @torch.inference_mode()
-    def generate(self, requests: list[GenRequest], max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0) -> list[GenResult]:
+    def generate(
+        self, requests: list[GenRequest], max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0
+    ) -> list[GenResult]:
         """Decode every request; returns one `GenResult` per request, in order.
 
         Args:
@@ -107,12 +108,19 @@ class Engine(GrammarMixin):
                 attn, next_pos, tok = attn[idx], next_pos[idx], tok[idx]
                 live = [live[row] for row in keep]
             attn = torch.cat([attn, attn.new_ones((len(live), 1))], dim=1)
-            logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                                past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = self.model(
+                input_ids=tok[:, None],
+                attention_mask=attn,
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
             next_pos = next_pos + 1
         return results
 
-    def _prefill(self, prompts: list[list[int]], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(
+        self, prompts: list[list[int]], cache: DynamicCache
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the prompts into `cache`; returns (last logits [B, V], 2D mask [B, T], next positions [B]).
 
         The longest common prefix of the prompts (e.g. a harness's system
@@ -129,8 +137,12 @@ class Engine(GrammarMixin):
             if shared < self.min_shared_prefix:
                 shared = 0
         if shared:
-            self.model(input_ids=torch.tensor([prompts[0][:shared]], device=dev), past_key_values=cache,
-                       use_cache=True, logits_to_keep=1)
+            self.model(
+                input_ids=torch.tensor([prompts[0][:shared]], device=dev),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             cache.batch_repeat_interleave(B)
         rest = [p[shared:] for p in prompts]
         L = max(map(len, rest))
@@ -138,16 +150,28 @@ class Engine(GrammarMixin):
         attn = torch.zeros((B, shared + L), dtype=torch.long)
         attn[:, :shared] = 1
         for i, r in enumerate(rest):
-            ids[i, L - len(r):] = torch.tensor(r)
-            attn[i, shared + L - len(r):] = 1
+            ids[i, L - len(r) :] = torch.tensor(r)
+            attn[i, shared + L - len(r) :] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
-                            use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
         return logits, attn, pos[:, -1] + 1
 
-    def _choose(self, logits: torch.Tensor, temperature: float, top_p: float,
-                gens: list[torch.Generator] | None, allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _choose(
+        self,
+        logits: torch.Tensor,
+        temperature: float,
+        top_p: float,
+        gens: list[torch.Generator] | None,
+        allowed: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pick one token per row. logits: [b, V] fp32; allowed: [b, V] bool or None.
 
         Returns ([b] ids, [b] log-probs of the sampled distribution: invalid ids and
@@ -163,7 +187,9 @@ class Engine(GrammarMixin):
             if top_p < 1.0:
                 probs, order = torch.softmax(masked, dim=-1).sort(dim=-1, descending=True)
                 drop_sorted = probs.cumsum(-1) - probs >= top_p  # keep the smallest prefix reaching top_p
-                masked = masked.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+                masked = masked.masked_fill(
+                    torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf")
+                )
             u = torch.stack([torch.rand(masked.shape[-1], generator=g, device=masked.device) for g in gens])
             gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)))
             tok = (masked + gumbel).argmax(dim=-1)

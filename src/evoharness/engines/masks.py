@@ -35,8 +35,12 @@ def state_key(g: ActionGrammar, remaining: int, memo: dict[int, tuple]) -> tuple
     key = memo.get(id(g.node))
     if key is None:
         n = g.node
-        key = memo[id(n)] = ("node", tuple(sorted(n.children)), n.meta_verb is not None,
-                             n.terminal or n.meta_verb in g.empty_arg_verbs)
+        key = memo[id(n)] = (
+            "node",
+            tuple(sorted(n.children)),
+            n.meta_verb is not None,
+            n.terminal or n.meta_verb in g.empty_arg_verbs,
+        )
     return key
 
 
@@ -50,7 +54,9 @@ class MaskCache:
 
     def __init__(self, invalid: torch.Tensor, max_entries: int = 4096):
         self.invalid = invalid
-        self.base = torch.zeros(invalid.shape, dtype=torch.float32, device=invalid.device).masked_fill_(invalid, float("-inf"))
+        self.base = torch.zeros(invalid.shape, dtype=torch.float32, device=invalid.device).masked_fill_(
+            invalid, float("-inf")
+        )
         self.rows: dict[tuple, torch.Tensor] = {}
         self.max_entries = max_entries
         self.hits = self.misses = 0

@@ -24,8 +24,12 @@ import torch.nn.functional as F
 
 def onednn_ok(weight: torch.Tensor) -> bool:
     """Whether `weight` can be packed for oneDNN (fp32 on CPU, torch built with oneDNN)."""
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 class PackedLinear:
@@ -50,7 +54,11 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # under autocast (bf16 rollouts of a bf16 run) F.linear casts as autocast says; the packed
         # fp32 kernel is not autocast-aware and would mix dtypes
-        if self.packed is None or x.numel() < self.min_numel or x.dtype != torch.float32 \
-                or torch.is_autocast_enabled(x.device.type):
+        if (
+            self.packed is None
+            or x.numel() < self.min_numel
+            or x.dtype != torch.float32
+            or torch.is_autocast_enabled(x.device.type)
+        ):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -34,8 +34,15 @@ class Sampler:
         max_noise_bytes: cap on the buffered Gumbel noise ([B, chunk, V] fp32).
     """
 
-    def __init__(self, temperature: float, top_p: float, seeds: list[int], vocab_size: int,
-                 device: torch.device, max_noise_bytes: int = 64 << 20):
+    def __init__(
+        self,
+        temperature: float,
+        top_p: float,
+        seeds: list[int],
+        vocab_size: int,
+        device: torch.device,
+        max_noise_bytes: int = 64 << 20,
+    ):
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.greedy = self.temperature <= 0
         self.V, self.device = vocab_size, device

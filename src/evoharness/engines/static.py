@@ -65,7 +65,7 @@ class StaticEngine(GrammarMixin):
         self._stop = torch.tensor(sorted(self.stop_ids), dtype=torch.long, device=self.device)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         invalid = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-        invalid[len(tokenizer):] = True
+        invalid[len(tokenizer) :] = True
         self.masks = MaskCache(invalid)
         self._vocab: Vocab | None = None
         self.min_shared_prefix = 32  # shorter common prefixes are not worth a separate prefill
@@ -74,8 +74,9 @@ class StaticEngine(GrammarMixin):
         self.stats = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0}
 
     @torch.inference_mode()
-    def generate(self, requests: list[GenRequest], max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0) -> list[GenResult]:
+    def generate(
+        self, requests: list[GenRequest], max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0
+    ) -> list[GenResult]:
         """Decode every request; one `GenResult` per request, in order.
 
         Args:
@@ -113,18 +114,23 @@ class StaticEngine(GrammarMixin):
         out_tok = torch.zeros((B, N), dtype=torch.long, device=dev)
         out_lp = torch.zeros((B, N), dtype=torch.float32, device=dev)
         length, finish = [N] * B, ["length"] * B
-        rows = list(range(B))                      # request index of each batch row
+        rows = list(range(B))  # request index of each batch row
         rows_t = torch.arange(B, device=dev)
-        alive = [True] * B                         # per batch row: still decoding
+        alive = [True] * B  # per batch row: still decoding
         grammars = [r.grammar for r in requests]
         constrained = any(g is not None for g in grammars)
         memo: dict[int, tuple] = {}
         n_dead = 0
         for step in range(N):
             if constrained:
-                bias = torch.stack([
-                    self.masks.bias(grammars[i], N - step, memo) if alive[row] and grammars[i] is not None
-                    else self.masks.base for row, i in enumerate(rows)])
+                bias = torch.stack(
+                    [
+                        self.masks.bias(grammars[i], N - step, memo)
+                        if alive[row] and grammars[i] is not None
+                        else self.masks.base
+                        for row, i in enumerate(rows)
+                    ]
+                )
             else:
                 bias = self.masks.base
             tok, lp = sampler.choose(logits, bias, step)
@@ -164,5 +170,7 @@ class StaticEngine(GrammarMixin):
         s["new_tokens"] += sum(length)
         s["prefill_s"] += t1 - t0
         s["decode_s"] += time.perf_counter() - t1
-        return [GenResult(token_ids=toks[i][:length[i]], logprobs=lps[i][:length[i]], finish_reason=finish[i])
-                for i in range(B)]
+        return [
+            GenResult(token_ids=toks[i][: length[i]], logprobs=lps[i][: length[i]], finish_reason=finish[i])
+            for i in range(B)
+        ]

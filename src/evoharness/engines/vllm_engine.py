@@ -56,6 +56,7 @@ class ActionConstraint:
 
     def regex(self) -> str:
         from evoharness.engines.grammar import action_regex
+
         return action_regex(list(self.commands), list(self.meta_verbs))
 
     def as_dict(self, max_new_tokens: int) -> dict[str, Any]:
@@ -65,6 +66,7 @@ class ActionConstraint:
 def vllm_available() -> bool:
     """True when ``import vllm`` can succeed here (checked without importing it)."""
     import importlib.util
+
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -72,6 +74,7 @@ def action_grammar_processor() -> type:
     """The vLLM logits-processor class applying `ActionGrammar` masks
     (`evoharness.engines.vllm_grammar.ActionGrammarLogitsProcessor`; imports vllm)."""
     from evoharness.engines.vllm_grammar import ActionGrammarLogitsProcessor
+
     return ActionGrammarLogitsProcessor
 
 
@@ -104,9 +107,17 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, model_path: str | Path, stop_ids: list[int] | None = None, constrain: str = "grammar",
-                 seed: int = 0, policy_version: int = 0, enforce_eager: bool = True, dtype: str = "auto",
-                 **llm_kwargs: Any):
+    def __init__(
+        self,
+        model_path: str | Path,
+        stop_ids: list[int] | None = None,
+        constrain: str = "grammar",
+        seed: int = 0,
+        policy_version: int = 0,
+        enforce_eager: bool = True,
+        dtype: str = "auto",
+        **llm_kwargs: Any,
+    ):
         if constrain not in ("grammar", "regex"):
             raise ValueError(f"constrain must be 'grammar' or 'regex', got {constrain!r}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -119,10 +130,17 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(model_path)
         if dtype == "auto" and not torch.cuda.is_available():
             dtype = "float32"  # bf16 on these CPUs is 14-47x slower (machine-notes.md)
-        self.llm = LLM(model=self.model_path, tokenizer=self.model_path, dtype=dtype, seed=seed,
-                       enforce_eager=enforce_eager, enable_prefix_caching=True,
-                       logprobs_mode="processed_logprobs", logits_processors=[action_grammar_processor()],
-                       **llm_kwargs)
+        self.llm = LLM(
+            model=self.model_path,
+            tokenizer=self.model_path,
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            logits_processors=[action_grammar_processor()],
+            **llm_kwargs,
+        )
         if stop_ids is None:
             meta = load_model(model_path)  # only for its generation config's eos ids
             stop_ids = default_stop_ids(meta, self.tokenizer)
@@ -135,8 +153,14 @@ class VLLMEngine:
             return None
         return ActionConstraint(tuple(commands), tuple(meta_verbs))
 
-    def generate(self, requests: list[GenRequest], max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0, allow_top_p: bool = False) -> list[GenResult]:
+    def generate(
+        self,
+        requests: list[GenRequest],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        allow_top_p: bool = False,
+    ) -> list[GenResult]:
         """Decode every request; one `GenResult` per request, in order.
 
         Raises:
@@ -158,22 +182,38 @@ class VLLMEngine:
             g = r.grammar
             if g is not None and not isinstance(g, ActionConstraint):
                 raise TypeError("VLLMEngine requests take the engine's own `grammar(...)` constraints")
-            extra = {ACTION_GRAMMAR_KEY: g.as_dict(max_new_tokens)} if g is not None and self.constrain == "grammar" else None
+            extra = (
+                {ACTION_GRAMMAR_KEY: g.as_dict(max_new_tokens)}
+                if g is not None and self.constrain == "grammar"
+                else None
+            )
             so = StructuredOutputsParams(regex=g.regex()) if g is not None and self.constrain == "regex" else None
-            params.append(SamplingParams(
-                temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                seed=int(r.seed) % (2 ** 63) if temperature > 0 else None, logprobs=0,
-                stop_token_ids=sorted(self.stop_ids), ignore_eos=True, detokenize=False, skip_special_tokens=False,
-                extra_args=extra, structured_outputs=so))
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests], params,
-                                 use_tqdm=False)
+            params.append(
+                SamplingParams(
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_tokens=max_new_tokens,
+                    seed=int(r.seed) % (2**63) if temperature > 0 else None,
+                    logprobs=0,
+                    stop_token_ids=sorted(self.stop_ids),
+                    ignore_eos=True,
+                    detokenize=False,
+                    skip_special_tokens=False,
+                    extra_args=extra,
+                    structured_outputs=so,
+                )
+            )
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests], params, use_tqdm=False
+        )
         results = []
         for o in outs:
             c = o.outputs[0]
             ids = list(c.token_ids)
             lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
-            results.append(GenResult(token_ids=ids, logprobs=lps,
-                                     finish_reason="stop" if c.finish_reason == "stop" else "length"))
+            results.append(
+                GenResult(token_ids=ids, logprobs=lps, finish_reason="stop" if c.finish_reason == "stop" else "length")
+            )
         return results
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> int:

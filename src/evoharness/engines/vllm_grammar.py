@@ -13,9 +13,10 @@ wheel's CLI fails looking up that name.) Test: tests/engines/test_vllm_server.py
 For every row it adds -inf to ids beyond the tokenizer; for a row whose
 ``SamplingParams.extra_args["action_grammar"]`` is
 ``{"commands": [...], "meta_verbs": [...], "max_new_tokens": N}`` (the shared
-constraint record; over HTTP the flat ``vllm_xargs`` keys of `grammar_spec`) it also adds -inf to every id the grammar disallows -- the
-masks the trainer rebuilds by replaying the grammar -- and once the grammar is
-done it allows only end-of-sequence. Masks are cached per grammar state
+constraint record; over HTTP the flat ``vllm_xargs`` keys of `grammar_spec`)
+it also adds -inf to every id the grammar disallows -- the masks the trainer
+rebuilds by replaying the grammar -- and once the grammar is done it allows
+only end-of-sequence. Masks are cached per grammar state
 (`evoharness.engines.masks.MaskCache`).
 """
 
@@ -38,9 +39,11 @@ def grammar_spec(extra_args: dict) -> dict | None:
         return extra_args[ACTION_GRAMMAR_KEY]
     if f"{ACTION_GRAMMAR_KEY}_commands" not in extra_args:
         return None
-    return {"commands": list(extra_args[f"{ACTION_GRAMMAR_KEY}_commands"]),
-            "meta_verbs": list(extra_args.get(f"{ACTION_GRAMMAR_KEY}_meta_verbs") or ()),
-            "max_new_tokens": extra_args.get(f"{ACTION_GRAMMAR_KEY}_max_new_tokens")}
+    return {
+        "commands": list(extra_args[f"{ACTION_GRAMMAR_KEY}_commands"]),
+        "meta_verbs": list(extra_args.get(f"{ACTION_GRAMMAR_KEY}_meta_verbs") or ()),
+        "max_new_tokens": extra_args.get(f"{ACTION_GRAMMAR_KEY}_max_new_tokens"),
+    }
 
 
 class ActionGrammarLogitsProcessor(LogitsProcessor):
@@ -52,7 +55,7 @@ class ActionGrammarLogitsProcessor(LogitsProcessor):
         size = mc.get_vocab_size()
         self.vocab = Vocab(tok, size, device)
         invalid = torch.zeros(size, dtype=torch.bool, device=device)
-        invalid[len(tok):] = True
+        invalid[len(tok) :] = True
         self.masks = MaskCache(invalid)
         self.eos_only = torch.full((size,), float("-inf"), device=device)
         self.eos_only[tok.eos_token_id] = 0.0

@@ -20,28 +20,32 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 
+from evoharness.config.eval import EvalConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.eval.panel import build_episodes
-from evoharness.harness.factory import make_harness
 from evoharness.files import read_jsonl
+from evoharness.harness.factory import make_harness
 from evoharness.policies.factory import make_policy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.records import Trajectory
-from evoharness.config.eval import EvalConfig
-
 
 # settings a resumed evaluation may change: they do not change what an episode records
-_RESUME_FREE = {"workers": True, "batch_size": True, "limit": True, "resume": True, "out_dir": True,
-                "policy": {"concurrency": True, "timeout_s": True, "max_retries": True, "num_threads": True,
-                           "api_key_env": True}}
+_RESUME_FREE = {
+    "workers": True,
+    "batch_size": True,
+    "limit": True,
+    "resume": True,
+    "out_dir": True,
+    "policy": {"concurrency": True, "timeout_s": True, "max_retries": True, "num_threads": True, "api_key_env": True},
+}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -63,8 +67,10 @@ def check_resumable(out: Path, cfg: EvalConfig) -> None:
     diff = sorted(k for k in old.keys() | new.keys() if k not in free and old.get(k) != new.get(k))
     if diff:
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
-        raise ValueError(f"{out} holds episodes of another evaluation ({shown}{', ...' if len(diff) > 4 else ''}); "
-                         "use a new --out, or --set resume=false to replace them")
+        raise ValueError(
+            f"{out} holds episodes of another evaluation ({shown}{', ...' if len(diff) > 4 else ''}); "
+            "use a new --out, or --set resume=false to replace them"
+        )
 
 
 # Per-process state of a pool worker (built once by the initializer).
@@ -94,7 +100,9 @@ def _play_chunk(specs: list[EpisodeSpec]) -> list[dict]:
     sink = _WORKER.get("finished")
 
     def on_finish(t) -> None:
-        t.info["wording"] = cfg.env.wording  # tools that replay the log (distill) read it: `put X in/on Y` or `move X to Y`
+        t.info["wording"] = (
+            cfg.env.wording
+        )  # tools that replay the log (distill) read it: `put X in/on Y` or `move X to Y`
         if sink is not None:  # streamed, so an episode outlives a later crash of its chunk
             (sink if callable(sink) else sink.put)(t.to_dict())
 
@@ -136,7 +144,9 @@ def _panel_specs(cfg: EvalConfig) -> list[EpisodeSpec]:
         wanted = set(cfg.games)
         tasks = [t for t in tasks if t.task_id in wanted]
         if len(tasks) != len(wanted):
-            raise ValueError(f"{len(wanted) - len(tasks)} of the {len(wanted)} requested games are not in split {cfg.split!r}")
+            raise ValueError(
+                f"{len(wanted) - len(tasks)} of the {len(wanted)} requested games are not in split {cfg.split!r}"
+            )
     specs = build_episodes(tasks, cfg.protocol, cfg.seed)
     return specs[: cfg.limit] if cfg.limit else specs
 
@@ -175,12 +185,16 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
     if not cfgs:
         return []
     base = cfgs[0]
-    shared = lambda c: {k: v for k, v in _flat(json.loads(c.model_dump_json())).items()  # noqa: E731
-                        if k.split(".")[0] not in _PER_PANEL}
+
+    def shared(c: EvalConfig) -> dict:
+        return {k: v for k, v in _flat(json.loads(c.model_dump_json())).items() if k.split(".")[0] not in _PER_PANEL}
+
     for c in cfgs[1:]:
         if shared(c) != shared(base) or c.step_cap != base.step_cap:
-            raise ValueError(f"evaluations played together must share the system and step cap: {c.out_dir} "
-                             f"differs from {base.out_dir}")
+            raise ValueError(
+                f"evaluations played together must share the system and step cap: {c.out_dir} "
+                f"differs from {base.out_dir}"
+            )
     specs_of = [_panel_specs(c) for c in cfgs]
     seeds: dict[str, int] = {}
     for specs in specs_of:
@@ -207,10 +221,16 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
     todo = list({s.episode_id: s for specs in specs_of for s in specs if s.episode_id not in known}.values())
     n_total = sum(len(specs) for specs in specs_of)
     t0 = time.perf_counter()
-    bar = tqdm(total=n_total, desc=f"eval {'+'.join(c.split for c in cfgs)}", unit="ep", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=n_total,
+        desc=f"eval {'+'.join(c.split for c in cfgs)}",
+        unit="ep",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     files = [open(jsonl, "a") for *_, jsonl in panels]
     try:
+
         def record(d: dict) -> None:  # one finished episode, into every panel that lacks it
             for i in in_panels.get(d["episode_id"], []):
                 have, f = panels[i][2], files[i]
@@ -229,7 +249,7 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
             record(d)
         chunks, at = [], 0
         for size in chunk_sizes(len(todo), base.workers, base.batch_size):
-            chunks.append(todo[at: at + size])
+            chunks.append(todo[at : at + size])
             at += size
         if base.workers <= 1:
             _init_worker(base.model_dump_json(), record)
@@ -267,8 +287,9 @@ def _play_pool(cfg: EvalConfig, chunks: list[list[EpisodeSpec]], record: Callabl
     # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed, out of memory,
     # a script without a __main__ guard re-running this at import) breaks the executor with
     # an error, where a Pool would start replacement workers forever
-    pool = ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_pool_worker,
-                               initargs=(cfg.model_dump_json(), finished))
+    pool = ProcessPoolExecutor(
+        cfg.workers, mp_context=ctx, initializer=_init_pool_worker, initargs=(cfg.model_dump_json(), finished)
+    )
     pending = {pool.submit(_play_chunk, chunk) for chunk in chunks}
     try:
         while pending:
@@ -281,8 +302,9 @@ def _play_pool(cfg: EvalConfig, chunks: list[list[EpisodeSpec]], record: Callabl
         raise RuntimeError(
             f"an evaluation worker process died (the episodes finished before it are recorded in "
             f"{logs}; the same evaluation rerun resumes from them). If evaluate() was called "
-            "from a script, its entry point needs `if __name__ == \"__main__\":` (workers are "
-            "spawned and import it).") from e
+            'from a script, its entry point needs `if __name__ == "__main__":` (workers are '
+            "spawned and import it)."
+        ) from e
     finally:
         # chunks already running when something failed play on until shutdown: keep what they finish
         _shutdown_draining(pool, finished, record)

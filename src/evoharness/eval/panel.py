@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import random
 
+from evoharness.config.eval import protocol_step_cap
 from evoharness.envs.base import TaskSpec
 from evoharness.rollout.episode import EpisodeSpec
-from evoharness.config.eval import protocol_step_cap
+
 
 def build_episodes(tasks: list[TaskSpec], protocol: str, seed: int, samples: int = 1) -> list[EpisodeSpec]:
     """Episodes for `protocol` over `tasks` (already filtered and sorted).

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from evoharness.config.eval import RepoEvalConfig
 from evoharness.envs.repo.policies import make_chat_policy
 from evoharness.envs.repo.sandbox import require_bwrap
 from evoharness.envs.repo.scaffold import run_repo_episode
 from evoharness.envs.repo.task import load_tasks
 from evoharness.envs.repo.trace import TraceWriter
 from evoharness.files import read_jsonl
-from evoharness.config.eval import RepoEvalConfig
 
 
 class RepoEvalError(RuntimeError):
@@ -67,12 +67,22 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
     trace = TraceWriter(out / "trace.jsonl")
     t0 = time.perf_counter()
     failures: list[str] = []
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="eval repo", unit="task",
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(tasks),
+        initial=len(tasks) - len(todo),
+        desc="eval repo",
+        unit="task",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     try:
         with open(jsonl, "a") as f, ThreadPoolExecutor(cfg.workers) as pool:
-            futs = {pool.submit(run_repo_episode, t, policy, out / "workspaces" / t.task_id, cfg.agent, trace,
-                                f"{t.task_id}#0"): t.task_id for t in todo}
+            futs = {
+                pool.submit(
+                    run_repo_episode, t, policy, out / "workspaces" / t.task_id, cfg.agent, trace, f"{t.task_id}#0"
+                ): t.task_id
+                for t in todo
+            }
             for fut in as_completed(futs):
                 try:
                     d = fut.result().to_dict()
@@ -95,12 +105,17 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
     tmp.write_text("".join(json.dumps(d) + "\n" for d in episodes))
     os.replace(tmp, jsonl)
     summary = summarize_repo(episodes)
-    summary.update(policy=cfg.policy.kind if cfg.policy.kind != "openai" else f"openai:{cfg.policy.model}",
-                   task_source=cfg.tasks, wall_s=round(time.perf_counter() - t0, 2))
+    summary.update(
+        policy=cfg.policy.kind if cfg.policy.kind != "openai" else f"openai:{cfg.policy.model}",
+        task_source=cfg.tasks,
+        wall_s=round(time.perf_counter() - t0, 2),
+    )
     write_repo_report(summary, out)
     if failures:
-        raise RepoEvalError(f"{len(failures)} of {len(todo)} executions failed (the rest are saved in {jsonl}; "
-                            f"rerun to retry them): " + "; ".join(failures))
+        raise RepoEvalError(
+            f"{len(failures)} of {len(todo)} executions failed (the rest are saved in {jsonl}; "
+            f"rerun to retry them): " + "; ".join(failures)
+        )
     return summary
 
 
@@ -115,5 +130,4 @@ def run_cli(config: Path | None, overrides: list[str]) -> str:
 
     cfg = load_config(RepoEvalConfig, config, overrides)
     summary = evaluate_repo(cfg)
-    return "\n\n".join([difficulty_table(summary), repo_table(summary),
-                        f"report: {Path(cfg.out_dir) / 'report.md'}"])
+    return "\n\n".join([difficulty_table(summary), repo_table(summary), f"report: {Path(cfg.out_dir) / 'report.md'}"])

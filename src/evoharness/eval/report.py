@@ -8,9 +8,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from evoharness.config.eval import EvalConfig
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
 from evoharness.harness.base import META_VERBS
-from evoharness.config.eval import EvalConfig
 from evoharness.rollout.records import Trajectory
 
 
@@ -33,8 +33,10 @@ def _row(trajs: list[Trajectory]) -> dict[str, Any]:
         "errors": sum(t.stop_reason == "error" for t in trajs),
         "stopped_early": sum(t.stop_reason == "hopeless" for t in trajs),  # repeated-state loops (failures)
         # turns whose prompt exceeded the policy's budget (history dropped / tokens cut; harness.prompt)
-        "prompt_fit": {k: sum(t.info.get("prompt_fit", {}).get(k, 0) for t in trajs)
-                       for k in ("turns", "history_dropped", "tokens_cut")},
+        "prompt_fit": {
+            k: sum(t.info.get("prompt_fit", {}).get(k, 0) for t in trajs)
+            for k in ("turns", "history_dropped", "tokens_cut")
+        },
     }
 
 
@@ -43,16 +45,27 @@ def summarize(trajs: list[Trajectory], cfg: EvalConfig | None = None) -> dict[st
     by_type = {tt: _row([t for t in trajs if t.task_type == tt]) for tt in TASK_TYPES}
     out: dict[str, Any] = {"overall": _row(trajs), "by_type": by_type}
     if cfg is not None:
-        out.update(split=cfg.split, protocol=cfg.protocol, step_cap=cfg.step_cap, harness=cfg.harness.kind,
-                   policy=cfg.policy.kind, engine=cfg.env.engine, wording=cfg.env.wording, seed=cfg.seed)
+        out.update(
+            split=cfg.split,
+            protocol=cfg.protocol,
+            step_cap=cfg.step_cap,
+            harness=cfg.harness.kind,
+            policy=cfg.policy.kind,
+            engine=cfg.env.engine,
+            wording=cfg.env.wording,
+            seed=cfg.seed,
+        )
     out["failed_episodes"] = [t.episode_id for t in trajs if not t.won]
     return out
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
     """The per-type table: counts, success, steps, tokens, meta-actions, invalids."""
-    head = "| type | n | won | success % | mean steps | prompt tok/ep | compl. tok/ep | invalid/ep | " + \
-        " | ".join(f"{v}/ep" for v in META_VERBS) + " |"
+    head = (
+        "| type | n | won | success % | mean steps | prompt tok/ep | compl. tok/ep | invalid/ep | "
+        + " | ".join(f"{v}/ep" for v in META_VERBS)
+        + " |"
+    )
     sep = "|" + "---|" * (8 + len(META_VERBS))
     rows = [head, sep]
     items = [(TASK_SHORT[t], summary["by_type"][t]) for t in TASK_TYPES] + [("**all**", summary["overall"])]
@@ -60,8 +73,10 @@ def markdown_table(summary: dict[str, Any]) -> str:
         if not r["n"]:
             continue
         meta = " | ".join(str(r["meta_per_ep"][v]) for v in META_VERBS)
-        rows.append(f"| {name} | {r['n']} | {r['won']} | {r['success']} | {r['mean_steps']} | "
-                    f"{r['prompt_tokens_per_ep']} | {r['completion_tokens_per_ep']} | {r['invalid_per_ep']} | {meta} |")
+        rows.append(
+            f"| {name} | {r['n']} | {r['won']} | {r['success']} | {r['mean_steps']} | "
+            f"{r['prompt_tokens_per_ep']} | {r['completion_tokens_per_ep']} | {r['invalid_per_ep']} | {meta} |"
+        )
     return "\n".join(rows)
 
 
@@ -76,7 +91,9 @@ def plot_success(series: dict[str, dict[str, Any]], path: Path, title: str) -> N
     fig, ax = plt.subplots(figsize=(8, 3.6))
     width = 0.8 / max(1, len(series))
     for i, (name, s) in enumerate(series.items()):
-        vals = [s["by_type"][t]["success"] if s["by_type"][t]["n"] else 0 for t in TASK_TYPES] + [s["overall"]["success"]]
+        vals = [s["by_type"][t]["success"] if s["by_type"][t]["n"] else 0 for t in TASK_TYPES] + [
+            s["overall"]["success"]
+        ]
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(labels))]
         ax.bar(xs, vals, width, label=name)
     ax.set_xticks(range(len(labels)), labels)
@@ -101,7 +118,8 @@ def write_report(summary: dict[str, Any], out: Path) -> None:
         f"# Evaluation: {title}",
         "",
         f"Protocol `{summary.get('protocol')}` (step cap {summary.get('step_cap')}), engine `{summary.get('engine')}`, "
-        f"wording `{summary.get('wording', 'native')}`, seed {summary.get('seed')}. Success: **{o['won']}/{o['n']} = {o['success']}%**.",
+        f"wording `{summary.get('wording', 'native')}`, seed {summary.get('seed')}. Success: "
+        f"**{o['won']}/{o['n']} = {o['success']}%**.",
         "",
         markdown_table(summary),
         "",
@@ -112,8 +130,11 @@ def write_report(summary: dict[str, Any], out: Path) -> None:
         md.insert(2, "> verl-agent-style protocol: 128 games drawn with replacement; not a fixed panel.\n")
     fit = o.get("prompt_fit") or {}
     if fit.get("turns"):
-        md += [f"Prompts over the policy's token budget: {fit['turns']} turns shortened ({fit['history_dropped']} "
-               f"history entries dropped; {fit['tokens_cut']} tokens cut after the OBJECTIVE as a last resort).", ""]
+        md += [
+            f"Prompts over the policy's token budget: {fit['turns']} turns shortened ({fit['history_dropped']} "
+            f"history entries dropped; {fit['tokens_cut']} tokens cut after the OBJECTIVE as a last resort).",
+            "",
+        ]
     if summary["failed_episodes"]:
         md += ["Failed episodes: " + ", ".join(f"`{e}`" for e in summary["failed_episodes"][:50]), ""]
     (out / "report.md").write_text("\n".join(md))

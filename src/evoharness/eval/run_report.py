@@ -7,8 +7,8 @@ from typing import Any
 
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
 from evoharness.eval.report import plot_success
-from evoharness.harness.base import META_VERBS
 from evoharness.files import read_jsonl
+from evoharness.harness.base import META_VERBS
 
 
 def _plot_curves(path: Path, panels: list[tuple[str, list[tuple[str, list[float], list[float]]]]]) -> None:
@@ -34,23 +34,27 @@ def _plot_curves(path: Path, panels: list[tuple[str, list[tuple[str, list[float]
 def _smooth(ys: list[float], k: int = 5) -> list[float]:
     out = []
     for i in range(len(ys)):
-        window = ys[max(0, i - k + 1): i + 1]
+        window = ys[max(0, i - k + 1) : i + 1]
         out.append(sum(window) / len(window))
     return out
 
 
 def success_table(systems: dict[str, dict[str, Any]]) -> list[str]:
     """Markdown rows: per-type wins, overall success, steps, tokens, harness calls, invalid actions per episode."""
-    md = ["| system | " + " | ".join(TASK_SHORT[t] for t in TASK_TYPES) + " | all | steps/ep | "
-          "prompt tok/ep | compl. tok/ep | harness calls/ep | invalid/ep |",
-          "|---|" + "---|" * (len(TASK_TYPES) + 6)]
+    md = [
+        "| system | " + " | ".join(TASK_SHORT[t] for t in TASK_TYPES) + " | all | steps/ep | "
+        "prompt tok/ep | compl. tok/ep | harness calls/ep | invalid/ep |",
+        "|---|" + "---|" * (len(TASK_TYPES) + 6),
+    ]
     for name, s in systems.items():
         o = s["overall"]
         cells = [f"{s['by_type'][t]['won']}/{s['by_type'][t]['n']}" for t in TASK_TYPES]
         calls = sum(o.get("meta_per_ep", {}).get(v, 0) for v in META_VERBS)
-        md.append(f"| {name} | " + " | ".join(cells) + f" | **{o['success']}%** | {o.get('mean_steps', 0)} | "
-                  f"{o.get('prompt_tokens_per_ep', 0)} | {o.get('completion_tokens_per_ep', 0)} | {calls:.2f} | "
-                  f"{o.get('invalid_per_ep', 0)} |")
+        md.append(
+            f"| {name} | " + " | ".join(cells) + f" | **{o['success']}%** | {o.get('mean_steps', 0)} | "
+            f"{o.get('prompt_tokens_per_ep', 0)} | {o.get('completion_tokens_per_ep', 0)} | {calls:.2f} | "
+            f"{o.get('invalid_per_ep', 0)} |"
+        )
     return md
 
 
@@ -81,7 +85,7 @@ def sign_test(wins: int, losses: int) -> float:
     if n == 0:
         return 1.0
     k = min(wins, losses)
-    return min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2 ** n)
+    return min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2**n)
 
 
 def paired(a: list[dict], b: list[dict]) -> dict[str, Any]:
@@ -93,8 +97,14 @@ def paired(a: list[dict], b: list[dict]) -> dict[str, Any]:
     b_only = sum(wb[g] and not wa[g] for g in common)
     a_only = sum(wa[g] and not wb[g] for g in common)
     both = sum(wa[g] and wb[g] for g in common)
-    return {"n": len(common), "b_only": b_only, "a_only": a_only, "both": both,
-            "neither": len(common) - b_only - a_only - both, "p": sign_test(b_only, a_only)}
+    return {
+        "n": len(common),
+        "b_only": b_only,
+        "a_only": a_only,
+        "both": both,
+        "neither": len(common) - b_only - a_only - both,
+        "p": sign_test(b_only, a_only),
+    }
 
 
 def _load(eval_dir: Path) -> tuple[dict, list[dict]]:
@@ -124,9 +134,17 @@ def _plot_learning_curve(path: Path, curve: dict) -> None:
     plt.close(fig)
 
 
-def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], sft_metrics: list[Path],
-                     rl_metrics: Path | None, notes: list[str], stage_times: dict[str, float] | None = None,
-                     curve: dict | None = None, title: str = "EvoHarness main job") -> Path:
+def write_run_report(
+    out: Path,
+    systems: dict[str, Path],
+    dev: dict[str, Path],
+    sft_metrics: list[Path],
+    rl_metrics: Path | None,
+    notes: list[str],
+    stage_times: dict[str, float] | None = None,
+    curve: dict | None = None,
+    title: str = "EvoHarness main job",
+) -> Path:
     """Write ``report.md`` with ``success.png``, ``learning_curve.png``, ``sft_loss.png``, ``rl_curves.png``.
 
     Args:
@@ -144,12 +162,17 @@ def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], 
     vs = {n: _load(d) for n, d in systems.items() if (d / "summary.json").is_file()}
     dv = {n: _load(d) for n, d in dev.items() if (d / "summary.json").is_file()}
     if vs:
-        md += ["## Success", "",
-               "Greedy, each game once, step cap 50, BPE harness. Stopped early: episodes ended in a repeated "
-               "(prompt, completion) loop (failures). Wasted steps: invalid actions + repeated (action, feedback) "
-               "pairs, per episode (valid_seen).", "",
-               "| system | valid_seen | dev | stopped early (valid_seen / dev) | steps/ep | harness calls/ep | wasted/ep |",
-               "|---|---|---|---|---|---|---|"]
+        md += [
+            "## Success",
+            "",
+            "Greedy, each game once, step cap 50, BPE harness. Stopped early: episodes ended in a repeated "
+            "(prompt, completion) loop (failures). Wasted steps: invalid actions + repeated (action, feedback) "
+            "pairs, per episode (valid_seen).",
+            "",
+            "| system | valid_seen | dev | stopped early (valid_seen / dev) | steps/ep | harness calls/ep | "
+            "wasted/ep |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, (s, eps) in vs.items():
             o = s["overall"]
             d = dv.get(name, ({"overall": {}}, []))[0]["overall"]
@@ -157,61 +180,91 @@ def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], 
             w = [wasted_steps(e) for e in eps]
             wasted = sum(x["invalid"] + x["repeated"] for x in w) / max(1, len(w))
             dcell = f"{d['success']}% ({d['won']}/{d['n']})" if d else "-"
-            md.append(f"| {name} | **{o['success']}%** ({o['won']}/{o['n']}) | {dcell} | "
-                      f"{o.get('stopped_early', 0)} / {d.get('stopped_early', '-')} | {o.get('mean_steps', 0)} | "
-                      f"{calls:.2f} | {wasted:.2f} |")
+            md.append(
+                f"| {name} | **{o['success']}%** ({o['won']}/{o['n']}) | {dcell} | "
+                f"{o.get('stopped_early', 0)} / {d.get('stopped_early', '-')} | {o.get('mean_steps', 0)} | "
+                f"{calls:.2f} | {wasted:.2f} |"
+            )
         md.append("")
         pairs = [(a, b) for a, b in zip(list(vs)[:-1], list(vs)[1:]) if a != "random" and not a.startswith("scripted")]
         if pairs:
-            md += ["Paired per game (same games, same order): wins = games only the second system won, losses = "
-                   "games only the first won; p = exact two-sided sign test (McNemar) on those.", "",
-                   "| comparison | panel | games | wins | losses | both won | p |", "|---|---|---|---|---|---|---|"]
+            md += [
+                "Paired per game (same games, same order): wins = games only the second system won, losses = "
+                "games only the first won; p = exact two-sided sign test (McNemar) on those.",
+                "",
+                "| comparison | panel | games | wins | losses | both won | p |",
+                "|---|---|---|---|---|---|---|",
+            ]
             # a GRPO checkpoint chosen on dev games is also compared on the dev games that had no say in
             # the choice (none when the whole development set chose it)
-            chose = (set(curve.get("chosen_on", curve.get("game_ids", [])))
-                     if curve and curve.get("rl_selected", {}).get("stage") == "rl" else set())
+            chose = (
+                set(curve.get("chosen_on", curve.get("game_ids", [])))
+                if curve and curve.get("rl_selected", {}).get("stage") == "rl"
+                else set()
+            )
             for a, b in pairs:
                 chosen = chose if "GRPO" in b else set()
                 every = bool(chosen) and b in dv and {e["task_id"] for e in dv[b][1]} <= chosen
                 # (panel, data, games left out, may join the pooled test)
-                panels = [("valid_seen", vs, set(), True),
-                          ("dev (chose the checkpoint)" if every else "dev", dv, set(), not chosen)]
+                panels = [
+                    ("valid_seen", vs, set(), True),
+                    ("dev (chose the checkpoint)" if every else "dev", dv, set(), not chosen),
+                ]
                 if chosen and not every:
                     panels.append((f"dev without the {len(chosen)} that chose it", dv, chosen, True))
                 pooled: list[tuple[list[dict], list[dict]]] = []
                 for panel, data, drop, pool in panels:
                     if a in data and b in data:
-                        pair = ([e for e in data[a][1] if e["task_id"] not in drop],
-                                [e for e in data[b][1] if e["task_id"] not in drop])
+                        pair = (
+                            [e for e in data[a][1] if e["task_id"] not in drop],
+                            [e for e in data[b][1] if e["task_id"] not in drop],
+                        )
                         c = paired(*pair)
-                        md.append(f"| {b} vs {a} | {panel} | {c['n']} | {c['b_only']} | {c['a_only']} | {c['both']} | "
-                                  f"{c['p']:.3g} |")
+                        md.append(
+                            f"| {b} vs {a} | {panel} | {c['n']} | {c['b_only']} | {c['a_only']} | {c['both']} | "
+                            f"{c['p']:.3g} |"
+                        )
                         if pair[0] and pool:
                             pooled.append(pair)
                 if len(pooled) > 1:  # disjoint game sets, none of which chose the checkpoint: one larger paired test
                     c = paired([e for x, _ in pooled for e in x], [e for _, y in pooled for e in y])
                     both_panels = "valid_seen + dev" + (" without those" if chosen else "")
-                    md.append(f"| {b} vs {a} | {both_panels} | {c['n']} | {c['b_only']} | "
-                              f"{c['a_only']} | {c['both']} | {c['p']:.3g} |")
+                    md.append(
+                        f"| {b} vs {a} | {both_panels} | {c['n']} | {c['b_only']} | "
+                        f"{c['a_only']} | {c['both']} | {c['p']:.3g} |"
+                    )
             md.append("")
         summaries = {n: s for n, (s, _) in vs.items()}
         plot_success(summaries, out / "success.png", "ALFWorld valid_seen success by task type")
         md += ["### valid_seen by task type", ""] + success_table(summaries) + ["", "![success](success.png)", ""]
-        md += ["Harness calls per episode by meta-action (valid_seen):", "",
-               "| system | " + " | ".join(META_VERBS) + " |", "|---|" + "---|" * len(META_VERBS)]
+        md += [
+            "Harness calls per episode by meta-action (valid_seen):",
+            "",
+            "| system | " + " | ".join(META_VERBS) + " |",
+            "|---|" + "---|" * len(META_VERBS),
+        ]
         for name, s in summaries.items():
             meta = s["overall"].get("meta_per_ep", {})
             md.append(f"| {name} | " + " | ".join(str(meta.get(v, 0)) for v in META_VERBS) + " |")
         md.append("")
     if curve and curve.get("points"):
         _plot_learning_curve(out / "learning_curve.png", curve)
-        md += ["## Learning curve", "",
-               f"Dev success ({curve['games']} development games, greedy, early stopping) of every saved checkpoint "
-               "against cumulative training minutes (DAgger rollouts included).", "",
-               "![learning curve](learning_curve.png)", "",
-               "| stage | step | minutes | dev success % |", "|---|---|---|---|"]
-        md += [f"| {p['stage']} | {p['step']} | {p['minutes']} | {p['success']} |" for p in curve["points"]
-               if p["stage"] != "sft_final"]
+        md += [
+            "## Learning curve",
+            "",
+            f"Dev success ({curve['games']} development games, greedy, early stopping) of every saved checkpoint "
+            "against cumulative training minutes (DAgger rollouts included).",
+            "",
+            "![learning curve](learning_curve.png)",
+            "",
+            "| stage | step | minutes | dev success % |",
+            "|---|---|---|---|",
+        ]
+        md += [
+            f"| {p['stage']} | {p['step']} | {p['minutes']} | {p['success']} |"
+            for p in curve["points"]
+            if p["stage"] != "sft_final"
+        ]
         md.append("")
     sft, offset, bounds = [], 0, []
     for path in sft_metrics:
@@ -221,16 +274,32 @@ def write_run_report(out: Path, systems: dict[str, Path], dev: dict[str, Path], 
         bounds.append(offset)
     if sft:
         xs = [r["step"] for r in sft]
-        panels = [("SFT loss (assistant tokens)", [("loss", xs, [r["loss"] for r in sft]),
-                                                   ("smoothed", xs, _smooth([r["loss"] for r in sft], 20))])]
+        panels = [
+            (
+                "SFT loss (assistant tokens)",
+                [("loss", xs, [r["loss"] for r in sft]), ("smoothed", xs, _smooth([r["loss"] for r in sft], 20))],
+            )
+        ]
         prompt = [r for r in sft if "prompt_loss" in r]
         if prompt:  # the auxiliary loss on prompt tokens (sft.prompt_loss_weight)
-            panels.append(("prompt-token loss", [("prompt loss", [r["step"] for r in prompt], [r["prompt_loss"] for r in prompt])]))
+            panels.append(
+                (
+                    "prompt-token loss",
+                    [("prompt loss", [r["step"] for r in prompt], [r["prompt_loss"] for r in prompt])],
+                )
+            )
         _plot_curves(out / "sft_loss.png", panels)
-        final = f"final loss {sft[-1]['loss']:.4f}" + (f" (prompt tokens: {prompt[-1]['prompt_loss']:.4f})" if prompt else "")
-        md += ["## Stage 1: SFT (teacher traces, then DAgger rounds)", "",
-               f"{len(sft)} steps (stage ends at steps {', '.join(map(str, bounds))}); {final}.", "",
-               "![sft loss](sft_loss.png)", ""]
+        final = f"final loss {sft[-1]['loss']:.4f}" + (
+            f" (prompt tokens: {prompt[-1]['prompt_loss']:.4f})" if prompt else ""
+        )
+        md += [
+            "## Stage 1: SFT (teacher traces, then DAgger rounds)",
+            "",
+            f"{len(sft)} steps (stage ends at steps {', '.join(map(str, bounds))}); {final}.",
+            "",
+            "![sft loss](sft_loss.png)",
+            "",
+        ]
     if rl_metrics:
         md += rl_section(out, read_jsonl(rl_metrics))
     if stage_times:
@@ -253,7 +322,9 @@ def _trend(ys: list[float]) -> float:
     return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
 
 
-def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: str = "Stage 2: cost-aware GRPO") -> list[str]:
+def rl_section(
+    out: Path, rl: list[dict], name: str = "rl_curves.png", title: str = "Stage 2: cost-aware GRPO"
+) -> list[str]:
     """Markdown lines for a GRPO run's metrics, and the plot `name` in `out`
     (reward, training success, greedy eval success when logged, KL, harness
     calls per meta-action). Empty when there are no steps."""
@@ -261,9 +332,14 @@ def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: st
         return []
     xs = [r["step"] for r in rl]
     panels = [
-        ("reward (mean)", [("reward", xs, [r["reward"] for r in rl]), ("smoothed", xs, _smooth([r["reward"] for r in rl]))]),
-        ("training success", [("success", xs, [r["success"] for r in rl]),
-                              ("smoothed", xs, _smooth([r["success"] for r in rl]))]),
+        (
+            "reward (mean)",
+            [("reward", xs, [r["reward"] for r in rl]), ("smoothed", xs, _smooth([r["reward"] for r in rl]))],
+        ),
+        (
+            "training success",
+            [("success", xs, [r["success"] for r in rl]), ("smoothed", xs, _smooth([r["success"] for r in rl]))],
+        ),
     ]
     ev = [r for r in rl if "eval/success" in r]
     if ev:
@@ -275,47 +351,75 @@ def rl_section(out: Path, rl: list[dict], name: str = "rl_curves.png", title: st
     _plot_curves(out / name, panels)
     k = min(5, len(rl))
     succ, rew = [r["success"] for r in rl], [r["reward"] for r in rl]
-    md = [f"## {title}", "",
-          f"{len(rl)} steps. Training success {succ[0]:.2f} -> {succ[-1]:.2f} (mean of first/last {k}: "
-          f"{sum(succ[:k]) / k:.2f} -> {sum(succ[-k:]) / k:.2f}; least-squares trend {_trend(succ):+.4f}/step); "
-          f"reward {rew[0]:.2f} -> {rew[-1]:.2f} (first/last {k}: {sum(rew[:k]) / k:.2f} -> {sum(rew[-k:]) / k:.2f}; "
-          f"trend {_trend(rew):+.4f}/step).", ""]
+    md = [
+        f"## {title}",
+        "",
+        f"{len(rl)} steps. Training success {succ[0]:.2f} -> {succ[-1]:.2f} (mean of first/last {k}: "
+        f"{sum(succ[:k]) / k:.2f} -> {sum(succ[-k:]) / k:.2f}; least-squares trend {_trend(succ):+.4f}/step); "
+        f"reward {rew[0]:.2f} -> {rew[-1]:.2f} (first/last {k}: {sum(rew[:k]) / k:.2f} -> {sum(rew[-k:]) / k:.2f}; "
+        f"trend {_trend(rew):+.4f}/step).",
+        "",
+    ]
     if runs := rl[0].get("soup/runs"):  # recipes.soup's merged records
-        md += [f"A seed soup: {runs} runs with consecutive RL seeds from the same SFT model, the policy their "
-               "uniform weight average (`recipes.soup`). Each row is the runs' mean (step times and group counts: "
-               "their sum).", ""]
+        md += [
+            f"A seed soup: {runs} runs with consecutive RL seeds from the same SFT model, the policy their "
+            "uniform weight average (`recipes.soup`). Each row is the runs' mean (step times and group counts: "
+            "their sum).",
+            "",
+        ]
     if ev:
-        md += ["Greedy evaluation during training: " + ", ".join(f"step {r['step']}: {r['eval/success']:.2f} "
-                                                             f"(n={r.get('eval/n', '?')})" for r in ev) + ".", ""]
+        md += [
+            "Greedy evaluation during training: "
+            + ", ".join(f"step {r['step']}: {r['eval/success']:.2f} (n={r.get('eval/n', '?')})" for r in ev)
+            + ".",
+            "",
+        ]
     inv = [r.get("invalid_per_episode", 0.0) for r in rl]
     if rl[-1].get("constrained", True):
         forced = sum(r.get("train/forced_fraction", 0.0) for r in rl) / len(rl)
-        decoding = (f"constrained to admissible commands and meta-actions; {100 * forced:.0f}% of trained "
-                    "tokens were forced by the grammar (log-prob 0, no gradient)")
+        decoding = (
+            f"constrained to admissible commands and meta-actions; {100 * forced:.0f}% of trained "
+            "tokens were forced by the grammar (log-prob 0, no gradient)"
+        )
     else:
         decoding = "unconstrained (the invalid-action term carries the format)"
     if any("adv/std_floor_groups" in r for r in rl):
         spread = sum(r.get("adv/signal_groups", 0) for r in rl)
         floored = sum(r.get("adv/std_floor_groups", 0) for r in rl)
-        md += [f"Advantage std floor: acted in {floored} of {spread} groups with a reward spread "
-               f"({100 * floored / max(1, spread):.0f}%); there the shaping-only differences keep their raw "
-               "size instead of being scaled up to success-vs-failure size.", ""]
+        md += [
+            f"Advantage std floor: acted in {floored} of {spread} groups with a reward spread "
+            f"({100 * floored / max(1, spread):.0f}%); there the shaping-only differences keep their raw "
+            "size instead of being scaled up to success-vs-failure size.",
+            "",
+        ]
     if any("adv/step_groups" in r for r in rl):
         steps = sum(r.get("adv/step_groups", 0) for r in rl)
         sfloored = sum(r.get("adv/step_floor_groups", 0) for r in rl)
-        md += [f"GiGPO step level: the std floor (scaled by the return's discount) acted in {sfloored} of {steps} "
-               f"anchor-state groups with a return spread ({100 * sfloored / max(1, steps):.0f}%).", ""]
-    md += [f"Invalid actions per episode {inv[0]:.2f} -> {inv[-1]:.2f} (reward term "
-           f"{rl[0].get('reward/invalid', 0.0):+.3f} -> {rl[-1].get('reward/invalid', 0.0):+.3f}); decoding {decoding}.", ""]
-    md += [f"![rl curves]({name})", "",
-           "| step | success | reward | steps/ep | invalid/ep | KL | entropy | clip frac | compl. tok/ep | gen s | env s | train s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        md += [
+            f"GiGPO step level: the std floor (scaled by the return's discount) acted in {sfloored} of {steps} "
+            f"anchor-state groups with a return spread ({100 * sfloored / max(1, steps):.0f}%).",
+            "",
+        ]
+    md += [
+        f"Invalid actions per episode {inv[0]:.2f} -> {inv[-1]:.2f} (reward term "
+        f"{rl[0].get('reward/invalid', 0.0):+.3f} -> {rl[-1].get('reward/invalid', 0.0):+.3f}); decoding {decoding}.",
+        "",
+    ]
+    md += [
+        f"![rl curves]({name})",
+        "",
+        "| step | success | reward | steps/ep | invalid/ep | KL | entropy | clip frac | compl. tok/ep | gen s "
+        "| env s | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rl:
-        md.append(f"| {r['step']} | {r['success']:.3f} | {r['reward']:.2f} | {r['steps_per_episode']:.1f} | "
-                  f"{r.get('invalid_per_episode', 0):.2f} | "
-                  f"{r.get('train/kl', 0):.4f} | {r.get('train/entropy', 0):.3f} | {r.get('train/clip_fraction', 0):.3f} | "
-                  f"{r['completion_tokens_per_episode']:.0f} | {r['timing_s/gen']:.0f} | {r['timing_s/env']:.1f} | "
-                  f"{r['timing_s/train']:.0f} |")
+        md.append(
+            f"| {r['step']} | {r['success']:.3f} | {r['reward']:.2f} | {r['steps_per_episode']:.1f} | "
+            f"{r.get('invalid_per_episode', 0):.2f} | "
+            f"{r.get('train/kl', 0):.4f} | {r.get('train/entropy', 0):.3f} | {r.get('train/clip_fraction', 0):.3f} | "
+            f"{r['completion_tokens_per_episode']:.0f} | {r['timing_s/gen']:.0f} | {r['timing_s/env']:.1f} | "
+            f"{r['timing_s/train']:.0f} |"
+        )
     return md + [""]
 
 

@@ -89,15 +89,15 @@ def split_reasoning(completion: str) -> tuple[str, str]:
     opening = re.search(_THINK_OPEN, head, re.I)
     if close and (opening is None or close.start() < opening.start()):
         thinks.append(head[: close.start()])
-        head = head[close.end():]
+        head = head[close.end() :]
     parts, pos = [], 0
     for m in _THINK_BLOCK_RE.finditer(head):
-        parts.append(head[pos: m.start()])
+        parts.append(head[pos : m.start()])
         thinks.append(m.group(1))
         pos = m.end()
     rest = head[pos:]
     if (m := re.search(_THINK_OPEN, rest, re.I)) is not None:
-        thinks.append(rest[m.end():])
+        thinks.append(rest[m.end() :])
         rest = rest[: m.start()]
     parts.append(rest)
     think = "\n".join(t.strip() for t in thinks if t.strip())
@@ -185,7 +185,9 @@ def parse_completion(completion: str, admissible: list[str], meta_verbs: tuple[s
             return ParsedAction("invalid", norm, think=think, error=f"'{verb}' needs an argument, e.g. {verb} [...].")
         return ParsedAction("meta", verb, argument=arg or "world", think=think)
     return ParsedAction(
-        "invalid", norm, think=think,
+        "invalid",
+        norm,
+        think=think,
         error=f"'{norm}' is not an admissible command" + (" or a meta-action." if meta_verbs else "."),
     )
 

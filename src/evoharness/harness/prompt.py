@@ -63,7 +63,7 @@ def drop_oldest_history(messages: list[dict[str, str]]) -> list[dict[str, str]] 
         return None
     entries = re.split(r"\n(?=> )", m.group(2))
     body = render_history(entries[1:])
-    new = content[: m.start(2)] + body + content[m.end(2):]
+    new = content[: m.start(2)] + body + content[m.end(2) :]
     return [*messages[:-1], {**messages[-1], "content": new}]
 
 
@@ -129,9 +129,10 @@ def fit_prompt_ids(tokenizer, messages: list[dict[str, str]], max_tokens: int) -
     if head + tail + 1 > max_tokens:
         raise PromptTooLong(
             f"the prompt's system prompt and OBJECTIVE ({head} tokens) and template tail ({tail}) "
-            f"do not fit max_prompt_tokens={max_tokens}")
+            f"do not fit max_prompt_tokens={max_tokens}"
+        )
     fit.tokens_cut = len(ids) - max_tokens
-    return ids[:head] + ids[head + fit.tokens_cut:], fit
+    return ids[:head] + ids[head + fit.tokens_cut :], fit
 
 
 def _protected_spans(text: str, messages: list[dict[str, str]]) -> tuple[int, int]:

@@ -17,24 +17,55 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel,
-                          PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 # name -> Qwen3Config fields. Parameter counts are for a ~1k-2k vocabulary.
 PRESETS: dict[str, dict] = {
     # ~1.8M params. 2-core CPU: ~3,700 train tok/s quiet (machine-notes.md), 1,400 under load
     # (benchmarks/results/bench_sft.txt); ~450-600 new tok/s decoding 16 x 300-token prompts.
-    "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=7,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=7,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
     # ~1.1M params: 4 layers of tiny; ~1.8x tiny's train tok/s (5,000 on 1 thread): the CPU main job's default.
-    "mini": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    "mini": dict(
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
     # ~10M params.
-    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=10,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=10,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
     # ~32M params.
-    "base": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
-                 num_attention_heads=8, num_key_value_heads=4, head_dim=64),
+    "base": dict(
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
 }
 VOCAB_MULTIPLE = 64
 
@@ -44,8 +75,13 @@ def padded_vocab(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
     return -(-n // multiple) * multiple
 
 
-def make_config(preset: str | dict, tokenizer: PreTrainedTokenizerBase, max_position_embeddings: int = 4096,
-                rope_theta: float = 10000.0, tie_word_embeddings: bool = True) -> Qwen3Config:
+def make_config(
+    preset: str | dict,
+    tokenizer: PreTrainedTokenizerBase,
+    max_position_embeddings: int = 4096,
+    rope_theta: float = 10000.0,
+    tie_word_embeddings: bool = True,
+) -> Qwen3Config:
     """A `Qwen3Config` for a preset name (or a dict of Qwen3Config fields) and tokenizer.
 
     ``vocab_size`` is ``len(tokenizer)`` rounded up to a multiple of 64; the
@@ -70,8 +106,13 @@ def make_config(preset: str | dict, tokenizer: PreTrainedTokenizerBase, max_posi
     )
 
 
-def init_model(preset: str | dict, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path | None = None,
-               seed: int = 0, **config_kwargs) -> Qwen3ForCausalLM:
+def init_model(
+    preset: str | dict,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+    **config_kwargs,
+) -> Qwen3ForCausalLM:
     """A randomly initialised `Qwen3ForCausalLM` (fp32, CPU, eval mode).
 
     Args:
@@ -87,8 +128,10 @@ def init_model(preset: str | dict, tokenizer: PreTrainedTokenizerBase, out_dir: 
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        do_sample=False, max_new_tokens=128,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=128,
     )
     model.eval()
     if out_dir is not None:
@@ -119,12 +162,19 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -
         return dtype
     if dtype in (None, "auto"):
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-            "float16": torch.float16, "fp16": torch.float16}[str(dtype)]
+    return {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }[str(dtype)]
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu",
-               dtype: str | torch.dtype | None = None) -> PreTrainedModel:
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+) -> PreTrainedModel:
     """Load a local HF causal-LM directory for inference (eval mode, SDPA attention).
 
     Args:
@@ -142,8 +192,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     # without it (the CPU install), load on CPU and move.
     direct = device.type != "cpu" and importlib.util.find_spec("accelerate") is not None
     model = AutoModelForCausalLM.from_pretrained(
-        str(p), dtype=resolve_dtype(dtype, device), attn_implementation="sdpa",
-        local_files_only=True, **({"device_map": {"": device}} if direct else {}),
+        str(p),
+        dtype=resolve_dtype(dtype, device),
+        attn_implementation="sdpa",
+        local_files_only=True,
+        **({"device_map": {"": device}} if direct else {}),
     )
     if not direct:
         model.to(device)

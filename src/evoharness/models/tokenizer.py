@@ -77,12 +77,16 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency
     """
     floor = 256 + len(ADDED_TOKENS)
     if vocab_size < floor:
-        raise ValueError(f"vocab_size must be >= {floor} (256 bytes + {len(ADDED_TOKENS)} added tokens), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be >= {floor} (256 bytes + {len(ADDED_TOKENS)} added tokens), got {vocab_size}"
+        )
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -129,8 +133,9 @@ def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_tokenizer(corpus: Iterable[str], out_dir: str | Path, vocab_size: int = 2048,
-                    min_frequency: int = 2) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    corpus: Iterable[str], out_dir: str | Path, vocab_size: int = 2048, min_frequency: int = 2
+) -> PreTrainedTokenizerFast:
     """Train (see `train_tokenizer`) and `save_pretrained` into `out_dir`."""
     tok = train_tokenizer(corpus, vocab_size=vocab_size, min_frequency=min_frequency)
     Path(out_dir).mkdir(parents=True, exist_ok=True)

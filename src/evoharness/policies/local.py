@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
+from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.engines import make_engine
 from evoharness.engines.grammar import GenRequest
 from evoharness.harness.base import META_VERBS
 from evoharness.harness.prompt import fit_prompt_ids
-from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.policies.base import Completion, PolicyRequest
 
@@ -80,11 +80,22 @@ class LocalHFPolicy:
 
     name = "local"
 
-    def __init__(self, model_path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None,
-                 temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
-                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS, constrained: bool = False, seed: int = 0,
-                 policy_version: int = 0, meta_verbs: tuple[str, ...] = META_VERBS, num_threads: int | None = None,
-                 engine: str | None = None):
+    def __init__(
+        self,
+        model_path: str | Path,
+        device: str = "cpu",
+        dtype: str | torch.dtype | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 128,
+        max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+        constrained: bool = False,
+        seed: int = 0,
+        policy_version: int = 0,
+        meta_verbs: tuple[str, ...] = META_VERBS,
+        num_threads: int | None = None,
+        engine: str | None = None,
+    ):
         self.model_path = str(model_path)
         self.model = load_model(model_path, device, dtype)
         self.tokenizer = load_tokenizer(model_path)
@@ -96,7 +107,8 @@ class LocalHFPolicy:
         self.num_threads = num_threads
         self._fits: dict[tuple[str, int], dict[str, int]] = {}  # (episode, turn) -> PromptFit, until `act` reports it
         self._drop = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, *self.engine.stop_ids} - {
-            self.tokenizer.convert_tokens_to_ids("</action>")}
+            self.tokenizer.convert_tokens_to_ids("</action>")
+        }
 
     def _prompt_ids(self, req: PolicyRequest) -> list[int]:
         """The request's prompt ids within ``max_prompt_tokens``, fitted exactly as SFT
@@ -119,12 +131,19 @@ class LocalHFPolicy:
             try:
                 grammar = None
                 if self.constrained:
-                    verbs = getattr(req.harness, "meta_verbs", self.meta_verbs) if req.harness is not None else self.meta_verbs
+                    verbs = (
+                        getattr(req.harness, "meta_verbs", self.meta_verbs)
+                        if req.harness is not None
+                        else self.meta_verbs
+                    )
                     grammar = self.engine.grammar(list(req.admissible_commands), tuple(verbs))
-                gen.append((i, GenRequest(self._prompt_ids(req), request_seed(self.seed, req.episode_id, req.turn), grammar)))
+                gen.append(
+                    (i, GenRequest(self._prompt_ids(req), request_seed(self.seed, req.episode_id, req.turn), grammar))
+                )
             except Exception as e:  # noqa: BLE001 -- one bad request must not sink the batch
-                out[i] = Completion(text="", finish_reason="error", error=f"{type(e).__name__}: {e}",
-                                    policy_version=self.policy_version)
+                out[i] = Completion(
+                    text="", finish_reason="error", error=f"{type(e).__name__}: {e}", policy_version=self.policy_version
+                )
         try:
             with torch_threads(self.num_threads):
                 results = self.engine.generate([g for _, g in gen], self.max_new_tokens, self.temperature, self.top_p)
@@ -133,8 +152,14 @@ class LocalHFPolicy:
             err = f"{type(e).__name__}: {e}"
         for k, (i, g) in enumerate(gen):
             if results is None:
-                out[i] = Completion(text="", prompt_token_ids=g.prompt_ids, prompt_tokens=len(g.prompt_ids),
-                                    finish_reason="error", error=err, policy_version=self.policy_version)
+                out[i] = Completion(
+                    text="",
+                    prompt_token_ids=g.prompt_ids,
+                    prompt_tokens=len(g.prompt_ids),
+                    finish_reason="error",
+                    error=err,
+                    policy_version=self.policy_version,
+                )
                 continue
             r = results[k]
             text_ids = r.token_ids[:-1] if r.token_ids and r.token_ids[-1] in self._drop else r.token_ids
@@ -143,11 +168,18 @@ class LocalHFPolicy:
             constraint = g.grammar.constraint(self.max_new_tokens) if g.grammar is not None else None
             out[i] = Completion(
                 text=self.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False),
-                prompt_token_ids=g.prompt_ids, completion_token_ids=r.token_ids, logprobs=r.logprobs,
-                policy_version=self.policy_version, prompt_tokens=len(g.prompt_ids),
-                completion_tokens=len(r.token_ids), finish_reason=r.finish_reason,
-                extra={"seed": g.seed, "constraint": constraint,
-                       "prompt_fit": self._fits.pop((requests[i].episode_id, requests[i].turn), None)},
+                prompt_token_ids=g.prompt_ids,
+                completion_token_ids=r.token_ids,
+                logprobs=r.logprobs,
+                policy_version=self.policy_version,
+                prompt_tokens=len(g.prompt_ids),
+                completion_tokens=len(r.token_ids),
+                finish_reason=r.finish_reason,
+                extra={
+                    "seed": g.seed,
+                    "constraint": constraint,
+                    "prompt_fit": self._fits.pop((requests[i].episode_id, requests[i].turn), None),
+                },
             )
         return out  # type: ignore[return-value]
 
@@ -165,7 +197,9 @@ class LocalHFPolicy:
         given = {own[k].data_ptr() for k in state_dict if k in own}
         missing = [k for k in res.missing_keys if own[k].data_ptr() not in given]
         if missing or res.unexpected_keys:
-            raise KeyError(f"state_dict does not fit the model: missing {missing[:5]}, unexpected {res.unexpected_keys[:5]}")
+            raise KeyError(
+                f"state_dict does not fit the model: missing {missing[:5]}, unexpected {res.unexpected_keys[:5]}"
+            )
         self.policy_version = self.policy_version + 1 if version is None else version
         return self.policy_version
 

@@ -45,10 +45,17 @@ from evoharness.harness.base import META_VERBS
 from evoharness.policies.base import Completion, PolicyRequest
 from evoharness.policies.local import request_seed
 
-
 # words in a 400 that mean "this endpoint does not take the extension fields"
-_EXTENSION_HINTS = ("return_token_ids", "truncate_prompt_tokens", "action_grammar", "structured_outputs",
-                    "logprobs", "unrecognized", "unknown", "extra")
+_EXTENSION_HINTS = (
+    "return_token_ids",
+    "truncate_prompt_tokens",
+    "action_grammar",
+    "structured_outputs",
+    "logprobs",
+    "unrecognized",
+    "unknown",
+    "extra",
+)
 
 
 class OpenAIPolicy:
@@ -77,12 +84,24 @@ class OpenAIPolicy:
             (turned off automatically if the endpoint rejects them).
     """
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 120.0,
-                 max_retries: int = 3, concurrency: int = 16, temperature: float = 0.0, top_p: float = 1.0,
-                 max_tokens: int = 256, seed: int | None = 0, constrained: bool = False,
-                 constraint_format: Literal["gateway", "vllm", "vllm_xargs"] = "gateway",
-                 max_prompt_tokens: int | None = None,
-                 meta_verbs: tuple[str, ...] = META_VERBS, extensions: bool = True) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        concurrency: int = 16,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_tokens: int = 256,
+        seed: int | None = 0,
+        constrained: bool = False,
+        constraint_format: Literal["gateway", "vllm", "vllm_xargs"] = "gateway",
+        max_prompt_tokens: int | None = None,
+        meta_verbs: tuple[str, ...] = META_VERBS,
+        extensions: bool = True,
+    ) -> None:
         import openai
 
         self.name = f"openai:{model}"
@@ -92,8 +111,12 @@ class OpenAIPolicy:
         self.max_prompt_tokens, self.meta_verbs = max_prompt_tokens, tuple(meta_verbs)
         self.extensions = extensions
         self._ext_lock = threading.Lock()
-        self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
-                                    timeout=timeout_s, max_retries=max_retries)
+        self.client = openai.OpenAI(
+            base_url=base_url,
+            api_key=os.environ.get(api_key_env) or "EMPTY",
+            timeout=timeout_s,
+            max_retries=max_retries,
+        )
         self._pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
 
     def act(self, requests: list[PolicyRequest]) -> list[Completion]:
@@ -116,9 +139,11 @@ class OpenAIPolicy:
 
                 extra["structured_outputs"] = {"regex": action_regex(constraint["commands"], constraint["meta_verbs"])}
             elif self.constraint_format == "vllm_xargs":
-                extra["vllm_xargs"] = {"action_grammar_commands": constraint["commands"],
-                                       "action_grammar_meta_verbs": constraint["meta_verbs"],
-                                       "action_grammar_max_new_tokens": constraint["max_new_tokens"]}
+                extra["vllm_xargs"] = {
+                    "action_grammar_commands": constraint["commands"],
+                    "action_grammar_meta_verbs": constraint["meta_verbs"],
+                    "action_grammar_max_new_tokens": constraint["max_new_tokens"],
+                }
             else:
                 extra["action_grammar"] = {"commands": constraint["commands"], "meta_verbs": constraint["meta_verbs"]}
         return extra
@@ -126,16 +151,24 @@ class OpenAIPolicy:
     def _create(self, req: PolicyRequest, seed: int | None, constraint: dict[str, Any] | None):
         import openai
 
-        kw: dict[str, Any] = dict(model=self.model, messages=req.messages, temperature=self.temperature,
-                                  top_p=self.top_p, max_tokens=self.max_tokens)
+        kw: dict[str, Any] = dict(
+            model=self.model,
+            messages=req.messages,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+        )
         if seed is not None:
             kw["seed"] = seed
         if not self.extensions:
             return self.client.chat.completions.create(**kw)
         try:
             return self.client.chat.completions.create(
-                **kw, logprobs=True, extra_body=self._extra_body(constraint),
-                extra_headers={"X-Execution-Id": req.episode_id})
+                **kw,
+                logprobs=True,
+                extra_body=self._extra_body(constraint),
+                extra_headers={"X-Execution-Id": req.episode_id},
+            )
         except openai.BadRequestError as e:
             if not any(k in str(e).lower() for k in _EXTENSION_HINTS):
                 raise  # a genuinely bad request, not an endpoint without the extensions

@@ -10,8 +10,8 @@ import random
 
 from evoharness.envs.alfworld.expert import PlannerExpert
 from evoharness.envs.alfworld.task_info import load_task_info
-from evoharness.policies.base import Completion, PolicyRequest, format_action
 from evoharness.models.tokenizer import estimate_tokens
+from evoharness.policies.base import Completion, PolicyRequest, format_action
 
 
 def _rng(seed: int, req: PolicyRequest) -> random.Random:

@@ -73,8 +73,8 @@ from evoharness.envs.alfworld.wording import parse_place
 from evoharness.harness.bpe.belief import natural_key, type_of
 from evoharness.harness.bpe.goal import Goal, parse_goal
 from evoharness.harness.bpe.search import GENERIC_ORDER, receptacle_type, search_order
-from evoharness.policies.base import Completion, PolicyRequest, format_action
 from evoharness.models.tokenizer import estimate_tokens
+from evoharness.policies.base import Completion, PolicyRequest, format_action
 
 _SECTION_RE = re.compile(
     r"(?:^|\n\n)(OBJECTIVE|OBSERVATION|ADMISSIBLE COMMANDS|PREVIOUS ACTIONS|PLAN|RECALLED HINTS|TRACK RESULT|"
@@ -124,8 +124,10 @@ class PromptView:
 
 def _sections(text: str) -> dict[str, str]:
     marks = list(_SECTION_RE.finditer(text))
-    return {m.group(1): text[m.end(): marks[i + 1].start() if i + 1 < len(marks) else len(text)].strip("\n")
-            for i, m in enumerate(marks)}
+    return {
+        m.group(1): text[m.end() : marks[i + 1].start() if i + 1 < len(marks) else len(text)].strip("\n")
+        for i, m in enumerate(marks)
+    }
 
 
 def _history(text: str) -> list[tuple[str, str]]:
@@ -207,10 +209,10 @@ def location(v: PromptView) -> str | None:
     opened or examined where the agent stands: they have no ``go to``)."""
     for a, f in reversed(v.history):
         if a.startswith("go to ") and f.startswith("You arrive"):
-            return a[len("go to "):]
+            return a[len("go to ") :]
         for verb in ("open ", "examine "):
-            if a.startswith(verb) and type_of(a[len(verb):]) != v.goal.obj and not f.startswith("Nothing happens"):
-                return a[len(verb):]
+            if a.startswith(verb) and type_of(a[len(verb) :]) != v.goal.obj and not f.startswith("Nothing happens"):
+                return a[len(verb) :]
     return None
 
 
@@ -220,8 +222,8 @@ def _receptacles(v: PromptView) -> list[str]:
     out = set()
     for c in v.admissible:
         for verb in ("go to ", "open ", "examine "):
-            if c.startswith(verb) and (verb == "go to " or type_of(c[len(verb):]) != v.goal.obj):
-                out.add(c[len(verb):])
+            if c.startswith(verb) and (verb == "go to " or type_of(c[len(verb) :]) != v.goal.obj):
+                out.add(c[len(verb) :])
     if here := location(v):
         out.add(here)
     return sorted(out, key=natural_key)
@@ -276,8 +278,11 @@ def _unsearched(track_text: str) -> list[str]:
 
 def _located(track_text: str, obj: str) -> list[str]:
     """Receptacles a ``track obj`` result shows holding an `obj`, in natural order."""
-    out = [m.group(2) for ln in track_text.split("\n")
-           if (m := _LOCATED_RE.match(ln.strip())) and type_of(m.group(1)) == obj]
+    out = [
+        m.group(2)
+        for ln in track_text.split("\n")
+        if (m := _LOCATED_RE.match(ln.strip())) and type_of(m.group(1)) == obj
+    ]
     return sorted(dict.fromkeys(out), key=natural_key)
 
 
@@ -301,15 +306,18 @@ def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
     if last_a.startswith("take ") and (m := _PICK_RE.search(last_f)) and type_of(m.group(1)) == o:
         rtype = _rtype(m.group(2))
         if rtype not in v.hints:
-            return (f"note {o} is sometimes found in/on {rtype}",
-                    f"I found the {o} in a {rtype}, which my recalled hints did not list; "
-                    "I note it for later episodes.")
+            return (
+                f"note {o} is sometimes found in/on {rtype}",
+                f"I found the {o} in a {rtype}, which my recalled hints did not list; I note it for later episodes.",
+            )
         return _switch(v, k, f"I hold the {m.group(1)}; this subgoal is done, so I update the plan.")
     if last_a.startswith(f"note {o} is "):
         return _switch(v, k, f"I hold the {o} and noted where it was; I mark the subgoal done.")
     if second and last_a.startswith("commit "):
-        return ("recall mistakes: pick two",
-                f"The first {o} is placed; before searching again I check the known mistakes of pick-two tasks.")
+        return (
+            "recall mistakes: pick two",
+            f"The first {o} is placed; before searching again I check the known mistakes of pick-two tasks.",
+        )
     if not (v.track and v.track[0] == o):
         return f"track {o}", f"I track the {o}: TRACK RESULT will show where I see one."
     for c in v.admissible:
@@ -344,7 +352,7 @@ def _transform(v: PromptView, k: int) -> tuple[str, str]:
     if re.search(rf"You {verb} the {o} \d+ using the", last_f):
         return _switch(v, k, f"The {o} is done ({verb}); I update the plan.")
     for c in v.admissible:
-        if c.startswith(f"{verb} ") and type_of(c[len(verb) + 1:].split(" with ")[0]) == o:
+        if c.startswith(f"{verb} ") and type_of(c[len(verb) + 1 :].split(" with ")[0]) == o:
             return c, f"I am at the {g.appliance} holding the {o}; I {verb} it."
     app = _first_of_type(v, g.appliance) or (_first_of_type(v, "bathtubbasin") if verb == "clean" else None)
     if app and f"go to {app}" in v.admissible:
@@ -386,8 +394,10 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
             rtype = _rtype(here) if here else ""
             noted = last_a.startswith(f"note {lamp} is ")
             if searched and rtype and rtype not in _recalled_types(v, lamp) and not noted:
-                return (f"note {lamp} is sometimes found in/on {rtype}",
-                        f"The {lamp} was in a {rtype}, which I did not recall; I note it for later episodes.")
+                return (
+                    f"note {lamp} is sometimes found in/on {rtype}",
+                    f"The {lamp} was in a {rtype}, which I did not recall; I note it for later episodes.",
+                )
             return c, f"I hold the {o} next to the {c[4:]}; I turn it on to look at the {o}."
     here = location(v)
     for ln in track.split("\n"):
@@ -414,8 +424,8 @@ def _held(v: PromptView) -> str | None:
         if m := _TRANSFORM_CMD_RE.match(c):
             return m.group(1)
     for c in v.admissible:
-        if c.startswith("examine ") and (t := _rtype(c[len("examine "):])) not in GENERIC_ORDER and "lamp" not in t:
-            return c[len("examine "):]
+        if c.startswith("examine ") and (t := _rtype(c[len("examine ") :])) not in GENERIC_ORDER and "lamp" not in t:
+            return c[len("examine ") :]
     return None
 
 
@@ -436,28 +446,37 @@ def _recover(v: PromptView, k: int, item: str) -> tuple[str, str] | None:
             return put, f"I hold the {held}, not a {o}; I put it down before searching on."
         # back where it came from (it fits there), else on along the search order
         here = location(v)
-        came = [r for a, _ in v.history if a.startswith(f"take {held} from ") and (r := a.rsplit(" from ", 1)[1]) != here]
+        came = [
+            r for a, _ in v.history if a.startswith(f"take {held} from ") and (r := a.rsplit(" from ", 1)[1]) != here
+        ]
         nxt = came[-1] if came else _next_after(search_order(_receptacles(v), v.hints), here)
         if nxt and (step := _go(v, nxt, f"I hold the {held}, not a {o}, and cannot put it here; I go to {nxt}.")):
             return step
     if item.startswith("find "):
         just_found = last_a.startswith(("take ", f"note {o} is "))  # rule 2/3 handle these turns
-        if held and type_of(held) == o and not just_found and not (
-                item.startswith("find second") and _first_placed_in_hand(v, held)):
+        if (
+            held
+            and type_of(held) == o
+            and not just_found
+            and not (item.startswith("find second") and _first_placed_in_hand(v, held))
+        ):
             return _switch(v, k, f"I already hold the {held}; this subgoal is done, so I update the plan.")
         return None
     if _hands_empty(v) and not ((m := _PUT_RE.search(last_f)) and type_of(m.group(1) or m.group(2)) == o):
         finds = [i for i, (t, _) in enumerate(v.plan[:k]) if t.startswith("find ")]
         if finds:
-            return (f"commit {v.plan[finds[-1]][0]}: active",
-                    f"My hand is empty, so I do not hold the {o} yet; I reopen the search.")
+            return (
+                f"commit {v.plan[finds[-1]][0]}: active",
+                f"My hand is empty, so I do not hold the {o} yet; I reopen the search.",
+            )
     return None
 
 
 def _first_placed_in_hand(v: PromptView, held: str) -> bool:
     """Pick-two: the held X is the one already placed (taken back from a Y-type receptacle)."""
-    return any(a.startswith(f"take {held} from ") and _rtype(a.rsplit(" from ", 1)[1]) == v.goal.target
-               for a, _ in v.history)
+    return any(
+        a.startswith(f"take {held} from ") and _rtype(a.rsplit(" from ", 1)[1]) == v.goal.target for a, _ in v.history
+    )
 
 
 def decide(v: PromptView) -> tuple[str, str]:
@@ -508,8 +527,12 @@ class TeacherPolicy:
         user = next((m["content"] for m in reversed(req.messages) if m.get("role") == "user"), "")
         prompt_tokens = sum(estimate_tokens(m["content"]) for m in req.messages)
         if "\n\nPLAN:" not in user:
-            return Completion(text="", finish_reason="error", prompt_tokens=prompt_tokens,
-                              error="the teacher plays the BPE harness only (no PLAN view in the prompt)")
+            return Completion(
+                text="",
+                finish_reason="error",
+                prompt_tokens=prompt_tokens,
+                error="the teacher plays the BPE harness only (no PLAN view in the prompt)",
+            )
         text = teacher_completion(user)
         return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=estimate_tokens(text))
 

@@ -38,12 +38,33 @@ from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.factory import make_harness
 from evoharness.policies.base import Completion, PolicyRequest
-from evoharness.rollout.episode import (EpisodeSpec, LiveEpisode, advance, close_quietly, describe_error,
-                                        error_trajectory, replayed, run_episodes, time_limit)
+from evoharness.rollout.episode import (
+    EpisodeSpec,
+    LiveEpisode,
+    advance,
+    close_quietly,
+    describe_error,
+    error_trajectory,
+    replayed,
+    run_episodes,
+    time_limit,
+)
 from evoharness.rollout.records import Trajectory
 from evoharness.train.checkpoint import get_rng_state, load_trainer_state, set_rng_state
-from evoharness.train.step import (GroupScore, group_metrics, lr_at, merged_update_metrics, plan_updates, rollout_metrics, run_updates,
-                                   score_group, stream_scale, streamed_rows, streams, turn_rows)
+from evoharness.train.step import (
+    GroupScore,
+    group_metrics,
+    lr_at,
+    merged_update_metrics,
+    plan_updates,
+    rollout_metrics,
+    run_updates,
+    score_group,
+    stream_scale,
+    streamed_rows,
+    streams,
+    turn_rows,
+)
 
 # ---- the games --------------------------------------------------------------------------------
 
@@ -101,15 +122,18 @@ def train_tasks(cfg: RLConfig) -> list:
         GameDataError: a bad data path or split.
     """
     excluded = set(cfg.exclude_games)
-    tasks = [t for t in select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types)
-             if t.task_id not in excluded]
+    tasks = [
+        t for t in select_tasks(discover_games(cfg.split, cfg.data_path), cfg.task_types) if t.task_id not in excluded
+    ]
     if cfg.games is None:
         return tasks
     wanted = set(cfg.games)
     tasks = [t for t in tasks if t.task_id in wanted]
     if len(tasks) != len(wanted):
-        raise ValueError(f"{len(wanted) - len(tasks)} of the {len(wanted)} RL games are not trainable games of "
-                         f"split {cfg.split!r} (unknown, excluded, or not of task_types)")
+        raise ValueError(
+            f"{len(wanted) - len(tasks)} of the {len(wanted)} RL games are not trainable games of "
+            f"split {cfg.split!r} (unknown, excluded, or not of task_types)"
+        )
     return tasks
 
 
@@ -125,8 +149,9 @@ def branch_starts(cfg: RLConfig) -> list[tuple]:
     excluded = set(cfg.exclude_games)
     bad = sorted({b.task_id for b in cfg.branches if b.task_id not in by_id or b.task_id in excluded})
     if bad:
-        raise ValueError(f"{len(bad)} branch game(s) are not trainable games of split {cfg.split!r} "
-                         f"(unknown or excluded): {bad[:3]}")
+        raise ValueError(
+            f"{len(bad)} branch game(s) are not trainable games of split {cfg.split!r} (unknown or excluded): {bad[:3]}"
+        )
     return [(by_id[b.task_id], tuple(b.prefix)) for b in cfg.branches]
 
 
@@ -154,16 +179,22 @@ def quick_eval(cfg: RLConfig, policy: Any, store: Any) -> dict[str, float]:
     policy.temperature = 0.0
     policy.model.eval()
     try:
-        trajs = run_episodes([EpisodeSpec(t, f"{t.task_id}#eval", cfg.seed) for t in tasks],
-                             make_env=lambda task: make_env(task, engine=cfg.engine, wording=cfg.wording),
-                             make_harness=lambda: make_harness(cfg.harness, experience=snapshot), policy=policy,
-                             max_steps=cfg.max_steps)
+        trajs = run_episodes(
+            [EpisodeSpec(t, f"{t.task_id}#eval", cfg.seed) for t in tasks],
+            make_env=lambda task: make_env(task, engine=cfg.engine, wording=cfg.wording),
+            make_harness=lambda: make_harness(cfg.harness, experience=snapshot),
+            policy=policy,
+            max_steps=cfg.max_steps,
+        )
     finally:
         policy.temperature = temp
         policy.model.train(training)
         set_rng_state(rng)
-    return {"eval/success": sum(t.won for t in trajs) / len(trajs), "eval/n": len(trajs),
-            "eval/experience_writes_dropped": len(snapshot.pending)}
+    return {
+        "eval/success": sum(t.won for t in trajs) / len(trajs),
+        "eval/n": len(trajs),
+        "eval/experience_writes_dropped": len(snapshot.pending),
+    }
 
 
 def train_grpo(cfg: RLConfig) -> GRPOConfig:
@@ -216,8 +247,15 @@ class AlfworldWorkload:
         env_timeout_s: an env reset or step taking longer ends the episode as an error.
     """
 
-    def __init__(self, cfg: RLConfig, tasks: list, order: list[int], store: Any, branches: list | None = None,
-                 env_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        cfg: RLConfig,
+        tasks: list,
+        order: list[int],
+        store: Any,
+        branches: list | None = None,
+        env_timeout_s: float = 120.0,
+    ):
         self.cfg, self.grpo = cfg, train_grpo(cfg)
         self.tasks, self.order, self.store, self.branches = tasks, order, store, branches or []
         self.P, self.G = cfg.grpo.prompts_per_step, cfg.grpo.group_size
@@ -225,12 +263,12 @@ class AlfworldWorkload:
         self.env_timeout_s = env_timeout_s
         self.consolidator = experience_consolidator(cfg)
         self.live: dict[int, LiveEpisode] = {}
-        self.traj: dict[int, Trajectory] = {}       # finished executions
-        self._req: dict[int, PolicyRequest] = {}    # the turn in flight (re-issued as is)
-        self._comps: dict[int, list[dict]] = {}     # live execution -> its completions (a resume replays them)
-        self._scores: dict[int, GroupScore] = {}    # run's group index -> its score (once all members finished)
-        self._env_s: dict[int, list[float]] = {}    # execution -> seconds in env reset/step
-        self._gen_s: dict[int, float] = {}          # execution -> cell-seconds its calls decoded
+        self.traj: dict[int, Trajectory] = {}  # finished executions
+        self._req: dict[int, PolicyRequest] = {}  # the turn in flight (re-issued as is)
+        self._comps: dict[int, list[dict]] = {}  # live execution -> its completions (a resume replays them)
+        self._scores: dict[int, GroupScore] = {}  # run's group index -> its score (once all members finished)
+        self._env_s: dict[int, list[float]] = {}  # execution -> seconds in env reset/step
+        self._gen_s: dict[int, float] = {}  # execution -> cell-seconds its calls decoded
         self._last_sync = time.monotonic()
         store.freeze()
 
@@ -238,8 +276,8 @@ class AlfworldWorkload:
     def spec(self, e: int) -> EpisodeSpec:
         step, i = divmod(e, self.N)
         g, k = divmod(i, self.G)
-        n = step * self.P + g                       # the run's n-th group
-        if self.branches:                           # odd groups start from the branches
+        n = step * self.P + g  # the run's n-th group
+        if self.branches:  # odd groups start from the branches
             if n % 2:
                 task, prefix = self.branches[n // 2 % len(self.branches)]
                 return EpisodeSpec(task, f"{task.task_id}@{len(prefix)}#u{step}g{k}", self.cfg.seed, prefix)
@@ -268,9 +306,18 @@ class AlfworldWorkload:
                 close_quietly(env)
             self.traj[e] = error_trajectory(spec, cfg.harness.kind, "local", self.cap(e), describe_error(exc))
             return
-        traj = Trajectory(episode_id=spec.episode_id, task_id=spec.task.task_id, task_type=spec.task.task_type,
-                          split=spec.task.split, harness=harness.name, policy="local", goal=first.goal,
-                          initial_observation=first.observation, max_steps=self.cap(e), seed=cfg.seed)
+        traj = Trajectory(
+            episode_id=spec.episode_id,
+            task_id=spec.task.task_id,
+            task_type=spec.task.task_type,
+            split=spec.task.split,
+            harness=harness.name,
+            policy="local",
+            goal=first.goal,
+            initial_observation=first.observation,
+            max_steps=self.cap(e),
+            seed=cfg.seed,
+        )
         self.live[e] = LiveEpisode(spec, env, harness, traj, first, t0)
         self._replay_prefix(e)
 
@@ -283,8 +330,7 @@ class AlfworldWorkload:
 
     @staticmethod
     def _request(lv: LiveEpisode) -> PolicyRequest:
-        return PolicyRequest(lv.harness.messages(), lv.spec.episode_id, len(lv.traj.turns),
-                             list(lv.harness.admissible))
+        return PolicyRequest(lv.harness.messages(), lv.spec.episode_id, len(lv.traj.turns), list(lv.harness.admissible))
 
     def _advance(self, e: int, req: PolicyRequest, comp: Completion) -> bool:
         lv = self.live[e]
@@ -302,8 +348,13 @@ class AlfworldWorkload:
             return None
         lv = self.live[e]
         req = self._req.setdefault(e, self._request(lv))
-        return {"messages": req.messages, "episode_id": req.episode_id, "turn": req.turn,
-                "admissible_commands": req.admissible_commands, "meta_verbs": list(lv.harness.meta_verbs)}
+        return {
+            "messages": req.messages,
+            "episode_id": req.episode_id,
+            "turn": req.turn,
+            "admissible_commands": req.admissible_commands,
+            "meta_verbs": list(lv.harness.meta_verbs),
+        }
 
     def reply(self, e: int, result: dict[str, Any]) -> None:
         comp = dict(result["result"])
@@ -312,7 +363,7 @@ class AlfworldWorkload:
         self._advance(e, self._req.pop(e), Completion(**comp))
 
     def tool_delay(self, e: int) -> float:
-        return 0.0                                  # the env step already ran in `reply`
+        return 0.0  # the env step already ran in `reply`
 
     def finished(self, e: int) -> bool:
         return e in self.traj
@@ -328,8 +379,14 @@ class AlfworldWorkload:
 
     def calls(self, e: int) -> list[dict[str, Any]]:
         t = self._trajectory(e)
-        return [{"prompt_tokens": x.prompt_tokens, "completion_tokens": x.completion_tokens,
-                 "policy_version": x.policy_version} for x in t.turns[t.info.get("replayed_turns", 0):]]
+        return [
+            {
+                "prompt_tokens": x.prompt_tokens,
+                "completion_tokens": x.completion_tokens,
+                "policy_version": x.policy_version,
+            }
+            for x in t.turns[t.info.get("replayed_turns", 0) :]
+        ]
 
     def trace_key(self, e: int) -> tuple[str, str, float]:
         t = self.traj[e]
@@ -369,8 +426,9 @@ class AlfworldWorkload:
         updates = plan_updates([r for e in sorted(executions) for r in self._rows(e)], self.grpo)
         return [dict(plan, updates=[u[r::ranks] for u in updates], scale=1.0) for r in range(ranks)]
 
-    def step_done(self, version: int, executions: Sequence[int], stats: dict[str, Any],
-                  timing: dict[str, float]) -> dict[str, Any]:
+    def step_done(
+        self, version: int, executions: Sequence[int], stats: dict[str, Any], timing: dict[str, float]
+    ) -> dict[str, Any]:
         """Step ``version - 1`` trained (`stats`: `train.step.merged_update_metrics`' arguments):
         consolidate the experience store and return the step's metrics record."""
         self.store.unfreeze()
@@ -382,14 +440,21 @@ class AlfworldWorkload:
         trajs = [self.traj[e] for e in execs]
         breakdowns = [scores[groups.index(e // self.G)].breakdowns[e % self.G] for e in execs]
         now = time.monotonic()
-        rec = {**rollout_metrics(trajs, breakdowns), **group_metrics(scores, self.grpo),
-               **merged_update_metrics(**stats),
-               "experience_ops": len(ops), "experience_epoch": self.store.epoch,
-               # cell-seconds and driver seconds summed over the batch (cells overlap: not a wall-time split)
-               "timing_s/env": sum(self._env_s.pop(e, [0.0])[0] for e in execs),
-               "timing_s/gen": sum(self._gen_s.pop(e, 0.0) for e in execs),
-               **{f"timing_s/{k}": v for k, v in timing.items()}, "timing_s/step": now - self._last_sync,
-               "step": version, "policy_version": version, "constrained": self.cfg.constrained}
+        rec = {
+            **rollout_metrics(trajs, breakdowns),
+            **group_metrics(scores, self.grpo),
+            **merged_update_metrics(**stats),
+            "experience_ops": len(ops),
+            "experience_epoch": self.store.epoch,
+            # cell-seconds and driver seconds summed over the batch (cells overlap: not a wall-time split)
+            "timing_s/env": sum(self._env_s.pop(e, [0.0])[0] for e in execs),
+            "timing_s/gen": sum(self._gen_s.pop(e, 0.0) for e in execs),
+            **{f"timing_s/{k}": v for k, v in timing.items()},
+            "timing_s/step": now - self._last_sync,
+            "step": version,
+            "policy_version": version,
+            "constrained": self.cfg.constrained,
+        }
         self._last_sync = now
         for e in execs:
             del self.traj[e]
@@ -403,8 +468,11 @@ class AlfworldWorkload:
     def state(self) -> dict[str, Any]:
         """Finished trajectories not yet trained, the store, and each live episode's completions
         (live envs are not picklable: a resume replays the completions into a fresh env)."""
-        return {**{k: getattr(self, k) for k in self._BOOKS}, "store": self.store.to_dict(),
-                "comps": {e: list(self._comps.get(e, [])) for e in self.live}}
+        return {
+            **{k: getattr(self, k) for k in self._BOOKS},
+            "store": self.store.to_dict(),
+            "comps": {e: list(self._comps.get(e, [])) for e in self.live},
+        }
 
     def restore(self, st: dict[str, Any]) -> None:
         from evoharness.harness.bpe import ExperienceStore
@@ -483,10 +551,17 @@ class PolicyCell:
         dtype = compute_dtype(cfg.dtype, cfg.device)
         self.amp = lambda: autocast(cfg.device, dtype)
         # fp32 master weights; low precision only as autocast compute
-        self.policy = LocalHFPolicy(init_dir or cfg.model_path, device=cfg.device, dtype=torch.float32,
-                                    temperature=cfg.grpo.temperature, max_new_tokens=cfg.max_new_tokens,
-                                    max_prompt_tokens=cfg.max_prompt_tokens, constrained=cfg.constrained,
-                                    seed=cfg.seed, num_threads=cfg.decode_threads)
+        self.policy = LocalHFPolicy(
+            init_dir or cfg.model_path,
+            device=cfg.device,
+            dtype=torch.float32,
+            temperature=cfg.grpo.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            constrained=cfg.constrained,
+            seed=cfg.seed,
+            num_threads=cfg.decode_threads,
+        )
         self.model = self.policy.model
         self._trainer: Any = None
         self._reducer: Any = None
@@ -505,12 +580,20 @@ class PolicyCell:
             if cfg.sft_anchor is not None:
                 from evoharness.train.sft_anchor import SFTAnchor
 
-                anchor = SFTAnchor(cfg.sft_anchor, self.policy.tokenizer, cfg.seed,
-                                   self.grpo.epochs * self.grpo.mini_batches)
-            self._trainer = Trainer(self.model, self.policy.tokenizer, self.grpo, ref_model=ref, amp=self.amp,
-                                    anchor=anchor, reducer=self._reducer)
+                anchor = SFTAnchor(
+                    cfg.sft_anchor, self.policy.tokenizer, cfg.seed, self.grpo.epochs * self.grpo.mini_batches
+                )
+            self._trainer = Trainer(
+                self.model,
+                self.policy.tokenizer,
+                self.grpo,
+                ref_model=ref,
+                amp=self.amp,
+                anchor=anchor,
+                reducer=self._reducer,
+            )
             state = Path(self.init_dir or "", "trainer_state.pt")
-            if self.init_dir and state.is_file():       # a resumed run: the optimizer's moments and the RNGs
+            if self.init_dir and state.is_file():  # a resumed run: the optimizer's moments and the RNGs
                 saved = load_trainer_state(state)
                 self._trainer.load_state_dict(saved["optimizer"])
                 set_rng_state(saved["rng"])
@@ -518,8 +601,16 @@ class PolicyCell:
 
     def serve(self, payloads: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
         self.policy.policy_version = version
-        reqs = [PolicyRequest(p["messages"], p["episode_id"], p["turn"], list(p["admissible_commands"]),
-                              harness=SimpleNamespace(meta_verbs=tuple(p["meta_verbs"]))) for p in payloads]
+        reqs = [
+            PolicyRequest(
+                p["messages"],
+                p["episode_id"],
+                p["turn"],
+                list(p["admissible_commands"]),
+                harness=SimpleNamespace(meta_verbs=tuple(p["meta_verbs"])),
+            )
+            for p in payloads
+        ]
         self.model.eval()
         with self.amp():
             return [dataclasses.asdict(c) for c in self.policy.act(reqs)]
@@ -554,8 +645,9 @@ class PolicyCell:
             self.model.save_pretrained(directory, safe_serialization=True)
         self.policy.tokenizer.save_pretrained(directory)
         if optimizer:
-            torch.save({"optimizer": self.trainer.state_dict(), "rng": get_rng_state()},
-                       Path(directory) / "trainer_state.pt")
+            torch.save(
+                {"optimizer": self.trainer.state_dict(), "rng": get_rng_state()}, Path(directory) / "trainer_state.pt"
+            )
 
 
 def shuffled_order(n: int, seed: int) -> list[int]:
@@ -579,9 +671,16 @@ class _Evaluator:
 
         cfg = self.cfg
         if self.policy is None:
-            self.policy = LocalHFPolicy(cfg.model_path, device=cfg.device, dtype=torch.float32,
-                                        max_new_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_prompt_tokens,
-                                        constrained=cfg.constrained, seed=cfg.seed, num_threads=cfg.decode_threads)
+            self.policy = LocalHFPolicy(
+                cfg.model_path,
+                device=cfg.device,
+                dtype=torch.float32,
+                max_new_tokens=cfg.max_new_tokens,
+                max_prompt_tokens=cfg.max_prompt_tokens,
+                constrained=cfg.constrained,
+                seed=cfg.seed,
+                num_threads=cfg.decode_threads,
+            )
         load_weights(self.policy.model, str(weights))
         self.policy.policy_version = version
         with autocast(cfg.device, compute_dtype(cfg.dtype, cfg.device)):
@@ -598,6 +697,11 @@ def alfworld_recipe(cfg: RLConfig) -> Any:
     from evoharness.recipes.base import Recipe
 
     tasks = train_tasks(cfg)
-    workload = AlfworldWorkload(cfg, tasks, shuffled_order(len(tasks), cfg.seed),
-                                load_experience_fresh(cfg.harness.experience_path), branch_starts(cfg))
+    workload = AlfworldWorkload(
+        cfg,
+        tasks,
+        shuffled_order(len(tasks), cfg.seed),
+        load_experience_fresh(cfg.harness.experience_path),
+        branch_starts(cfg),
+    )
     return Recipe(workload, lambda threads: PolicyCellFactory(cfg, threads), _Evaluator(cfg))

@@ -50,8 +50,9 @@ class EngineCellFactory:
     def __call__(self, cell: int, init_dir: str | None) -> EngineCell:
         if self.threads:
             torch.set_num_threads(self.threads)
-        return EngineCell(self.model_path, self.grpo, init_dir, device=self.device, dtype=self.dtype,
-                          ref_device=self.ref_device)
+        return EngineCell(
+            self.model_path, self.grpo, init_dir, device=self.device, dtype=self.dtype, ref_device=self.ref_device
+        )
 
 
 class EngineCell:
@@ -65,8 +66,15 @@ class EngineCell:
         device / dtype / ref_device: as `EngineCellFactory`'s.
     """
 
-    def __init__(self, model_path: str, grpo: GRPOConfig, init_dir: str | None = None, device: str = "cpu",
-                 dtype: str | None = None, ref_device: str | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        grpo: GRPOConfig,
+        init_dir: str | None = None,
+        device: str = "cpu",
+        dtype: str | None = None,
+        ref_device: str | None = None,
+    ):
         from evoharness.engines.hf import Engine
         from evoharness.models.init import load_model, load_tokenizer
         from evoharness.train.precision import autocast, compute_dtype
@@ -96,10 +104,11 @@ class EngineCell:
                 dev = self.ref_device or self.device
                 ref = load_model(self.model_path, dev, compute_dtype(self.dtype, self.device)).eval()
                 ref.requires_grad_(False)
-            self._trainer = Trainer(self.model, self.tokenizer, self.grpo, ref_model=ref, amp=self.amp,
-                                    reducer=self._reducer)
+            self._trainer = Trainer(
+                self.model, self.tokenizer, self.grpo, ref_model=ref, amp=self.amp, reducer=self._reducer
+            )
             state = Path(self.init_dir or "", "trainer_state.pt")
-            if self.init_dir and state.is_file():       # a resumed run: the optimizer's moments and the RNGs
+            if self.init_dir and state.is_file():  # a resumed run: the optimizer's moments and the RNGs
                 saved = load_trainer_state(state)
                 self._trainer.load_state_dict(saved["optimizer"])
                 set_rng_state(saved["rng"])
@@ -116,8 +125,9 @@ class EngineCell:
         for key in dict.fromkeys((m, t) for _, m, _, t in calls):
             idx = [i for i, c in enumerate(calls) if (c[1], c[3]) == key]
             with self.amp():
-                res = self.engine.generate([GenRequest(calls[i][0], seed=calls[i][2]) for i in idx],
-                                           max_new_tokens=key[0], temperature=key[1])
+                res = self.engine.generate(
+                    [GenRequest(calls[i][0], seed=calls[i][2]) for i in idx], max_new_tokens=key[0], temperature=key[1]
+                )
             for i, r in zip(idx, res, strict=True):
                 out[i] = (list(r.token_ids), list(r.logprobs), version)
         return out
@@ -155,5 +165,6 @@ class EngineCell:
             self.model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         if optimizer:
-            torch.save({"optimizer": self.trainer.state_dict(), "rng": get_rng_state()},
-                       Path(directory) / "trainer_state.pt")
+            torch.save(
+                {"optimizer": self.trainer.state_dict(), "rng": get_rng_state()}, Path(directory) / "trainer_state.pt"
+            )

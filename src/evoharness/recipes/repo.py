@@ -77,12 +77,33 @@ from evoharness.train.step import (
 )
 
 # the `RepoEpisode` fields an execution's outcome keeps
-_OUTCOME = ("reward", "score_status", "stop_reason", "passed", "n_tests", "score_attempts", "tool_calls", "tool_errors",
-            "model_calls", "compactions", "prompt_tokens", "completion_tokens", "wall_s", "model_s", "tool_s",
-            "score_s", "error", "score_detail")
+_OUTCOME = (
+    "reward",
+    "score_status",
+    "stop_reason",
+    "passed",
+    "n_tests",
+    "score_attempts",
+    "tool_calls",
+    "tool_errors",
+    "model_calls",
+    "compactions",
+    "prompt_tokens",
+    "completion_tokens",
+    "wall_s",
+    "model_s",
+    "tool_s",
+    "score_s",
+    "error",
+    "score_detail",
+)
 # score statuses counted per step (``score/<status>``); "errors": the episode runner raised (a harness error)
-_STATUSES = {"scored": "score/scored", "placeholder": "score/placeholder", "dropped": "score/dropped",
-             "error": "score/errors"}
+_STATUSES = {
+    "scored": "score/scored",
+    "placeholder": "score/placeholder",
+    "dropped": "score/dropped",
+    "error": "score/errors",
+}
 
 
 def repo_tasks(cfg: RLConfig) -> list:
@@ -125,8 +146,9 @@ def check_sandbox() -> None:
         sandbox.require_bwrap()
         sandbox.seccomp_program()
     except sandbox.SandboxUnavailable as e:
-        raise sandbox.SandboxUnavailable(f"env = 'repo' runs every agent command in the sandbox, which cannot start "
-                                         f"on this machine: {e}") from e
+        raise sandbox.SandboxUnavailable(
+            f"env = 'repo' runs every agent command in the sandbox, which cannot start on this machine: {e}"
+        ) from e
 
 
 @dataclasses.dataclass
@@ -146,7 +168,7 @@ class Ask:
     seed: int
     messages: list[dict[str, Any]]
     fut: Future = dataclasses.field(default_factory=Future)
-    t_start: float = 0.0          # wall clock when the agent asked (CallRecord.t_start)
+    t_start: float = 0.0  # wall clock when the agent asked (CallRecord.t_start)
 
 
 class WorkloadClosed(Exception):
@@ -179,13 +201,16 @@ class CellChatPolicy:
         except Exception as exc:  # noqa: BLE001 -- a template that cannot render these messages
             return ChatReply(finish_reason="error", error=f"cannot render the chat: {type(exc).__name__}: {exc}")
         if len(ids) + wl.max_new_tokens > wl.max_model_len:
-            return ChatReply(finish_reason="error", context_overflow=True,
-                             error=f"context_length_exceeded: prompt {len(ids)} + max_new_tokens "
-                                   f"{wl.max_new_tokens} > {wl.max_model_len}")
+            return ChatReply(
+                finish_reason="error",
+                context_overflow=True,
+                error=f"context_length_exceeded: prompt {len(ids)} + max_new_tokens "
+                f"{wl.max_new_tokens} > {wl.max_model_len}",
+            )
         ask = Ask(list(ids), role, call_seed(wl.cfg.seed, self.e, self.n_calls), messages, t_start=time.time())
         self.n_calls += 1
         wl.inbox.put(("call", self.e, ask))
-        return ask.fut.result()          # WorkloadClosed when the workload closes meanwhile
+        return ask.fut.result()  # WorkloadClosed when the workload closes meanwhile
 
     def close(self) -> None:
         pass
@@ -223,22 +248,22 @@ class RepoWorkload:
         self.keep = cfg.repo.agent.keep_workspace
         self.max_new_tokens, self.temperature = cfg.max_new_tokens, cfg.grpo.temperature
         self.tok = load_tokenizer(cfg.model_path)
-        self.tok_lock = threading.Lock()    # a fast tokenizer used from several threads fails ("Already borrowed")
+        self.tok_lock = threading.Lock()  # a fast tokenizer used from several threads fails ("Already borrowed")
         self._stop_ids = set(getattr(self.tok, "all_special_ids", []))
         self.max_model_len = int(AutoConfig.from_pretrained(cfg.model_path).max_position_embeddings)
         self.closed = False
-        self.inbox: queue.Queue = queue.Queue()      # agent threads -> the driver thread
-        self._ask: dict[int, Ask] = {}               # execution -> the call it waits on
-        self._woke: set[int] = set()                 # executions whose call or end arrived since `woken`
+        self.inbox: queue.Queue = queue.Queue()  # agent threads -> the driver thread
+        self._ask: dict[int, Ask] = {}  # execution -> the call it waits on
+        self._woke: set[int] = set()  # executions whose call or end arrived since `woken`
         self._threads: dict[int, threading.Thread] = {}
-        self.started: dict[int, int] = {}            # execution -> times its episode was started
-        self.outcome: dict[int, dict[str, Any]] = {}     # finished execution -> its episode's outcome
-        self.records: dict[int, list[CallRecord]] = {}   # execution -> its model calls (TITO)
-        self._gen_s: dict[int, float] = {}           # execution -> cell-seconds its calls decoded
-        self._scores: dict[int, GroupScore] = {}     # run's group index -> its score (once all members finished)
-        self._rows: dict[int, tuple[list, dict[str, int]]] = {}   # execution -> (its rows, its tree's sizes)
+        self.started: dict[int, int] = {}  # execution -> times its episode was started
+        self.outcome: dict[int, dict[str, Any]] = {}  # finished execution -> its episode's outcome
+        self.records: dict[int, list[CallRecord]] = {}  # execution -> its model calls (TITO)
+        self._gen_s: dict[int, float] = {}  # execution -> cell-seconds its calls decoded
+        self._scores: dict[int, GroupScore] = {}  # run's group index -> its score (once all members finished)
+        self._rows: dict[int, tuple[list, dict[str, int]]] = {}  # execution -> (its rows, its tree's sizes)
         self._last_sync = time.monotonic()
-        self.sweep()                                 # a killed run's workspaces (tmpfs mounts) go first
+        self.sweep()  # a killed run's workspaces (tmpfs mounts) go first
 
     # ---- executions: repository episodes on threads ---------------------------------------------
     def spec(self, e: int) -> tuple[Any, str]:
@@ -283,8 +308,14 @@ class RepoWorkload:
     @staticmethod
     def _error(exc: BaseException, calls: int) -> dict[str, Any]:
         """The outcome of an execution whose episode runner raised: a harness error, unscored."""
-        return {"reward": None, "score_status": "error", "stop_reason": "error", "model_calls": calls,
-                "error": f"{type(exc).__name__}: {exc}"[:500], "score_detail": {}}
+        return {
+            "reward": None,
+            "score_status": "error",
+            "stop_reason": "error",
+            "model_calls": calls,
+            "error": f"{type(exc).__name__}: {exc}"[:500],
+            "score_detail": {},
+        }
 
     def _drain(self) -> None:
         """Take the agent threads' messages: a call to issue, or an episode's end."""
@@ -320,15 +351,29 @@ class RepoWorkload:
         finish = "tool_calls" if calls else ("stop" if ids and ids[-1] in self._stop_ids else "length")
         _, xid = self.spec(e)
         recs = self.records[e]
-        recs.append(CallRecord(
-            execution_id=xid, call_id=f"{xid}#c{len(recs)}", role=ask.role, model=self.cfg.model_path,
-            prompt_token_ids=list(ask.prompt_ids), completion_token_ids=list(ids), logprobs=list(lps),
-            policy_version=int(version), finish_reason=finish, t_start=ask.t_start, t_end=time.time(),
-            tool_calls=calls))
-        answer = ChatReply(content=content or "",
-                           tool_calls=[ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
-                                       for c in calls],
-                           prompt_tokens=len(ask.prompt_ids), completion_tokens=len(ids), finish_reason=finish)
+        recs.append(
+            CallRecord(
+                execution_id=xid,
+                call_id=f"{xid}#c{len(recs)}",
+                role=ask.role,
+                model=self.cfg.model_path,
+                prompt_token_ids=list(ask.prompt_ids),
+                completion_token_ids=list(ids),
+                logprobs=list(lps),
+                policy_version=int(version),
+                finish_reason=finish,
+                t_start=ask.t_start,
+                t_end=time.time(),
+                tool_calls=calls,
+            )
+        )
+        answer = ChatReply(
+            content=content or "",
+            tool_calls=[ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls],
+            prompt_tokens=len(ask.prompt_ids),
+            completion_tokens=len(ids),
+            finish_reason=finish,
+        )
         ask.fut.set_result(self.answer(e, ask, answer))
 
     def answer(self, e: int, ask: Ask, reply: ChatReply) -> ChatReply:
@@ -337,7 +382,7 @@ class RepoWorkload:
         return reply
 
     def tool_delay(self, e: int) -> float:
-        return 0.0                  # the agent's tools run on its thread: `woken` says when it asks again
+        return 0.0  # the agent's tools run on its thread: `woken` says when it asks again
 
     def finished(self, e: int) -> bool:
         self._drain()
@@ -352,8 +397,15 @@ class RepoWorkload:
         return sum(len(r.prompt_token_ids) + len(r.completion_token_ids) for r in self.records.get(e, []))
 
     def calls(self, e: int) -> list[dict[str, Any]]:
-        return [{"prompt_tokens": len(r.prompt_token_ids), "completion_tokens": len(r.completion_token_ids),
-                 "policy_version": r.policy_version, "role": r.role} for r in self.records.get(e, [])]
+        return [
+            {
+                "prompt_tokens": len(r.prompt_token_ids),
+                "completion_tokens": len(r.completion_token_ids),
+                "policy_version": r.policy_version,
+                "role": r.role,
+            }
+            for r in self.records.get(e, [])
+        ]
 
     def trace_key(self, e: int) -> tuple[str, str, float]:
         task, xid = self.spec(e)
@@ -365,13 +417,14 @@ class RepoWorkload:
         if group not in self._scores:
             members = range(group * self.G, (group + 1) * self.G)
             if missing := [m for m in members if m not in self.outcome]:
-                raise RuntimeError(f"group {group} trained before its members {missing} finished "
-                                   "(GRPO needs the group)")
+                raise RuntimeError(
+                    f"group {group} trained before its members {missing} finished (GRPO needs the group)"
+                )
             score = score_rewards([self.outcome[m]["reward"] for m in members], self.grpo)
             step = group * self.G // self.N
             for m, valid, adv in zip(members, score.valid, score.advantages):
                 recs = self.records.get(m, [])
-                if not valid or not recs:      # dropped / harness error (unpunished, untrained), or no call made
+                if not valid or not recs:  # dropped / harness error (unpunished, untrained), or no call made
                     self._rows[m] = [], {"calls": len(recs), "tokens": 0, "trainable": 0, "selected": 0}
                 else:
                     self._rows[m] = call_rows(recs, adv[0], self.grpo, step, group=group)
@@ -400,15 +453,19 @@ class RepoWorkload:
         updates = plan_updates([r for e in sorted(executions) for r in self.rows(e)], self.grpo)
         return [dict(plan, updates=[u[r::ranks] for u in updates], scale=1.0) for r in range(ranks)]
 
-    def step_done(self, version: int, executions: Sequence[int], stats: dict[str, Any],
-                  timing: dict[str, float]) -> dict[str, Any]:
+    def step_done(
+        self, version: int, executions: Sequence[int], stats: dict[str, Any], timing: dict[str, float]
+    ) -> dict[str, Any]:
         """Step ``version - 1`` trained: its metrics record (`stats`: `train.step.merged_update_metrics`'
         arguments); the trained executions' books are dropped."""
         execs = sorted(executions)
         groups = sorted({e // self.G for e in execs})
         scores = [self._score(g) for g in groups]
-        adv = {m: s.advantages[m - g * self.G][0] for g, s in zip(groups, scores)
-               for m in range(g * self.G, (g + 1) * self.G)}
+        adv = {
+            m: s.advantages[m - g * self.G][0]
+            for g, s in zip(groups, scores)
+            for m in range(g * self.G, (g + 1) * self.G)
+        }
         outs = [self.outcome[e] for e in execs]
         n = max(1, len(outs))
         scored = [o["reward"] for o in outs if o["reward"] is not None]
@@ -419,7 +476,8 @@ class RepoWorkload:
         trees = [self._rows[e][1] for e in execs]
         now = time.monotonic()
         rec = {
-            "step": version, "policy_version": version,
+            "step": version,
+            "policy_version": version,
             "success": sum(r == 1.0 for r in scored) / n,
             "reward": sum(scored) / len(scored) if scored else 0.0,
             **{name: sum(o["score_status"] == s for o in outs) for s, name in _STATUSES.items()},
@@ -432,8 +490,10 @@ class RepoWorkload:
             "steps_per_episode": sum(o.get("model_calls", 0) for o in outs) / n,
             "tool_calls_per_episode": sum(o.get("tool_calls", 0) for o in outs) / n,
             "compactions_per_episode": sum(o.get("compactions", 0) for o in outs) / n,
-            "completion_tokens_per_episode": sum(len(r.completion_token_ids) for e in execs
-                                                 for r in self.records.get(e, [])) / n,
+            "completion_tokens_per_episode": sum(
+                len(r.completion_token_ids) for e in execs for r in self.records.get(e, [])
+            )
+            / n,
             **group_metrics(scores, self.grpo),
             # harness errors (the episode runner raised); scorer drops are ``score/dropped``
             "rollout/env_errors": stops.get("error", 0),
@@ -445,7 +505,8 @@ class RepoWorkload:
             # cell-seconds and agent-thread seconds summed over the batch (executions overlap: not a wall-time split)
             "timing_s/gen": sum(self._gen_s.get(e, 0.0) for e in execs),
             "timing_s/env": sum(o.get("tool_s", 0.0) + o.get("score_s", 0.0) for o in outs),
-            **{f"timing_s/{k}": v for k, v in timing.items()}, "timing_s/step": now - self._last_sync,
+            **{f"timing_s/{k}": v for k, v in timing.items()},
+            "timing_s/step": now - self._last_sync,
         }
         self._last_sync = now
         for e in execs:
@@ -473,7 +534,7 @@ class RepoWorkload:
         for k in self._BOOKS:
             setattr(self, k, dict(st[k]))
         for e in st["live"]:
-            self.start(e)          # from its beginning (`started` counts the restart)
+            self.start(e)  # from its beginning (`started` counts the restart)
 
     # ---- host hygiene -----------------------------------------------------------------------------
     def sweep(self, executions: Sequence[int] | None = None) -> list[Path]:
@@ -481,8 +542,11 @@ class RepoWorkload:
         mounts included; nothing with ``repo.agent.keep_workspace``. Returns what was removed."""
         if self.keep:
             return []
-        dirs = ([self.episode_dir(e) for e in executions] if executions is not None
-                else sorted((self.work_dir / "episodes").glob("e*")))
+        dirs = (
+            [self.episode_dir(e) for e in executions]
+            if executions is not None
+            else sorted((self.work_dir / "episodes").glob("e*"))
+        )
         gone = []
         for d in dirs:
             for ws in (d / "workspace", d / ".workspace.kept"):
@@ -540,8 +604,10 @@ def repo_recipe(cfg: RLConfig) -> Any:
     from evoharness.recipes.engine_cell import EngineCellFactory
 
     if cfg.eval_every > 0:
-        raise ValueError("env = 'repo' has no periodic evaluation yet (eval_every = 0; `evoharness eval --env repo` "
-                         "evaluates a model)")
+        raise ValueError(
+            "env = 'repo' has no periodic evaluation yet (eval_every = 0; `evoharness eval --env repo` "
+            "evaluates a model)"
+        )
     if cfg.sft_anchor is not None:
         raise ValueError("env = 'repo' trains without an SFT anchor (its cells' trainer has none): unset sft_anchor")
     tasks = repo_tasks(cfg)
@@ -549,7 +615,8 @@ def repo_recipe(cfg: RLConfig) -> Any:
     grpo = train_grpo(cfg)
 
     def cell(threads: int | None = None) -> EngineCellFactory:
-        return EngineCellFactory(cfg.model_path, grpo, threads, device=cfg.device, dtype=cfg.dtype,
-                                 ref_device=cfg.ref_device)
+        return EngineCellFactory(
+            cfg.model_path, grpo, threads, device=cfg.device, dtype=cfg.dtype, ref_device=cfg.ref_device
+        )
 
     return Recipe(workload, cell, None)

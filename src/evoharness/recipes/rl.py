@@ -32,8 +32,9 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -71,12 +72,15 @@ def sim_config(cfg: RLConfig) -> SimConfig:
     """The scheduler's view of `cfg`: P groups of G executions per step on K cells."""
     rt, g = cfg.runtime, cfg.grpo
     n = g.prompts_per_step * g.group_size
-    return SimConfig.model_validate({
-        "workload": {"groups_per_step": g.prompts_per_step, "group_size": g.group_size},
-        "cluster": {"cells": rt.cells, "capacity": rt.capacity or math.ceil(n / rt.cells)},
-        "policy": {"staleness": rt.staleness, "async_train_cells": rt.async_train_cells},
-        "steps": cfg.steps, "seed": cfg.seed,
-    })
+    return SimConfig.model_validate(
+        {
+            "workload": {"groups_per_step": g.prompts_per_step, "group_size": g.group_size},
+            "cluster": {"cells": rt.cells, "capacity": rt.capacity or math.ceil(n / rt.cells)},
+            "policy": {"staleness": rt.staleness, "async_train_cells": rt.async_train_cells},
+            "steps": cfg.steps,
+            "seed": cfg.seed,
+        }
+    )
 
 
 class RLJob:
@@ -96,7 +100,7 @@ class RLJob:
             torch.set_num_threads(cfg.threads)
         self.out = out = Path(cfg.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if any((out / "checkpoints").glob("step_*")):       # a resume continues the same run only
+        if any((out / "checkpoints").glob("step_*")):  # a resume continues the same run only
             check_resume_config(out / "rl_config.json", json.loads(cfg.model_dump_json()), RLConfig.RESUME_FREE)
         atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
         self.work = out / "runtime"
@@ -109,29 +113,40 @@ class RLJob:
             ckpt, (state, job) = found
             self.step, init_dir = state["step"], str(ckpt)
             restore_metrics(out / "metrics.jsonl", ckpt, self.step)
-            truncate_jsonl(self.work / "trace.jsonl", self.step)     # steps past the checkpoint redo
+            truncate_jsonl(self.work / "trace.jsonl", self.step)  # steps past the checkpoint redo
         threads = cfg.threads if rt.backend == "inprocess" else 1
-        make_worker = functools.partial(ModelCell, factory=self.recipe.cell(threads),
-                                        weights=self.weights, version=self.step, init_dir=init_dir)
+        make_worker = functools.partial(
+            ModelCell, factory=self.recipe.cell(threads), weights=self.weights, version=self.step, init_dir=init_dir
+        )
 
         def make_backend(sched: Any, state: dict[str, Any] | None = None) -> CellBackend:
             roles = [c.role for c in sched.pool.cells] if state else sched.initial_roles()
             mode = rt.resolved_trainer()
-            fixed = sched.initial_roles()       # async: its train split; colocate: every cell trains
-            members = [c for c, r in enumerate(fixed) if r == Role.TRAIN] if rt.schedule == "async" \
-                else list(range(rt.cells))
+            fixed = sched.initial_roles()  # async: its train split; colocate: every cell trains
+            members = (
+                [c for c, r in enumerate(fixed) if r == Role.TRAIN] if rt.schedule == "async" else list(range(rt.cells))
+            )
             gateway = None
             if rt.via_gateway:
                 from evoharness.runtime.gateway_cells import CellGateway
 
                 gateway = CellGateway(rt.cells, records=out / "gateway")
             transport = make_transport(rt.backend, address=rt.ray_address, num_cpus=rt.ray_num_cpus)
-            return CellBackend(sim, roles, transport, make_worker, self.recipe.workload,
-                               ModelTraining(mode, members), self.work, gateway=gateway, state=state)
+            return CellBackend(
+                sim,
+                roles,
+                transport,
+                make_worker,
+                self.recipe.workload,
+                ModelTraining(mode, members),
+                self.work,
+                gateway=gateway,
+                state=state,
+            )
 
         if found:
             self.driver = Driver.resume(job, make_backend, stall_s=rt.stall_s)
-            self.driver.checkpoint = None               # `save` writes it, at ckpt_every
+            self.driver.checkpoint = None  # `save` writes it, at ckpt_every
             # taken before the scheduler saw the step's weight sync: a run given more steps goes on
             self.driver.sched.steps = max(cfg.steps, self.step)
         else:
@@ -171,17 +186,19 @@ class RLJob:
                 self.store.save(tmp / "experience.json")
             snapshot_metrics(self.out / "metrics.jsonl", tmp)
             self.driver.save(tmp / "job.pkl")
-            (tmp / "state.json").write_text(json.dumps({"step": step, "policy_version": step,
-                                                        "schedule": self.cfg.runtime.schedule}))
+            (tmp / "state.json").write_text(
+                json.dumps({"step": step, "policy_version": step, "schedule": self.cfg.runtime.schedule})
+            )
 
         path = atomic_dir(ckpts / f"step_{step:07d}", write)
         failpoint("after_checkpoint", step)
         atomic_write_text(ckpts / "latest", path.name)
-        for old in sorted(ckpts.glob("step_*"))[:-max(1, self.cfg.keep_checkpoints)]:
+        for old in sorted(ckpts.glob("step_*"))[: -max(1, self.cfg.keep_checkpoints)]:
             shutil.rmtree(old, ignore_errors=True)
 
     def export(self, final: Path) -> Path:
         """The final model in the SFT model's dtype, its tokenizer and the experience store."""
+
         def write(tmp: Path) -> None:
             self.backend.run_job(0, "save", {"dir": str(tmp), "optimizer": False, "export": True})
             if self.store is not None:
@@ -196,13 +213,18 @@ class RLJob:
                 from evoharness.runtime.calibrate import write_sim_toml
 
                 rt, be, st = self.cfg.runtime, self.backend, self.driver.stats
-                summary = {"schedule": rt.schedule, "cells": rt.cells, "backend": rt.backend, **st.metrics(),
-                           **{f"runtime/{k}": v for k, v in be.idle().items()},
-                           **{f"runtime/{k}": v for k, v in be.counts.items()},
-                           # what `runtime.calibrate` fits the simulator's cluster to
-                           "calibration": {"micro_batches": st.micro_batch_s, "sync_s": st.sync_s}}
+                summary = {
+                    "schedule": rt.schedule,
+                    "cells": rt.cells,
+                    "backend": rt.backend,
+                    **st.metrics(),
+                    **{f"runtime/{k}": v for k, v in be.idle().items()},
+                    **{f"runtime/{k}": v for k, v in be.counts.items()},
+                    # what `runtime.calibrate` fits the simulator's cluster to
+                    "calibration": {"micro_batches": st.micro_batch_s, "sync_s": st.sync_s},
+                }
                 atomic_write_text(self.out / "runtime.json", json.dumps(summary, indent=2))
-                write_sim_toml(self.out)         # `evoharness simulate --workload runtime/sim.toml`
+                write_sim_toml(self.out)  # `evoharness simulate --workload runtime/sim.toml`
         finally:
             self.backend.close()
 
@@ -210,10 +232,10 @@ class RLJob:
 def _read_checkpoint(path: Path) -> tuple[dict[str, Any], Path]:
     """A checkpoint's ``state.json`` and job file, with its job, trainer state and weights files
     read (an unreadable one raises: the previous checkpoint is tried)."""
+    from safetensors import safe_open
+
     from evoharness.runtime.driver import load_job
     from evoharness.train.checkpoint import load_trainer_state
-
-    from safetensors import safe_open
 
     state = json.loads((path / "state.json").read_text())
     load_job(path / "job.pkl")
@@ -221,7 +243,7 @@ def _read_checkpoint(path: Path) -> tuple[dict[str, Any], Path]:
     shards = sorted(path.glob("model*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{path} holds no model weights")
-    for shard in shards:        # the header and the size it declares (a torn copy fails here)
+    for shard in shards:  # the header and the size it declares (a torn copy fails here)
         with safe_open(str(shard), framework="pt") as f:
             f.keys()
     return state, path / "job.pkl"
@@ -247,8 +269,14 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
     metrics_path = out / "metrics.jsonl"
     job = RLJob(cfg)
     rt = cfg.runtime
-    bar = tqdm(total=cfg.steps, initial=job.step, desc=f"rl[{rt.schedule}x{rt.cells}]", unit="step",
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=cfg.steps,
+        initial=job.step,
+        desc=f"rl[{rt.schedule}x{rt.cells}]",
+        unit="step",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     try:
         for rec in job.steps():
             step = rec["step"]

@@ -69,8 +69,10 @@ def average_weights(dirs: list[Path], out: Path) -> Path:
             raise ValueError(f"{d} holds other weight files than {dirs[0]}: not one model's runs")
     stores = {(d / "experience.json").read_bytes() if (d / "experience.json").exists() else b"" for d in dirs}
     if len(stores) > 1:  # a consolidated store is each run's own: no average of two stores exists
-        raise ValueError("the runs' experience stores differ (RL consolidated them): a weight average needs "
-                         "consolidate_experience = false")
+        raise ValueError(
+            "the runs' experience stores differ (RL consolidated them): a weight average needs "
+            "consolidate_experience = false"
+        )
 
     def write(tmp: Path) -> None:
         for f in dirs[0].iterdir():
@@ -124,8 +126,8 @@ def train_soup(cfg: RLConfig, progress: bool = True) -> Path:
         ValueError: as `train_rl`; a resume with other settings (`check_resume_config`);
             `average_weights`'s errors.
     """
-    from evoharness.eval.run_report import write_rl_report
     from evoharness.config.rl import RLConfig
+    from evoharness.eval.run_report import write_rl_report
     from evoharness.recipes.rl import train_rl
 
     out, n = Path(cfg.out_dir), cfg.soup_seeds

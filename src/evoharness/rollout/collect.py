@@ -36,17 +36,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from tqdm import tqdm
 
+from evoharness.config.harness import HarnessConfig
 from evoharness.envs.base import Env, TaskSpec
+from evoharness.files import read_jsonl
 from evoharness.harness.base import Harness, split_completion
 from evoharness.harness.factory import make_harness
-from evoharness.config.harness import HarnessConfig
-from evoharness.files import read_jsonl
 from evoharness.policies.base import Policy, format_action
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
@@ -81,8 +82,6 @@ class CollectStats:
     @property
     def success(self) -> float:
         return self.won / self.played if self.played else 0.0
-
-
 
 
 def _trim_torn_tail(path: Path) -> None:
@@ -165,14 +164,21 @@ def collect_traces(
     specs = [EpisodeSpec(t, f"{t.task_id}#{k}", seed) for t in tasks for k in range(samples)]
     todo = [s for s in specs if s.episode_id not in done]
     stats = CollectStats(planned=len(specs), skipped=len(specs) - len(todo))
-    bar = tqdm(total=len(specs), initial=stats.skipped, desc="collect", unit="ep", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=len(specs), initial=stats.skipped, desc="collect", unit="ep", disable=not progress, dynamic_ncols=True
+    )
     for i in range(0, len(todo), batch_size):
-        batch = todo[i: i + batch_size]
+        batch = todo[i : i + batch_size]
         store.freeze()
         epoch = store.epoch
-        trajs = run_episodes(batch, make_env, lambda: make_harness(store), policy, max_steps=max_steps,
-                             on_finish=lambda _t: bar.update(1))
+        trajs = run_episodes(
+            batch,
+            make_env,
+            lambda: make_harness(store),
+            policy,
+            max_steps=max_steps,
+            on_finish=lambda _t: bar.update(1),
+        )
         kept, dropped = [], []
         for t in trajs:
             t.info["experience_epoch"] = epoch
@@ -218,8 +224,9 @@ def turn_example(traj: dict, turn: dict) -> dict | None:
     }
 
 
-def traces_to_sft(jsonl: str | Path | list[dict], out_path: str | Path | None = None,
-                  successful_only: bool = True) -> list[dict]:
+def traces_to_sft(
+    jsonl: str | Path | list[dict], out_path: str | Path | None = None, successful_only: bool = True
+) -> list[dict]:
     """SFT examples, one per turn of the (successful) episodes of a trajectory JSONL.
 
     Args:
@@ -262,10 +269,10 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     from collections import defaultdict
 
+    from evoharness.config.policy import PolicyConfig
     from evoharness.envs.alfworld import make_env
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.policies.factory import make_policy
-    from evoharness.config.policy import PolicyConfig
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--split", default="train")
@@ -275,13 +282,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base-url", default=None)
     ap.add_argument("--model", default=None)
     ap.add_argument("--engine", default="fast", choices=("textworld", "fast"))
-    ap.add_argument("--wording", default="native", choices=("native", "put", "move"),
-                    help="placing command: the game's own, 'put X in/on Y' or 'move X to Y' (alfworld >= 0.4)")
+    ap.add_argument(
+        "--wording",
+        default="native",
+        choices=("native", "put", "move"),
+        help="placing command: the game's own, 'put X in/on Y' or 'move X to Y' (alfworld >= 0.4)",
+    )
     ap.add_argument("--max-steps", type=int, default=50)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--keep", default="successful", choices=("successful", "all"))
-    ap.add_argument("--history-window", type=int, default=None,
-                    help="PREVIOUS ACTIONS entries shown (default: the harness's, as eval and rl use it)")
+    ap.add_argument(
+        "--history-window",
+        type=int,
+        default=None,
+        help="PREVIOUS ACTIONS entries shown (default: the harness's, as eval and rl use it)",
+    )
     ap.add_argument("--system-prompt", default="full", choices=("full", "compact"))
     ap.add_argument("--out", required=True, help="trajectory JSONL")
     ap.add_argument("--sft", default=None, help="also write SFT examples here")
@@ -296,13 +311,25 @@ def main(argv: list[str] | None = None) -> None:
     harness = HarnessConfig(kind="bpe", history_window=args.history_window, system_prompt=args.system_prompt)
     policy = make_policy(PolicyConfig(kind=args.policy, base_url=args.base_url, model=args.model))
     try:
-        stats = collect_traces(tasks, policy, bpe_harness_factory(harness), lambda t: make_env(t, engine=args.engine, wording=args.wording),
-                               args.out, samples=args.samples, max_steps=args.max_steps, keep=args.keep,
-                               batch_size=args.batch_size, experience_path=args.experience, wording=args.wording)
+        stats = collect_traces(
+            tasks,
+            policy,
+            bpe_harness_factory(harness),
+            lambda t: make_env(t, engine=args.engine, wording=args.wording),
+            args.out,
+            samples=args.samples,
+            max_steps=args.max_steps,
+            keep=args.keep,
+            batch_size=args.batch_size,
+            experience_path=args.experience,
+            wording=args.wording,
+        )
     finally:
         policy.close()
-    print(f"played {stats.played} (skipped {stats.skipped}), won {stats.won}, kept {stats.kept} "
-          f"({stats.turns_kept} turns) -> {args.out}")
+    print(
+        f"played {stats.played} (skipped {stats.skipped}), won {stats.won}, kept {stats.kept} "
+        f"({stats.turns_kept} turns) -> {args.out}"
+    )
     if args.sft:
         n = len(traces_to_sft(args.out, args.sft))
         print(f"{n} SFT examples -> {args.sft}")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import signal
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from evoharness.envs.base import Env, StepResult, TaskSpec
 from evoharness.harness.base import Harness, ParsedAction
@@ -80,9 +80,16 @@ def error_trajectory(spec: EpisodeSpec, harness: str, policy: str, max_steps: in
     """The trajectory of an episode that could not start (its game failed to load or
     reset): no turns, ``stop_reason = "error"`` and the error text `err`."""
     return Trajectory(
-        episode_id=spec.episode_id, task_id=spec.task.task_id, task_type=spec.task.task_type,
-        split=spec.task.split, harness=harness, policy=policy, stop_reason="error", error=err,
-        max_steps=max_steps, seed=spec.seed,
+        episode_id=spec.episode_id,
+        task_id=spec.task.task_id,
+        task_type=spec.task.task_type,
+        split=spec.task.split,
+        harness=harness,
+        policy=policy,
+        stop_reason="error",
+        error=err,
+        max_steps=max_steps,
+        seed=spec.seed,
     )
 
 
@@ -139,16 +146,29 @@ def run_episodes(
             finish(traj)
             continue
         traj = Trajectory(
-            episode_id=spec.episode_id, task_id=spec.task.task_id, task_type=spec.task.task_type,
-            split=spec.task.split, harness=harness.name, policy=policy.name, goal=first.goal,
-            initial_observation=first.observation, max_steps=max_steps, seed=spec.seed,
+            episode_id=spec.episode_id,
+            task_id=spec.task.task_id,
+            task_type=spec.task.task_type,
+            split=spec.task.split,
+            harness=harness.name,
+            policy=policy.name,
+            goal=first.goal,
+            initial_observation=first.observation,
+            max_steps=max_steps,
+            seed=spec.seed,
         )
         live.append(LiveEpisode(spec, env, harness, traj, first, t0))
 
     while live:
         requests = [
-            PolicyRequest(messages=lv.harness.messages(), episode_id=lv.spec.episode_id, turn=len(lv.traj.turns),
-                          admissible_commands=list(lv.harness.admissible), env=lv.env, harness=lv.harness)
+            PolicyRequest(
+                messages=lv.harness.messages(),
+                episode_id=lv.spec.episode_id,
+                turn=len(lv.traj.turns),
+                admissible_commands=list(lv.harness.admissible),
+                env=lv.env,
+                harness=lv.harness,
+            )
             for lv in live
         ]
         completions = [replayed(lv) for lv in live]
@@ -256,14 +276,34 @@ def first_repeated_pair(traj: Trajectory) -> int | None:
     return None
 
 
-def _turn(lv: LiveEpisode, req: PolicyRequest, comp: Completion, parsed: ParsedAction, feedback: str,
-          views: dict[str, str], result: StepResult) -> TurnRecord:
+def _turn(
+    lv: LiveEpisode,
+    req: PolicyRequest,
+    comp: Completion,
+    parsed: ParsedAction,
+    feedback: str,
+    views: dict[str, str],
+    result: StepResult,
+) -> TurnRecord:
     return TurnRecord(
-        turn=req.turn, messages=req.messages, completion=comp.text, kind=parsed.kind, action=parsed.text,
-        feedback=feedback, views=views, admissible_commands=req.admissible_commands, won=result.won,
-        done=result.done, prompt_token_ids=comp.prompt_token_ids, completion_token_ids=comp.completion_token_ids,
-        logprobs=comp.logprobs, policy_version=comp.policy_version, prompt_tokens=comp.prompt_tokens,
-        completion_tokens=comp.completion_tokens, error=comp.error, constraint=comp.extra.get("constraint"),
+        turn=req.turn,
+        messages=req.messages,
+        completion=comp.text,
+        kind=parsed.kind,
+        action=parsed.text,
+        feedback=feedback,
+        views=views,
+        admissible_commands=req.admissible_commands,
+        won=result.won,
+        done=result.done,
+        prompt_token_ids=comp.prompt_token_ids,
+        completion_token_ids=comp.completion_token_ids,
+        logprobs=comp.logprobs,
+        policy_version=comp.policy_version,
+        prompt_tokens=comp.prompt_tokens,
+        completion_tokens=comp.completion_tokens,
+        error=comp.error,
+        constraint=comp.extra.get("constraint"),
     )
 
 

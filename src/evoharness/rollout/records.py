@@ -153,7 +153,7 @@ class Trajectory:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         names = set(cls.__dataclass_fields__)
         traj = cls(**{k: v for k, v in d.items() if k in names and k != "turns"})
         turn_names = set(TurnRecord.__dataclass_fields__)
@@ -233,7 +233,7 @@ class CallRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CallRecord":
+    def from_dict(cls, d: dict[str, Any]) -> CallRecord:
         names = set(cls.__dataclass_fields__)
         rec = cls(**{k: v for k, v in d.items() if k in names and k != "attempts"})
         rec.attempts = [CallAttempt(**a) for a in d.get("attempts", [])]

@@ -132,9 +132,17 @@ class TrajectoryTree:
 
     # ------------------------------------------------------------ building
 
-    def add_call(self, prompt_ids: Sequence[int], completion_ids: Sequence[int],
-                 logprobs: Sequence[float] | None = None, *, call_id: str = "", role: str = "main",
-                 policy_version: int = 0, constraint: dict[str, Any] | None = None) -> int:
+    def add_call(
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        *,
+        call_id: str = "",
+        role: str = "main",
+        policy_version: int = 0,
+        constraint: dict[str, Any] | None = None,
+    ) -> int:
         """Fold one call into the tree; returns its index in `calls`.
 
         Args:
@@ -152,8 +160,9 @@ class TrajectoryTree:
             raise ValueError(f"{self.execution_id}/{call_id}: unknown role {role!r}; expected one of {AGENT_ROLES}")
         lp = [0.0] * len(completion_ids) if logprobs is None else [float(x) for x in logprobs]
         if len(lp) != len(completion_ids):
-            raise ValueError(f"{self.execution_id}/{call_id}: {len(lp)} log-probs for "
-                             f"{len(completion_ids)} completion tokens")
+            raise ValueError(
+                f"{self.execution_id}/{call_id}: {len(lp)} log-probs for {len(completion_ids)} completion tokens"
+            )
         seq = list(map(int, prompt_ids)) + list(map(int, completion_ids))
         n_prompt, idx = len(prompt_ids), len(self.calls)
         path = self._insert(seq)  # [(node, start position of the node in seq)]
@@ -167,8 +176,7 @@ class TrajectoryTree:
                     node.claims.setdefault(off, []).append((idx, lp[start + off - n_prompt]))
         end = path[-1][0]
         self.nodes[end].ends.append(idx)
-        self.calls.append(TreeCall(call_id, role, int(policy_version), end, n_prompt, len(completion_ids),
-                                   constraint))
+        self.calls.append(TreeCall(call_id, role, int(policy_version), end, n_prompt, len(completion_ids), constraint))
         return idx
 
     def _insert(self, seq: list[int]) -> list[tuple[int, int]]:
@@ -178,8 +186,9 @@ class TrajectoryTree:
         while i < len(seq):
             child = children.setdefault(cur, {}).get(seq[i])
             if child is None:
-                new = TreeNode(parent=cur, tokens=seq[i:], gen_call=[-1] * (len(seq) - i),
-                               logprobs=[0.0] * (len(seq) - i))
+                new = TreeNode(
+                    parent=cur, tokens=seq[i:], gen_call=[-1] * (len(seq) - i), logprobs=[0.0] * (len(seq) - i)
+                )
                 self.nodes.append(new)
                 children[cur][seq[i]] = len(self.nodes) - 1
                 path.append((len(self.nodes) - 1, i))
@@ -196,8 +205,13 @@ class TrajectoryTree:
         """Split node `nid` after `k` tokens: a new head node takes ``tokens[:k]``;
         `nid` keeps the tail (so its calls and children stay attached). Returns the head."""
         node, children = self.nodes[nid], self._child_index()
-        head = TreeNode(parent=node.parent, tokens=node.tokens[:k], gen_call=node.gen_call[:k],
-                        logprobs=node.logprobs[:k], claims={o: c for o, c in node.claims.items() if o < k})
+        head = TreeNode(
+            parent=node.parent,
+            tokens=node.tokens[:k],
+            gen_call=node.gen_call[:k],
+            logprobs=node.logprobs[:k],
+            claims={o: c for o, c in node.claims.items() if o < k},
+        )
         self.nodes.append(head)
         hid = len(self.nodes) - 1
         node.tokens, node.gen_call, node.logprobs = node.tokens[k:], node.gen_call[k:], node.logprobs[k:]
@@ -214,7 +228,7 @@ class TrajectoryTree:
         return self._children
 
     @classmethod
-    def from_records(cls, records: Iterable[CallRecord]) -> "TrajectoryTree":
+    def from_records(cls, records: Iterable[CallRecord]) -> TrajectoryTree:
         """The tree of one execution's gateway records, folded in call order
         (``t_start``, then ``call_id``), so the input order does not matter.
 
@@ -229,12 +243,19 @@ class TrajectoryTree:
             raise ValueError(f"records of {len(ids)} executions given to one tree: {sorted(ids)[:5]}")
         tree = cls(recs[0].execution_id)
         for r in recs:
-            tree.add_call(r.prompt_token_ids, r.completion_token_ids, r.logprobs, call_id=r.call_id, role=r.role,
-                          policy_version=r.policy_version, constraint=r.constraint)
+            tree.add_call(
+                r.prompt_token_ids,
+                r.completion_token_ids,
+                r.logprobs,
+                call_id=r.call_id,
+                role=r.role,
+                policy_version=r.policy_version,
+                constraint=r.constraint,
+            )
         return tree
 
     @classmethod
-    def from_trajectory(cls, traj: Trajectory) -> "TrajectoryTree":
+    def from_trajectory(cls, traj: Trajectory) -> TrajectoryTree:
         """An ALFWorld episode as a tree: turn t is call t (role ``main``, call id
         ``<episode_id>#t<turn>``). Turns without token ids (text-only policies) or
         with an empty prompt are skipped, as `train.step.turn_rows` skips them."""
@@ -242,8 +263,14 @@ class TrajectoryTree:
         for t in traj.turns:
             if not has_tokens(t):
                 continue
-            tree.add_call(t.prompt_token_ids, t.completion_token_ids, t.logprobs, call_id=f"{traj.episode_id}#t{t.turn}",
-                          policy_version=t.policy_version or 0, constraint=t.constraint)
+            tree.add_call(
+                t.prompt_token_ids,
+                t.completion_token_ids,
+                t.logprobs,
+                call_id=f"{traj.episode_id}#t{t.turn}",
+                policy_version=t.policy_version or 0,
+                constraint=t.constraint,
+            )
         return tree
 
     # ------------------------------------------------------------ reading
@@ -273,7 +300,7 @@ class TrajectoryTree:
         """(prompt ids, completion ids) of call `idx`, read back from the tree."""
         call = self.calls[idx]
         seq = [t for n in self.path(call.node) for t in self.nodes[n].tokens]
-        return seq[:call.n_prompt], seq[call.n_prompt:call.n_prompt + call.n_completion]
+        return seq[: call.n_prompt], seq[call.n_prompt : call.n_prompt + call.n_completion]
 
     def leaf_role(self, nid: int) -> str:
         """The highest-priority role among the calls ending at leaf `nid`."""
@@ -297,21 +324,37 @@ class TrajectoryTree:
     def to_dict(self) -> dict[str, Any]:
         return {
             "execution_id": self.execution_id,
-            "nodes": [{"parent": n.parent, "tokens": n.tokens, "gen_call": n.gen_call, "logprobs": n.logprobs,
-                       "ends": n.ends, **({"claims": [[o, [list(c) for c in cs]] for o, cs in sorted(n.claims.items())]}
-                                          if n.claims else {})} for n in self.nodes],
+            "nodes": [
+                {
+                    "parent": n.parent,
+                    "tokens": n.tokens,
+                    "gen_call": n.gen_call,
+                    "logprobs": n.logprobs,
+                    "ends": n.ends,
+                    **(
+                        {"claims": [[o, [list(c) for c in cs]] for o, cs in sorted(n.claims.items())]}
+                        if n.claims
+                        else {}
+                    ),
+                }
+                for n in self.nodes
+            ],
             "calls": [vars(c).copy() for c in self.calls],
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrajectoryTree":
+    def from_dict(cls, d: dict[str, Any]) -> TrajectoryTree:
         """Inverse of `to_dict`.
 
         Raises:
             ValueError: per-token arrays of unequal length, or a bad parent id.
         """
-        nodes = [TreeNode(**{**n, "claims": {int(o): [(int(c), float(lp)) for c, lp in cs]
-                                             for o, cs in n.get("claims", [])}}) for n in d["nodes"]]
+        nodes = [
+            TreeNode(
+                **{**n, "claims": {int(o): [(int(c), float(lp)) for c, lp in cs] for o, cs in n.get("claims", [])}}
+            )
+            for n in d["nodes"]
+        ]
         for i, n in enumerate(nodes):
             if not len(n.tokens) == len(n.gen_call) == len(n.logprobs):
                 raise ValueError(f"{d['execution_id']}: node {i} has per-token arrays of unequal length")
@@ -326,7 +369,7 @@ def _common_prefix(toks: list[int], seq: list[int], i: int, chunk: int = 256) ->
     k = 0
     while k < n:
         m = min(chunk, n - k)
-        if toks[k:k + m] != seq[i + k:i + k + m]:
+        if toks[k : k + m] != seq[i + k : i + k + m]:
             break
         k += m
     else:

@@ -30,15 +30,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
-from evoharness.runtime.wire import parse_tool_calls
 from evoharness.engines.grammar import ActionGrammarSpec, action_regex
+from evoharness.runtime.wire import parse_tool_calls
 
 
 class BackendError(Exception):
@@ -197,16 +198,24 @@ class Backend:
 
     async def load_weights(self, path: str, version: int | None = None) -> int:
         """Reload weights from a model directory; returns the new policy version."""
-        raise BackendRejected(400, f"backend {self.name} ({self.kind}) cannot reload weights; "
-                                   "sync it yourself and set its version")
+        raise BackendRejected(
+            400, f"backend {self.name} ({self.kind}) cannot reload weights; sync it yourself and set its version"
+        )
 
     def set_version(self, version: int) -> None:
         self._version = int(version)
 
     def info(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "state": self.state, "in_flight": self.in_flight,
-                "capacity": self.capacity, "served": self.served, "failed": self.failed,
-                "policy_version": self.policy_version}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "state": self.state,
+            "in_flight": self.in_flight,
+            "capacity": self.capacity,
+            "served": self.served,
+            "failed": self.failed,
+            "policy_version": self.policy_version,
+        }
 
 
 # ---------------------------------------------------------------- in-process engine
@@ -273,12 +282,22 @@ class LocalBackend(Backend):
 
     kind = "local"
 
-    def __init__(self, engine, tokenizer, name: str = "local", max_prompt_tokens: int | None = None,
-                 default_max_tokens: int = 256, max_batch: int = 64, batch_wait_s: float = 0.005,
-                 max_batch_wait_s: float = 0.05,
-                 num_threads: int | None = None, policy_version: int = 0,
-                 version_source: Callable[[], int] | None = None, max_model_len: int | None = None,
-                 capacity: int | None = None):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        name: str = "local",
+        max_prompt_tokens: int | None = None,
+        default_max_tokens: int = 256,
+        max_batch: int = 64,
+        batch_wait_s: float = 0.005,
+        max_batch_wait_s: float = 0.05,
+        num_threads: int | None = None,
+        policy_version: int = 0,
+        version_source: Callable[[], int] | None = None,
+        max_model_len: int | None = None,
+        capacity: int | None = None,
+    ):
         super().__init__(name, capacity or max_batch)
         self.engine, self.tokenizer = engine, tokenizer
         self.max_prompt_tokens, self.default_max_tokens = max_prompt_tokens, default_max_tokens
@@ -297,8 +316,9 @@ class LocalBackend(Backend):
         self.batches = 0
 
     @classmethod
-    def from_model_path(cls, model_path: str | Path, device: str = "cpu", dtype: str | None = None,
-                        decoder: str = "auto", **kw: Any) -> "LocalBackend":
+    def from_model_path(
+        cls, model_path: str | Path, device: str = "cpu", dtype: str | None = None, decoder: str = "auto", **kw: Any
+    ) -> LocalBackend:
         """Load a local HF model directory into an in-process engine (`engines.make_engine` name `decoder`)."""
         from evoharness.engines import make_engine
         from evoharness.models.init import load_model, load_tokenizer
@@ -308,7 +328,7 @@ class LocalBackend(Backend):
         return cls(make_engine(decoder, model, tok), tok, **kw)
 
     @classmethod
-    def from_policy(cls, policy, name: str = "local", **kw: Any) -> "LocalBackend":
+    def from_policy(cls, policy, name: str = "local", **kw: Any) -> LocalBackend:
         """Serve a live `LocalHFPolicy`'s engine: same weights, same version (a trainer updating
         the policy in place is seen at once), same prompt cap."""
         kw.setdefault("max_prompt_tokens", policy.max_prompt_tokens)
@@ -359,7 +379,7 @@ class LocalBackend(Backend):
                     break
                 try:
                     items.append(await asyncio.wait_for(self._queue.get(), min(self.batch_wait_s, left)))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
             items = [it for it in items if not it.future.done()]  # cancelled while queued
             if not items:
@@ -398,8 +418,9 @@ class LocalBackend(Backend):
             fitted, fit = fit_prompt_ids(self.tokenizer, msgs, cap)
             return fitted, (fit.as_dict() if fit.fitted else None)
         except PromptTooLong as e:
-            raise BackendRejected(400, f"prompt does not fit truncate_prompt_tokens={cap}: {e}",
-                                  "context_length_exceeded") from e
+            raise BackendRejected(
+                400, f"prompt does not fit truncate_prompt_tokens={cap}: {e}", "context_length_exceeded"
+            ) from e
 
     def _run_batch(self, batch: list[GenParams]) -> list[GenOutput | BaseException]:
         import torch
@@ -419,8 +440,12 @@ class LocalBackend(Backend):
                     raise BackendRejected(400, "the prompt renders to no tokens")
                 max_new = p.max_tokens or self.default_max_tokens
                 if self.max_model_len and len(ids) + max_new > self.max_model_len:
-                    raise BackendRejected(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_new}) exceeds the "
-                                               f"model's context ({self.max_model_len})", "context_length_exceeded")
+                    raise BackendRejected(
+                        400,
+                        f"prompt ({len(ids)} tokens) + max_tokens ({max_new}) exceeds the "
+                        f"model's context ({self.max_model_len})",
+                        "context_length_exceeded",
+                    )
                 grammar = None
                 if p.grammar is not None:
                     grammar = self.engine.grammar(list(p.grammar.commands), tuple(p.grammar.meta_verbs))
@@ -458,8 +483,18 @@ class LocalBackend(Backend):
             finish = "stop" if hit else finish
         content, calls = parse_tool_calls(text) if p.tools else (text, [])
         tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if p.want_token_text else None
-        return GenOutput(prompt_ids, ids, lps, content, calls, "tool_calls" if calls else finish, version, tokens, fit,
-                         p.max_tokens or self.default_max_tokens)
+        return GenOutput(
+            prompt_ids,
+            ids,
+            lps,
+            content,
+            calls,
+            "tool_calls" if calls else finish,
+            version,
+            tokens,
+            fit,
+            p.max_tokens or self.default_max_tokens,
+        )
 
     def _apply_stops(self, ids, lps, text, stops):
         """vLLM semantics: cut the text before the first stop string; keep the tokens that produced it."""
@@ -490,11 +525,23 @@ class LocalBackend(Backend):
 # request fields the project's engine cannot honour, with the values that mean "off": anything else
 # is refused rather than ignored (the client would believe it sampled from another distribution)
 _ENGINE_OFF: dict[str, tuple[Any, ...]] = {
-    "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1), "top_k": (None, -1, 0), "min_p": (None, 0), "min_tokens": (None, 0),
-    "response_format": (None, {"type": "text"}), "structured_outputs": (None,), "guided_json": (None,),
-    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "vllm_xargs": (None, {}),
-    "best_of": (None, 1), "use_beam_search": (None, False), "prompt_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "top_k": (None, -1, 0),
+    "min_p": (None, 0),
+    "min_tokens": (None, 0),
+    "response_format": (None, {"type": "text"}),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "vllm_xargs": (None, {}),
+    "best_of": (None, 1),
+    "use_beam_search": (None, False),
+    "prompt_logprobs": (None, 0),
 }
 
 
@@ -502,11 +549,18 @@ def unsupported_by_engine(p: GenParams) -> None:
     """Raise `BackendRejected` (400) for a setting the in-process engine would silently ignore."""
     for key, off in _ENGINE_OFF.items():
         if key in p.passthrough and p.passthrough[key] not in off:
-            raise BackendRejected(400, f"`{key}` is not supported by the evoharness engine "
-                                       "(use action_grammar to constrain the output)", "unsupported_parameter")
+            raise BackendRejected(
+                400,
+                f"`{key}` is not supported by the evoharness engine (use action_grammar to constrain the output)",
+                "unsupported_parameter",
+            )
     if p.top_logprobs:
-        raise BackendRejected(400, "`top_logprobs` is not supported by the evoharness engine "
-                                   "(logprobs: true gives each sampled token's log-prob)", "unsupported_parameter")
+        raise BackendRejected(
+            400,
+            "`top_logprobs` is not supported by the evoharness engine "
+            "(logprobs: true gives each sampled token's log-prob)",
+            "unsupported_parameter",
+        )
 
 
 def _template_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -553,8 +607,16 @@ class HTTPBackend(Backend):
 
     kind = "http"
 
-    def __init__(self, base_url: str, name: str | None = None, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 600.0, capacity: int = 64, grammar: str = "regex"):
+    def __init__(
+        self,
+        base_url: str,
+        name: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        capacity: int = 64,
+        grammar: str = "regex",
+    ):
         if grammar not in GRAMMAR_FORMATS:
             raise ValueError(f"grammar must be one of {GRAMMAR_FORMATS}, got {grammar!r}")
         super().__init__(name or base_url, capacity)
@@ -572,9 +634,11 @@ class HTTPBackend(Backend):
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         transport = httpx.AsyncHTTPTransport(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])  # no Nagle stall between header and body
-        self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                                         transport=transport)
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        )  # no Nagle stall between header and body
+        self._client = httpx.AsyncClient(
+            headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0), transport=transport
+        )
         try:
             r = await self._client.get(f"{self.base_url}/models")
             r.raise_for_status()
@@ -596,20 +660,35 @@ class HTTPBackend(Backend):
             self._client = None
 
     def _body(self, p: GenParams) -> dict[str, Any]:
-        body = {**p.passthrough, "model": self.model, "messages": p.messages, "stream": False,
-                "temperature": p.temperature, "top_p": p.top_p, "logprobs": True, "return_token_ids": True}
-        for key, val in (("max_tokens", p.max_tokens), ("seed", p.seed), ("stop", p.stops or None),
-                         ("top_logprobs", p.top_logprobs or None),
-                         ("tools", p.tools), ("tool_choice", p.tool_choice),
-                         ("truncate_prompt_tokens", p.truncate_prompt_tokens)):
+        body = {
+            **p.passthrough,
+            "model": self.model,
+            "messages": p.messages,
+            "stream": False,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "logprobs": True,
+            "return_token_ids": True,
+        }
+        for key, val in (
+            ("max_tokens", p.max_tokens),
+            ("seed", p.seed),
+            ("stop", p.stops or None),
+            ("top_logprobs", p.top_logprobs or None),
+            ("tools", p.tools),
+            ("tool_choice", p.tool_choice),
+            ("truncate_prompt_tokens", p.truncate_prompt_tokens),
+        ):
             if val is not None:
                 body[key] = val
         if p.grammar is not None:
             if self.evoharness:
                 body["action_grammar"] = p.grammar.model_dump()
             elif self.grammar == "xargs":
-                xargs = {"action_grammar_commands": list(p.grammar.commands),
-                         "action_grammar_meta_verbs": list(p.grammar.meta_verbs)}
+                xargs = {
+                    "action_grammar_commands": list(p.grammar.commands),
+                    "action_grammar_meta_verbs": list(p.grammar.meta_verbs),
+                }
                 if p.max_tokens is not None:
                     xargs["action_grammar_max_new_tokens"] = p.max_tokens
                 body["vllm_xargs"] = {**(body.get("vllm_xargs") or {}), **xargs}
@@ -637,7 +716,9 @@ class HTTPBackend(Backend):
         if r.status_code >= 400:
             err = data.get("error", {}) if isinstance(data, dict) else {}
             msg = err.get("message") if isinstance(err, dict) else None
-            raise BackendRejected(r.status_code, msg or str(data)[:500], err.get("code") if isinstance(err, dict) else None)
+            raise BackendRejected(
+                r.status_code, msg or str(data)[:500], err.get("code") if isinstance(err, dict) else None
+            )
         try:
             choice = data["choices"][0]
             msg = choice["message"]
@@ -647,11 +728,13 @@ class HTTPBackend(Backend):
                 prompt_ids=list(data.get("prompt_token_ids") or []),
                 completion_ids=list(choice.get("token_ids") or []),
                 logprobs=[float(x["logprob"]) for x in lp],
-                content=msg.get("content"), tool_calls=list(msg.get("tool_calls") or []),
+                content=msg.get("content"),
+                tool_calls=list(msg.get("tool_calls") or []),
                 finish_reason=choice.get("finish_reason") or "stop",
                 policy_version=int(version) if version is not None else self._version,
                 tokens=[x.get("token", "") for x in lp] if lp else None,
-                prompt_fit=data.get("prompt_fit"), max_new_tokens=p.max_tokens,
+                prompt_fit=data.get("prompt_fit"),
+                max_new_tokens=p.max_tokens,
                 top_logprobs=[list(x.get("top_logprobs") or []) for x in lp] if p.top_logprobs else None,
             )
         except (KeyError, IndexError, TypeError, ValueError) as e:
@@ -661,8 +744,9 @@ class HTTPBackend(Backend):
         if not self.evoharness:
             return await super().load_weights(path, version)
         try:
-            r = await self._client.post(f"{self.root_url}/admin/backends/local/weights",
-                                        json={"path": path, "version": version})
+            r = await self._client.post(
+                f"{self.root_url}/admin/backends/local/weights", json={"path": path, "version": version}
+            )
         except httpx.HTTPError as e:
             raise BackendError(f"weight sync to {self.name} failed: {e}") from e
         if r.status_code != 200:
@@ -671,8 +755,13 @@ class HTTPBackend(Backend):
         return self._version
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "url": self.base_url, "model": self.model, "evoharness": self.evoharness,
-                "grammar": self.grammar}
+        return {
+            **super().info(),
+            "url": self.base_url,
+            "model": self.model,
+            "evoharness": self.evoharness,
+            "grammar": self.grammar,
+        }
 
 
 def wait_for_server(base_url: str, timeout_s: float, api_key: str | None = None) -> None:
@@ -708,8 +797,15 @@ class WorkerBackend(HTTPBackend):
 
     kind = "worker"
 
-    def __init__(self, model_path: str | Path, name: str = "worker", args: list[str] | None = None,
-                 startup_timeout_s: float = 300.0, log_path: str | Path | None = None, capacity: int = 64):
+    def __init__(
+        self,
+        model_path: str | Path,
+        name: str = "worker",
+        args: list[str] | None = None,
+        startup_timeout_s: float = 300.0,
+        log_path: str | Path | None = None,
+        capacity: int = 64,
+    ):
         super().__init__("http://127.0.0.1:0/v1", name=name, capacity=capacity)
         self.model_path, self.args = str(model_path), list(args or [])
         self.startup_timeout_s, self.log_path = startup_timeout_s, log_path
@@ -720,10 +816,20 @@ class WorkerBackend(HTTPBackend):
         return self.proc.pid if self.proc else None
 
     async def start(self) -> None:
-        cmd = [sys.executable, "-m", "evoharness.runtime.worker", "--model-path", self.model_path,
-               "--port", "0", *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "evoharness.runtime.worker",
+            "--model-path",
+            self.model_path,
+            "--port",
+            "0",
+            *self.args,
+        ]
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 -- owned by the child
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
         if log:
             log.close()
         port = await asyncio.get_running_loop().run_in_executor(None, self._wait_ready)
@@ -745,8 +851,9 @@ class WorkerBackend(HTTPBackend):
         t.join(self.startup_timeout_s)
         if not box:
             self.proc.kill()
-            raise BackendError(f"worker {self.name} did not start within {self.startup_timeout_s:.0f} s "
-                               f"(exit code {self.proc.poll()})")
+            raise BackendError(
+                f"worker {self.name} did not start within {self.startup_timeout_s:.0f} s (exit code {self.proc.poll()})"
+            )
         return int(box[0].split()[1])
 
     def _transport_failed(self) -> None:

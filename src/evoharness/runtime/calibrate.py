@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from evoharness.runtime.workload import load_trace
 from evoharness.config.sim import SimConfig
+from evoharness.runtime.workload import load_trace
 
 
 def _nnls2(x1: np.ndarray, x2: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -86,8 +86,8 @@ def fit_cluster(run: str | Path) -> dict[str, Any]:
     dur = np.array([t["end"] - t["start"] for r in raw for t in r["turns"]], dtype=float)
     comp = np.concatenate([e.completion for e in execs])
     new = np.concatenate([e.prompt for e in execs])
-    a, b = _nnls2(comp, new, dur)            # seconds per completion token, per new prompt token
-    if a <= 0:                               # completion-free fit: charge everything per prompt token
+    a, b = _nnls2(comp, new, dur)  # seconds per completion token, per new prompt token
+    if a <= 0:  # completion-free fit: charge everything per prompt token
         a = b
     gen_tps = 1.0 / a if a > 0 else 1e6
     prefill_speedup = a / b if b > 0 else 1e6
@@ -112,9 +112,13 @@ def fit_cluster(run: str | Path) -> dict[str, Any]:
     rtc = cfg["runtime"]
     n = cfg["grpo"]["prompts_per_step"] * cfg["grpo"]["group_size"]
     return {
-        "cells": rtc["cells"], "capacity": rtc.get("capacity") or -(-n // rtc["cells"]),
-        "gen_tps_single": gen_tps, "gen_concurrency_exponent": exponent, "prefill_speedup": prefill_speedup,
-        "train_tps": 1.0 / slope if slope > 0 else 1e9, "micro_batch_overhead_s": icpt,
+        "cells": rtc["cells"],
+        "capacity": rtc.get("capacity") or -(-n // rtc["cells"]),
+        "gen_tps_single": gen_tps,
+        "gen_concurrency_exponent": exponent,
+        "prefill_speedup": prefill_speedup,
+        "train_tps": 1.0 / slope if slope > 0 else 1e9,
+        "micro_batch_overhead_s": icpt,
         "weight_sync_s": float(rt.get("runtime/sync_s", 0.0)),
         "switch_to_train_s": float(rt.get("runtime/switch_to_train_s", 0.0)),
         "switch_to_rollout_s": float(rt.get("runtime/switch_to_rollout_s", 0.0)),
@@ -128,13 +132,21 @@ def sim_config_from_run(run: str | Path) -> SimConfig:
     run = Path(run)
     cfg = json.loads((run / "rl_config.json").read_text())
     g, rtc = cfg["grpo"], cfg["runtime"]
-    return SimConfig.model_validate({
-        "workload": {"name": run.name, "groups_per_step": g["prompts_per_step"], "group_size": g["group_size"],
-                     "trace": str((run / "runtime" / "trace.jsonl").resolve()), "trace_replay": True},
-        "cluster": fit_cluster(run),
-        "policy": {"staleness": rtc["staleness"], "async_train_cells": rtc.get("async_train_cells")},
-        "steps": cfg["steps"], "seed": cfg["seed"],
-    })
+    return SimConfig.model_validate(
+        {
+            "workload": {
+                "name": run.name,
+                "groups_per_step": g["prompts_per_step"],
+                "group_size": g["group_size"],
+                "trace": str((run / "runtime" / "trace.jsonl").resolve()),
+                "trace_replay": True,
+            },
+            "cluster": fit_cluster(run),
+            "policy": {"staleness": rtc["staleness"], "async_train_cells": rtc.get("async_train_cells")},
+            "steps": cfg["steps"],
+            "seed": cfg["seed"],
+        }
+    )
 
 
 def write_sim_toml(run: str | Path) -> Path:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-MAX_CALL_BATCH = 64    # model calls a cell answers together
+MAX_CALL_BATCH = 64  # model calls a cell answers together
 
 
 class CellParts(Protocol):
@@ -101,7 +101,7 @@ class WeightStore:
         tmp = self.path(version).with_name(f".tmp-v{version}-{os.getpid()}")
         save_model(model, str(tmp))
         os.replace(tmp, self.path(version))
-        for old in self.root.glob("v*.safetensors"):       # cells only ever load the newest two
+        for old in self.root.glob("v*.safetensors"):  # cells only ever load the newest two
             if int(old.stem[1:]) < version - 1:
                 old.unlink(missing_ok=True)
 
@@ -122,8 +122,14 @@ class ModelCell:
         init_dir: a checkpoint directory to start from (weights; the trainer's state on train cells).
     """
 
-    def __init__(self, cell: int, factory: Callable[[int, str | None], CellParts], weights: WeightStore,
-                 version: int = 0, init_dir: str | None = None):
+    def __init__(
+        self,
+        cell: int,
+        factory: Callable[[int, str | None], CellParts],
+        weights: WeightStore,
+        version: int = 0,
+        init_dir: str | None = None,
+    ):
         self.cell, self.weights, self.version = cell, weights, version
         self.parts = factory(cell, init_dir)
         self.pending: deque = deque()
@@ -161,16 +167,18 @@ class ModelCell:
                 else:
                     batch.append((tok, pay))
             results = self.parts.serve([p for _, p in batch], self.version)
-            share = (time.perf_counter() - t0) / len(batch)     # cell-seconds per call
-            return [("call", tok, {"result": r, "seconds": share, "version": self.version})
-                    for (tok, _), r in zip(batch, results, strict=True)]
+            share = (time.perf_counter() - t0) / len(batch)  # cell-seconds per call
+            return [
+                ("call", tok, {"result": r, "seconds": share, "version": self.version})
+                for (tok, _), r in zip(batch, results, strict=True)
+            ]
         return [(kind, token, self._run(kind, payload, t0))]
 
     def _run(self, kind: str, payload: Any, t0: float) -> Any:
         if kind == "train":
             self._ensure(payload["version"])
             stats = self.parts.accumulate(payload["rows"])
-            if payload.get("to_file"):        # for the core: summed into its update (dynamic membership)
+            if payload.get("to_file"):  # for the core: summed into its update (dynamic membership)
                 import torch
 
                 path = Path(payload["to_file"])
@@ -186,7 +194,7 @@ class ModelCell:
             return self.version
         if kind == "switch":
             role, newest = payload
-            if role == 0:               # Role.ROLLOUT: serve the newest weights
+            if role == 0:  # Role.ROLLOUT: serve the newest weights
                 self._ensure(newest)
             return role
         if kind == "save":
@@ -204,7 +212,7 @@ class ModelCell:
         if p.get("group") and p["group"] != self._group:
             self.parts.join_group(*p["group"])
             self._group = p["group"]
-        for f in p.get("grad_files", ()):       # the streamed micro-batches of other cells: exactly these, once
+        for f in p.get("grad_files", ()):  # the streamed micro-batches of other cells: exactly these, once
             self.parts.add_gradients(torch.load(f, weights_only=True))
         updates = self.parts.step(p["plan"])
         self.version = p["version"] + 1
@@ -244,8 +252,9 @@ class TimedCell:
         return out
 
 
-def serve(cell: int, make_worker: Callable[[int], Any], inbox: Any, reply: Callable[[tuple], None],
-          watch_parent: bool = True) -> None:
+def serve(
+    cell: int, make_worker: Callable[[int], Any], inbox: Any, reply: Callable[[tuple], None], watch_parent: bool = True
+) -> None:
     """A cell's loop: build its worker, say ``ready``, then take jobs from `inbox`
     (``(kind, token, payload, seconds)``, ``("cancel", token)``, ``("stop",)``) and `reply`
     ``(cell, pid, kind, token, result)`` for each finished one, until ``stop`` (or, with
@@ -255,15 +264,16 @@ def serve(cell: int, make_worker: Callable[[int], Any], inbox: Any, reply: Calla
     reply((cell, pid, "ready", 0, None))
     while True:
         if watch_parent and os.getppid() != parent:
-            return                      # the driver died (e.g. SIGKILL of the job): do not linger
+            return  # the driver died (e.g. SIGKILL of the job): do not linger
         due = worker.next_due()
         msgs = []
         try:
-            msgs.append(inbox.get(timeout=min(1.0, due) if due is not None else 1.0) if due != 0.0
-                        else inbox.get_nowait())
+            msgs.append(
+                inbox.get(timeout=min(1.0, due) if due is not None else 1.0) if due != 0.0 else inbox.get_nowait()
+            )
         except queue.Empty:
             pass
-        while True:                     # read what else waits, so cancels catch jobs not yet started
+        while True:  # read what else waits, so cancels catch jobs not yet started
             try:
                 msgs.append(inbox.get_nowait())
             except queue.Empty:

@@ -34,14 +34,27 @@ from typing import Any, Protocol
 
 from evoharness.config.sim import SimConfig
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Bind, CellLost, Command, Dispatch, Event, ExecutionDispatched,
-                                       ExecutionFinished, ExecutionOrphaned, ExecutionStarted, MicroBatchDone,
-                                       Migrate, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
-                                       WeightSyncDone)
+from evoharness.runtime.events import (
+    Bind,
+    CellLost,
+    Command,
+    Dispatch,
+    Event,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ExecutionOrphaned,
+    ExecutionStarted,
+    MicroBatchDone,
+    Migrate,
+    RoleSwitchDone,
+    RunMicroBatch,
+    SwitchRole,
+    SyncWeights,
+    WeightSyncDone,
+)
 from evoharness.runtime.transport import Transport
 
-
-_WAIT = ("run_job",)     # the key of a job `run_job` waits for
+_WAIT = ("run_job",)  # the key of a job `run_job` waits for
 
 
 class AgentWorkload(Protocol):
@@ -68,8 +81,7 @@ class AgentWorkload(Protocol):
         """Seconds from a call's answer to e's next request (0 when the tool ran inline)."""
         ...
 
-    def finished(self, e: int) -> bool:
-        ...
+    def finished(self, e: int) -> bool: ...
 
     def woken(self) -> list[int]:
         """Executions whose request became ready, or that finished, on their own since the last call."""
@@ -97,21 +109,19 @@ class AgentWorkload(Protocol):
         train ranks: ``{"updates", "lr", "step", "scale"}`` (`train.step.run_updates`)."""
         ...
 
-    def step_done(self, version: int, executions: list[int], stats: dict[str, Any],
-                  timing: dict[str, float]) -> dict[str, Any]:
+    def step_done(
+        self, version: int, executions: list[int], stats: dict[str, Any], timing: dict[str, float]
+    ) -> dict[str, Any]:
         """Step ``version - 1`` trained: its metrics record; consolidate what the next step reads.
         `stats`: ``micro`` (the streamed micro-batches' statistics), ``ranks`` (per train rank,
         per update), ``scale`` (the stream's N/M): `train.step.merged_update_metrics`' arguments."""
         ...
 
-    def state(self) -> dict[str, Any]:
-        ...
+    def state(self) -> dict[str, Any]: ...
 
-    def restore(self, state: dict[str, Any]) -> None:
-        ...
+    def restore(self, state: dict[str, Any]) -> None: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class CellBackend:
@@ -133,9 +143,19 @@ class CellBackend:
         RuntimeError: a cell did not start.
     """
 
-    def __init__(self, sim: SimConfig, roles: list, transport: Transport, make_worker: Any, workload: AgentWorkload,
-                 training: Any, work_dir: str | Path, gateway: Any = None, state: dict[str, Any] | None = None,
-                 ready_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        sim: SimConfig,
+        roles: list,
+        transport: Transport,
+        make_worker: Any,
+        workload: AgentWorkload,
+        training: Any,
+        work_dir: str | Path,
+        gateway: Any = None,
+        state: dict[str, Any] | None = None,
+        ready_timeout_s: float = 300.0,
+    ):
         if len(roles) != sim.cluster.cells:
             raise ValueError(f"{len(roles)} roles for {sim.cluster.cells} cells")
         self.sim, self.transport, self.workload, self.training = sim, transport, workload, training
@@ -145,22 +165,28 @@ class CellBackend:
         self.K = len(roles)
         self.role = list(roles)
         self.gw = gateway
-        self._call_s = getattr(workload, "call_seconds", None)    # a timed workload's call durations
+        self._call_s = getattr(workload, "call_seconds", None)  # a timed workload's call durations
         self._token = 0
-        self._jobs: dict[int, tuple] = {}           # token -> (kind, cell, key)
-        self.x_cell: dict[int, int] = {}            # execution -> cell it is bound to
-        self.x_call: dict[int, int] = {}            # execution -> token of its call in flight
-        self.x_state: dict[int, str] = {}           # queued | call | tool | wait (orphaned) | pending (agent) | done
-        self.x_times: dict[int, list[list[float]]] = {}   # execution -> [issue, answer, cell] per call (trace)
-        self._tools: list[tuple[float, int]] = []   # (due, execution)
+        self._jobs: dict[int, tuple] = {}  # token -> (kind, cell, key)
+        self.x_cell: dict[int, int] = {}  # execution -> cell it is bound to
+        self.x_call: dict[int, int] = {}  # execution -> token of its call in flight
+        self.x_state: dict[int, str] = {}  # queued | call | tool | wait (orphaned) | pending (agent) | done
+        self.x_times: dict[int, list[list[float]]] = {}  # execution -> [issue, answer, cell] per call (trace)
+        self._tools: list[tuple[float, int]] = []  # (due, execution)
         self._events: list[Event] = []
-        self._gw_jobs: dict[int, Any] = {}          # gateway mode: cell job token -> the gateway call waiting on it
-        self._gw_tok: dict[Any, int] = {}           # and back
+        self._gw_jobs: dict[int, Any] = {}  # gateway mode: cell job token -> the gateway call waiting on it
+        self._gw_tok: dict[Any, int] = {}  # and back
         self._gw_done: queue.Queue = queue.Queue()
-        self.records: list[dict[str, Any]] = []     # one per weight sync (the workload's step record)
-        self._waited: dict[int, Any] = {}           # `run_job` results by token
-        self.counts = {"calls": 0, "reissued_calls": 0, "aborted_turns": 0, "micro_batches": 0, "cells_lost": 0,
-                       "migrations": 0}
+        self.records: list[dict[str, Any]] = []  # one per weight sync (the workload's step record)
+        self._waited: dict[int, Any] = {}  # `run_job` results by token
+        self.counts = {
+            "calls": 0,
+            "reissued_calls": 0,
+            "aborted_turns": 0,
+            "micro_batches": 0,
+            "cells_lost": 0,
+            "migrations": 0,
+        }
         self.pids_seen: dict[int, set[int]] = {c: set() for c in range(self.K)}
         self._t0 = time.monotonic()
         # idle accounting (as the simulator's): per cell, jobs running and seconds per role, busy seconds
@@ -171,7 +197,7 @@ class CellBackend:
             self.gw.on_done = lambda *done: self._gw_done.put(done)
             for c, r in enumerate(roles):
                 if r != Role.ROLLOUT:
-                    self.gw.drain(c, [])                # not serving until it switches to rollout
+                    self.gw.drain(c, [])  # not serving until it switches to rollout
         self.training.attach(self, state.get("training") if state else None)
         transport.start(self.K, make_worker)
         self._wait_ready(ready_timeout_s)
@@ -185,13 +211,15 @@ class CellBackend:
             dead = self.transport.dead_cells()
             if dead or time.monotonic() > deadline:
                 self.close()
-                raise RuntimeError(f"cells {dead or sorted(set(range(self.K)) - ready)} did not start "
-                                   f"({'process died' if dead else f'{timeout_s:.0f} s timeout'})")
+                raise RuntimeError(
+                    f"cells {dead or sorted(set(range(self.K)) - ready)} did not start "
+                    f"({'process died' if dead else f'{timeout_s:.0f} s timeout'})"
+                )
             reply = self.transport.next_reply(1.0)
             if reply is not None and reply[2] == "ready":
                 ready.add(reply[0])
                 self.pids_seen[reply[0]].add(reply[1])
-        self._since = [time.monotonic()] * self.K     # idle ratios count from here, not the model loading
+        self._since = [time.monotonic()] * self.K  # idle ratios count from here, not the model loading
 
     # ---- job checkpoints ------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -199,10 +227,15 @@ class CellBackend:
         workload's books, the training coordinator's. Taken at a weight sync: no micro-batch,
         switch or sync is in flight then, only rollout, which a replacement re-issues."""
         now = time.monotonic()
-        return {"x_cell": dict(self.x_cell), "x_state": dict(self.x_state),
-                "tools": [(max(0.0, t - now), e) for t, e in self._tools], "counts": dict(self.counts),
-                "x_times": dict(self.x_times), "workload": self.workload.state(),
-                "training": self.training.state()}
+        return {
+            "x_cell": dict(self.x_cell),
+            "x_state": dict(self.x_state),
+            "tools": [(max(0.0, t - now), e) for t, e in self._tools],
+            "counts": dict(self.counts),
+            "x_times": dict(self.x_times),
+            "workload": self.workload.state(),
+            "training": self.training.state(),
+        }
 
     def _restore(self, st: dict[str, Any]) -> None:
         """Carry on from `state()`: a call that was in flight is issued again on its cell."""
@@ -290,10 +323,10 @@ class CellBackend:
             if self.workload.finished(e):
                 self._finish(e)
             else:
-                self.x_state[e] = "pending"     # the agent is busy (a tool on its thread): `woken` resumes it
+                self.x_state[e] = "pending"  # the agent is busy (a tool on its thread): `woken` resumes it
             return
         times = self.x_times.setdefault(e, [])
-        if self.x_state.get(e) != "call":       # a new call (a re-issue keeps its first issue time)
+        if self.x_state.get(e) != "call":  # a new call (a re-issue keeps its first issue time)
             times.append([time.monotonic() - self._t0, 0.0, -1])
         self.x_state[e] = "call"
         self.counts["calls"] += 1
@@ -302,12 +335,12 @@ class CellBackend:
             return
         self._token += 1
         self.x_call[e] = self._token
-        if isinstance(payload, dict) and payload.get("episode_id"):   # its records under the episode's id
+        if isinstance(payload, dict) and payload.get("episode_id"):  # its records under the episode's id
             self.gw.name(e, payload["episode_id"])
         if e in self.x_cell:
             self.gw.bind(e, self.x_cell[e])
         else:
-            self.gw.hold(e)       # a resumed call of an execution not placed yet
+            self.gw.hold(e)  # a resumed call of an execution not placed yet
         self.gw.call(e, self._token, payload)
 
     def _seconds(self, e: int) -> float:
@@ -329,7 +362,7 @@ class CellBackend:
     def _on_tool(self, e: int) -> None:
         """e's tool is done: its next call, or its end (orphaned: it waits for a bind)."""
         if self.x_state.get(e) not in ("tool", "pending"):
-            return                              # a second wake-up of a turn already moved on
+            return  # a second wake-up of a turn already moved on
         if self.workload.finished(e):
             self._finish(e)
         elif e in self.x_cell:
@@ -375,7 +408,7 @@ class CellBackend:
         st = self.x_state[e]
         self.x_cell[e] = cell
         if self.gw is not None:
-            self.gw.bind(e, cell)      # a held call of it (a drained cell's) goes there now
+            self.gw.bind(e, cell)  # a held call of it (a drained cell's) goes there now
         if st == "queued":
             self._events.append(ExecutionStarted(e, cell))
             self.workload.start(e)
@@ -385,7 +418,7 @@ class CellBackend:
 
     def _migrate(self, e: int, cell: int) -> None:
         self.counts["migrations"] += 1
-        if self.gw is not None:            # the gateway re-issues a call in flight on the new cell
+        if self.gw is not None:  # the gateway re-issues a call in flight on the new cell
             old, self.x_cell[e] = self.x_cell.get(e), cell
             if old is None:
                 self.gw.bind(e, cell)
@@ -395,7 +428,7 @@ class CellBackend:
             self._cancel_call(e)
             self.x_cell[e] = cell
             self.counts["reissued_calls"] += 1
-            self._next_call(e)            # re-issued: the harness sees no error
+            self._next_call(e)  # re-issued: the harness sees no error
         else:
             self.x_cell[e] = cell
 
@@ -448,7 +481,7 @@ class CellBackend:
 
     def _on_job(self, cell: int, pid: int, kind: str, token: int, result: Any) -> None:
         self.pids_seen[cell].add(pid)
-        if token in self._gw_jobs:             # a call the gateway routed here: its answer goes back there
+        if token in self._gw_jobs:  # a call the gateway routed here: its answer goes back there
             self._jobs.pop(token, None)
             self._tick(cell, -1)
             fut = self._gw_jobs.pop(token)
@@ -457,7 +490,7 @@ class CellBackend:
             return
         job = self._jobs.pop(token, None)
         if job is None:
-            return                              # cancelled after it completed
+            return  # cancelled after it completed
         if job[2] is _WAIT:
             self._waited[token] = result
             return
@@ -524,7 +557,7 @@ class CellBackend:
         self._events.append(CellLost(c))
         held = sorted(x for x, cell in self.x_cell.items() if cell == c)
         if self.gw is not None:
-            self.gw.lost(c, held)         # its calls wait in the gateway and are re-issued on the next bind
+            self.gw.lost(c, held)  # its calls wait in the gateway and are re-issued on the next bind
         for e in held:
             if self.x_state[e] == "call" and self.gw is None:
                 self._jobs.pop(self.x_call.pop(e), None)
@@ -545,8 +578,7 @@ class CellBackend:
         self.training.switch(c, Role.ROLLOUT)
 
     # ---- steps ---------------------------------------------------------------------------
-    def record_step(self, version: int, executions: list[int], stats: dict[str, Any],
-                    timing: dict[str, float]) -> None:
+    def record_step(self, version: int, executions: list[int], stats: dict[str, Any], timing: dict[str, float]) -> None:
         """Step ``version - 1`` trained (the training coordinator calls this before the weight sync
         completes): the workload's record, and the executions' call trace."""
         self._write_trace(executions, version)
@@ -563,10 +595,22 @@ class CellBackend:
                 if not calls:
                     continue
                 task_id, episode_id, wall_s = self.workload.trace_key(e)
-                turns = [{**call, "start": round(a, 4), "end": round(b, 4), **({"cell": int(c)} if c >= 0 else {})}
-                         for call, (a, b, c) in zip(calls, times)]
-                f.write(json.dumps({"step": step, "task_id": f"{task_id}#u{e // self.N}", "episode_id": episode_id,
-                                    "wall_s": wall_s, "turns": turns}) + "\n")
+                turns = [
+                    {**call, "start": round(a, 4), "end": round(b, 4), **({"cell": int(c)} if c >= 0 else {})}
+                    for call, (a, b, c) in zip(calls, times)
+                ]
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "task_id": f"{task_id}#u{e // self.N}",
+                            "episode_id": episode_id,
+                            "wall_s": wall_s,
+                            "turns": turns,
+                        }
+                    )
+                    + "\n"
+                )
 
     def close(self) -> None:
         if self.gw is not None:
@@ -601,13 +645,13 @@ class ModelTraining:
             raise ValueError("the train group must include the core (cell 0)")
         self.be: CellBackend | None = None
         self.newest = 0
-        self._micro: dict[int, list[dict]] = {}         # version -> streamed micro-batches' statistics
-        self._micro_s: dict[int, float] = {}            # version -> their cell-seconds
-        self._files: dict[int, dict[int, str]] = {}     # version -> train job token -> its gradient file
-        self._trained: dict[int, set[int]] = {}         # version -> executions trained on it
-        self._step: dict[int, dict[str, Any]] = {}      # version (new) -> the sync in flight
-        self._rendezvous = 0                            # gradient files made
-        self._init: str | None = None                   # the all-reduce group's rendezvous
+        self._micro: dict[int, list[dict]] = {}  # version -> streamed micro-batches' statistics
+        self._micro_s: dict[int, float] = {}  # version -> their cell-seconds
+        self._files: dict[int, dict[int, str]] = {}  # version -> train job token -> its gradient file
+        self._trained: dict[int, set[int]] = {}  # version -> executions trained on it
+        self._step: dict[int, dict[str, Any]] = {}  # version (new) -> the sync in flight
+        self._rendezvous = 0  # gradient files made
+        self._init: str | None = None  # the all-reduce group's rendezvous
 
     def attach(self, backend: CellBackend, state: dict[str, Any] | None) -> None:
         self.be = backend
@@ -624,13 +668,13 @@ class ModelTraining:
         be = self.be
         if self.mode == "allreduce" and c.cell not in self.members:
             raise RuntimeError(f"cell {c.cell} is outside the all-reduce group {self.members}")
-        self._trained.setdefault(c.version, set()).update(c.executions)   # a re-claimed micro-batch counts once
+        self._trained.setdefault(c.version, set()).update(c.executions)  # a re-claimed micro-batch counts once
         rows = be.workload.micro_batch(c.executions, c.version)
-        if rows is None:            # several updates per step: the batch trains at the sync
+        if rows is None:  # several updates per step: the batch trains at the sync
             be.emit(MicroBatchDone(c.cell, c.executions))
             return
         payload: dict[str, Any] = {"version": c.version, "rows": rows}
-        if self.mode == "single" and c.cell != 0:      # a satellite's gradient goes to the core
+        if self.mode == "single" and c.cell != 0:  # a satellite's gradient goes to the core
             self._rendezvous += 1
             payload["to_file"] = str(be.work_dir / "grads" / f"v{c.version}" / f"mb{self._rendezvous}.pt")
         tok = be.send(c.cell, "train", payload, key=("train", c.version, c.executions))
@@ -646,13 +690,28 @@ class ModelTraining:
             # one group for the cells' lifetime, formed at their first step (a resumed job: a fresh one)
             (be.work_dir / "dist").mkdir(parents=True, exist_ok=True)
             self._init = f"file://{be.work_dir / 'dist' / f'rendezvous_{os.getpid()}_{time.time_ns()}'}"
-        self._step[c.version] = {"cells": c.cells, "left": len(self.members), "updates": {}, "plans": plans,
-                                 "t0": time.monotonic()}
+        self._step[c.version] = {
+            "cells": c.cells,
+            "left": len(self.members),
+            "updates": {},
+            "plans": plans,
+            "t0": time.monotonic(),
+        }
         for rank, cell in enumerate(self.members):
             if self.mode == "allreduce" and len(self.members) > 1:
                 group = (rank, len(self.members), self._init)
-            be.send(cell, "step", {"version": v, "plan": plans[rank], "grad_files": files if cell == 0 else [],
-                                   "publish": cell == 0 and be.K > 1, "group": group}, key=("step", c.version))
+            be.send(
+                cell,
+                "step",
+                {
+                    "version": v,
+                    "plan": plans[rank],
+                    "grad_files": files if cell == 0 else [],
+                    "publish": cell == 0 and be.K > 1,
+                    "group": group,
+                },
+                key=("step", c.version),
+            )
 
     def on_reply(self, cell: int, kind: str, key: Any, result: Any) -> None:
         be = self.be
@@ -670,8 +729,11 @@ class ModelTraining:
                 return
             self.newest = version
             executions = sorted(self._trained.pop(version - 1, set()))
-            stats = {"micro": self._micro.pop(version - 1, []), "ranks": [st["updates"][c] for c in self.members],
-                     "scale": st["plans"][0]["scale"]}
+            stats = {
+                "micro": self._micro.pop(version - 1, []),
+                "ranks": [st["updates"][c] for c in self.members],
+                "scale": st["plans"][0]["scale"],
+            }
             # cell-seconds: the streamed micro-batches' and the sync's update
             train_s = time.monotonic() - st["t0"] + self._micro_s.pop(version - 1, 0.0)
             be.record_step(version, executions, stats, {"train": train_s})
@@ -706,9 +768,11 @@ class ModelTraining:
             RuntimeError: `cell` is a member of the all-reduce group (the message names the resume).
         """
         if self.mode == "allreduce" and len(self.members) > 1 and cell in self.members:
-            raise RuntimeError(f"cell {cell} of the all-reduce group {self.members} failed: its accumulated "
-                               "gradient is lost and the group cannot continue; resume the job from its last "
-                               "checkpoint (a fresh group forms)")
+            raise RuntimeError(
+                f"cell {cell} of the all-reduce group {self.members} failed: its accumulated "
+                "gradient is lost and the group cannot continue; resume the job from its last "
+                "checkpoint (a fresh group forms)"
+            )
 
     def job_lost(self, cell: int, kind: str, key: Any, token: int) -> None:
         """A job died with its cell: a satellite's micro-batch is re-claimed by the scheduler (its
@@ -718,12 +782,13 @@ class ModelTraining:
             _, version, executions = key
             self._trained.get(version, set()).difference_update(executions)
             if self.mode == "allreduce":
-                raise RuntimeError(f"cell {cell} of the all-reduce group {self.members} failed: its accumulated "
-                                   "gradient is lost and the group cannot continue; resume the job from its last "
-                                   "checkpoint (a fresh group forms)")
+                raise RuntimeError(
+                    f"cell {cell} of the all-reduce group {self.members} failed: its accumulated "
+                    "gradient is lost and the group cannot continue; resume the job from its last "
+                    "checkpoint (a fresh group forms)"
+                )
             self._files.get(version, {}).pop(token, None)
         elif kind == "step":
-            raise RuntimeError(f"cell {cell} failed during the optimizer step: resume the job from its last "
-                               "checkpoint")
+            raise RuntimeError(f"cell {cell} failed during the optimizer step: resume the job from its last checkpoint")
         elif kind == "load":
             self._loaded(key[1])

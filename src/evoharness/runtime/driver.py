@@ -20,21 +20,52 @@ import os
 import pickle
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (CellLost, Command, Dispatch, Event, ExecutionFinished, ExecutionOrphaned,
-                                       MicroBatchDone, RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
-                                       WeightSyncDone)
+from evoharness.runtime.events import (
+    CellLost,
+    Command,
+    Dispatch,
+    Event,
+    ExecutionFinished,
+    ExecutionOrphaned,
+    MicroBatchDone,
+    RoleSwitchDone,
+    RunMicroBatch,
+    SwitchRole,
+    SyncWeights,
+    WeightSyncDone,
+)
 from evoharness.runtime.schedulers import Scheduler
 
 # what a job checkpoint may name besides the project's own classes (`load_job`)
-_SAFE_GLOBALS = {
-    ("builtins", n) for n in ("dict", "list", "set", "frozenset", "tuple", "int", "float", "complex", "str",
-                              "bytes", "bytearray", "bool", "slice", "range")
-} | {("collections", n) for n in ("deque", "Counter", "OrderedDict", "defaultdict")} | {("copyreg", "_reconstructor")}
+_SAFE_GLOBALS = (
+    {
+        ("builtins", n)
+        for n in (
+            "dict",
+            "list",
+            "set",
+            "frozenset",
+            "tuple",
+            "int",
+            "float",
+            "complex",
+            "str",
+            "bytes",
+            "bytearray",
+            "bool",
+            "slice",
+            "range",
+        )
+    }
+    | {("collections", n) for n in ("deque", "Counter", "OrderedDict", "defaultdict")}
+    | {("copyreg", "_reconstructor")}
+)
 
 
 def _safe_getattr(obj: Any, name: str) -> Any:
@@ -45,9 +76,13 @@ def _safe_getattr(obj: Any, name: str) -> Any:
     if isinstance(obj, type) and issubclass(obj, enum.Enum) and name in obj.__members__:
         return obj[name]
     attr = getattr(type(obj), name, None)
-    if (type(obj).__module__.startswith("evoharness.") and not name.startswith("__") and callable(attr)
-            and getattr(attr, "__module__", "").startswith("evoharness.")):
-        return getattr(obj, name)           # a method of a project object
+    if (
+        type(obj).__module__.startswith("evoharness.")
+        and not name.startswith("__")
+        and callable(attr)
+        and getattr(attr, "__module__", "").startswith("evoharness.")
+    ):
+        return getattr(obj, name)  # a method of a project object
     raise pickle.UnpicklingError(f"a job checkpoint may not look up {name!r} on {type(obj).__name__}")
 
 
@@ -60,7 +95,7 @@ class _JobUnpickler(pickle.Unpickler):
         if module == "evoharness" or module.startswith("evoharness."):
             obj = super().find_class(module, name)
             if isinstance(obj, type) and obj.__module__.startswith("evoharness"):
-                return obj                  # a class of the project (schedulers, events, records)
+                return obj  # a class of the project (schedulers, events, records)
         raise pickle.UnpicklingError(f"a job checkpoint may not name {module}.{name}")
 
 
@@ -109,8 +144,8 @@ class RunStats:
     cells_lost: int = 0
     micro_batches_reclaimed: int = 0
     staleness: Counter = field(default_factory=Counter)
-    micro_batch_s: list[tuple[float, float]] = field(default_factory=list)   # (trajectory tokens, seconds)
-    sync_s: list[float] = field(default_factory=list)                         # SyncWeights -> WeightSyncDone
+    micro_batch_s: list[tuple[float, float]] = field(default_factory=list)  # (trajectory tokens, seconds)
+    sync_s: list[float] = field(default_factory=list)  # SyncWeights -> WeightSyncDone
     events: int = 0
     commands: int = 0
 
@@ -119,17 +154,21 @@ class RunStats:
         ends = [0.0] + self.step_end_s
         lat = self.switch_latency_s
         return {
-            "timing_s/run": self.wall_s, "timing_s/step": (ends[-1] / steps) if steps else 0.0,
+            "timing_s/run": self.wall_s,
+            "timing_s/step": (ends[-1] / steps) if steps else 0.0,
             "timing_s/step_max": max((b - a for a, b in zip(ends, ends[1:])), default=0.0),
-            "runtime/switches": float(self.switches), "runtime/aborted_turns": float(self.aborted_turns),
+            "runtime/switches": float(self.switches),
+            "runtime/aborted_turns": float(self.aborted_turns),
             "runtime/switch_to_train_s": sum(lat["to_train"]) / len(lat["to_train"]) if lat["to_train"] else 0.0,
-            "runtime/switch_to_rollout_s": (sum(lat["to_rollout"]) / len(lat["to_rollout"])
-                                            if lat["to_rollout"] else 0.0),
+            "runtime/switch_to_rollout_s": (
+                sum(lat["to_rollout"]) / len(lat["to_rollout"]) if lat["to_rollout"] else 0.0
+            ),
             "runtime/staleness_max": float(max(self.staleness, default=0)),
             "runtime/cells_lost": float(self.cells_lost),
             "runtime/micro_batches_reclaimed": float(self.micro_batches_reclaimed),
-            "runtime/micro_batch_s": (sum(s for _, s in self.micro_batch_s) / len(self.micro_batch_s)
-                                      if self.micro_batch_s else 0.0),
+            "runtime/micro_batch_s": (
+                sum(s for _, s in self.micro_batch_s) / len(self.micro_batch_s) if self.micro_batch_s else 0.0
+            ),
             "runtime/sync_s": sum(self.sync_s) / len(self.sync_s) if self.sync_s else 0.0,
         }
 
@@ -151,8 +190,9 @@ class Driver:
             on from it. (A caller of `steps` may instead `save` when it likes.)
     """
 
-    def __init__(self, scheduler: Scheduler, backend: Backend, stall_s: float = 120.0,
-                 checkpoint: str | Path | None = None):
+    def __init__(
+        self, scheduler: Scheduler, backend: Backend, stall_s: float = 120.0, checkpoint: str | Path | None = None
+    ):
         self.sched, self.backend, self.stall_s = scheduler, backend, stall_s
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
         self._pending: list[Event] | None = None
@@ -160,15 +200,15 @@ class Driver:
         self.stats = RunStats()
         gs = scheduler.group_size
         self._gs = gs
-        self._behaviour: dict[int, int] = {}        # execution -> behaviour version
+        self._behaviour: dict[int, int] = {}  # execution -> behaviour version
         self._finished: set[int] = set()
         self._trained: set[int] = set()
         self._role = list(scheduler.initial_roles())
         self._switch_t0: dict[int, float] = {}
-        self._running: dict[int, tuple[tuple[int, ...], int]] = {}   # train cell -> (executions, version)
-        self._tokens: dict[int, int] = {}           # finished execution -> trajectory tokens
-        self._op_t0: dict[Any, float] = {}          # ("mb", cell) / ("sync", version) -> when it was commanded
-        self._first_step = scheduler.steps_done     # a scheduler resumed at a step boundary (`Colocate.resume_at`)
+        self._running: dict[int, tuple[tuple[int, ...], int]] = {}  # train cell -> (executions, version)
+        self._tokens: dict[int, int] = {}  # finished execution -> trajectory tokens
+        self._op_t0: dict[Any, float] = {}  # ("mb", cell) / ("sync", version) -> when it was commanded
+        self._first_step = scheduler.steps_done  # a scheduler resumed at a step boundary (`Colocate.resume_at`)
         self._t0 = 0.0
 
     def _apply(self, cmds: list[Command]) -> None:
@@ -210,8 +250,9 @@ class Driver:
         elif isinstance(ev, MicroBatchDone):
             self._running.pop(ev.cell, None)
             if ("mb", ev.cell) in self._op_t0:
-                self.stats.micro_batch_s.append((float(sum(self._tokens.get(e, 0) for e in ev.executions)),
-                                                 now - self._op_t0.pop(("mb", ev.cell))))
+                self.stats.micro_batch_s.append(
+                    (float(sum(self._tokens.get(e, 0) for e in ev.executions)), now - self._op_t0.pop(("mb", ev.cell)))
+                )
         elif isinstance(ev, CellLost):
             # its micro-batch never counted: the scheduler claims it again
             self.stats.cells_lost += 1
@@ -259,13 +300,13 @@ class Driver:
             DriverError: an impossible report or a stall (see `stall_s`).
         """
         self._t0 = time.monotonic() - self._elapsed
-        if self.sched.done:                     # e.g. a finished run resumed (`Colocate.resume_at(steps)`)
+        if self.sched.done:  # e.g. a finished run resumed (`Colocate.resume_at(steps)`)
             return
         if self._pending is None:
             self._apply(self.sched.start())
             events: list[Event] = []
             seen = None
-        else:   # resumed: the checkpoint was taken at its first event, a weight sync already yielded
+        else:  # resumed: the checkpoint was taken at its first event, a weight sync already yielded
             events, self._pending = self._pending, None
             seen = events[0]
         last = time.monotonic()
@@ -274,13 +315,15 @@ class Driver:
                 events = self.backend.poll(timeout=1.0)
             if not events:
                 if time.monotonic() - last > self.stall_s:
-                    raise DriverError(f"no event for {self.stall_s:.0f} s; {self.sched.name} waits "
-                                      f"(steps done {self.sched.steps_done})")
+                    raise DriverError(
+                        f"no event for {self.stall_s:.0f} s; {self.sched.name} waits "
+                        f"(steps done {self.sched.steps_done})"
+                    )
                 continue
             last = time.monotonic()
             for i, ev in enumerate(events):
                 if isinstance(ev, WeightSyncDone) and ev is not seen:
-                    self._pending = events[i:]          # what a checkpoint taken now carries on from
+                    self._pending = events[i:]  # what a checkpoint taken now carries on from
                     if self.checkpoint is not None:
                         self.save(self.checkpoint)
                     paused = time.monotonic()
@@ -299,8 +342,9 @@ class Driver:
         n0, n = self._first_step * self.sched.N, self.sched.steps * self.sched.N
         missing = [e for e in range(n0, n) if e not in self._trained]
         if missing:
-            raise DriverError(f"{len(missing)} executions of the {self.sched.steps} steps never trained "
-                              f"(first: {missing[:5]})")
+            raise DriverError(
+                f"{len(missing)} executions of the {self.sched.steps} steps never trained (first: {missing[:5]})"
+            )
 
     _BOOKS = ("_behaviour", "_finished", "_trained", "_role", "_running", "stats", "_first_step", "_tokens")
 
@@ -310,8 +354,13 @@ class Driver:
         if self._pending is None:
             raise DriverError("a job checkpoint is taken at a weight sync (while `steps` yields)")
         path = Path(path)
-        state = {"scheduler": self.sched, "backend": self.backend.state(), "pending": list(self._pending),
-                 "elapsed": time.monotonic() - self._t0, **{k: getattr(self, k) for k in self._BOOKS}}
+        state = {
+            "scheduler": self.sched,
+            "backend": self.backend.state(),
+            "pending": list(self._pending),
+            "elapsed": time.monotonic() - self._t0,
+            **{k: getattr(self, k) for k in self._BOOKS},
+        }
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
             pickle.dump(state, f)
@@ -320,8 +369,12 @@ class Driver:
         os.replace(tmp, path)
 
     @classmethod
-    def resume(cls, checkpoint: str | Path, make_backend: Callable[[Scheduler, dict[str, Any]], Backend],
-               stall_s: float = 120.0) -> "Driver":
+    def resume(
+        cls,
+        checkpoint: str | Path,
+        make_backend: Callable[[Scheduler, dict[str, Any]], Backend],
+        stall_s: float = 120.0,
+    ) -> Driver:
         """A driver that carries on from `checkpoint` (and keeps writing it).
 
         Args:
@@ -331,7 +384,7 @@ class Driver:
         state = load_job(checkpoint)
         d = cls(state["scheduler"], make_backend(state["scheduler"], state["backend"]), stall_s, checkpoint)
         for k in cls._BOOKS:
-            if k in state:                      # (older checkpoints lack the newer books: fresh ones)
+            if k in state:  # (older checkpoints lack the newer books: fresh ones)
                 setattr(d, k, state[k])
         d._first_step = state.get("_first_step", 0)
         d._pending, d._elapsed = state["pending"], state["elapsed"]

@@ -106,8 +106,18 @@ class CellLost:
     cell: int
 
 
-Event = (ExecutionDispatched | ExecutionStarted | ExecutionFinished | ExecutionOrphaned
-         | ModelCallStarted | ModelCallFinished | MicroBatchDone | RoleSwitchDone | WeightSyncDone | CellLost)
+Event = (
+    ExecutionDispatched
+    | ExecutionStarted
+    | ExecutionFinished
+    | ExecutionOrphaned
+    | ModelCallStarted
+    | ModelCallFinished
+    | MicroBatchDone
+    | RoleSwitchDone
+    | WeightSyncDone
+    | CellLost
+)
 
 # ---- commands (scheduler -> world) -----------------------------------------
 

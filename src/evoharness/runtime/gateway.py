@@ -85,20 +85,32 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from evoharness.rollout.records import AGENT_ROLES, CallAttempt, CallRecord
 from evoharness.runtime.backends import (
-    GRAMMAR_FORMATS, Backend, BackendError, BackendRejected, GenOutput, GenParams, HTTPBackend, WorkerBackend,
+    GRAMMAR_FORMATS,
+    Backend,
+    BackendError,
+    BackendRejected,
+    GenOutput,
+    GenParams,
+    HTTPBackend,
+    WorkerBackend,
 )
 from evoharness.runtime.record_store import RecordStore
 from evoharness.runtime.wire import (
-    ChatRequest, GatewayError, choice_body, completion_body, new_call_id, stream_chunks,
+    ChatRequest,
+    GatewayError,
+    choice_body,
+    completion_body,
+    new_call_id,
+    stream_chunks,
 )
 
 MAX_BODY_BYTES = 8 << 20
 STREAM_KEEPALIVE_S = 5.0  # a waiting stream sends an SSE comment this often
-MAX_JSON_DEPTH = 64       # nesting of a request body (a chat request needs about 8)
-MAX_EXECUTION_ID = 1024   # characters of an execution id
+MAX_JSON_DEPTH = 64  # nesting of a request body (a chat request needs about 8)
+MAX_EXECUTION_ID = 1024  # characters of an execution id
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 60.0
-MAX_CONNECTIONS = 512     # below the usual 1024 descriptors: the gateway keeps room for its backends and files
+MAX_CONNECTIONS = 512  # below the usual 1024 descriptors: the gateway keeps room for its backends and files
 MAX_CONCURRENCY = 1024
 
 
@@ -130,8 +142,9 @@ def check_json(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
             try:
                 k.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise GatewayError(400, f"request body holds a string that is not valid Unicode ({e.reason})",
-                                   code="invalid_json") from None
+                raise GatewayError(
+                    400, f"request body holds a string that is not valid Unicode ({e.reason})", code="invalid_json"
+                ) from None
         stack.extend((x, depth + 1) for x in items)
 
 
@@ -169,12 +182,22 @@ class Gateway:
         max_connections / max_concurrency: connections held / requests running at most.
     """
 
-    def __init__(self, backends: list[Backend] | None = None, served_model: str = "evoharness",
-                 records: RecordStore | str | Path | None | bool = None, max_attempts: int = 5,
-                 wait_for_backend_s: float = 30.0, worker_args: dict[str, Any] | None = None,
-                 max_tool_cache: int = 10_000, max_body_bytes: int = MAX_BODY_BYTES, admin_token: str | None = None,
-                 header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS, max_concurrency: int = MAX_CONCURRENCY):
+    def __init__(
+        self,
+        backends: list[Backend] | None = None,
+        served_model: str = "evoharness",
+        records: RecordStore | str | Path | None | bool = None,
+        max_attempts: int = 5,
+        wait_for_backend_s: float = 30.0,
+        worker_args: dict[str, Any] | None = None,
+        max_tool_cache: int = 10_000,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        admin_token: str | None = None,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+        max_concurrency: int = MAX_CONCURRENCY,
+    ):
         self.backends: dict[str, Backend] = {}
         for b in backends or []:
             if b.name in self.backends:
@@ -274,8 +297,13 @@ class Gateway:
         out = []
         for m in messages:
             if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
-                m = {**m, "tool_calls": [cache.get(tc["id"], tc) if isinstance(tc, dict) and isinstance(tc.get("id"), str)
-                                         else tc for tc in m["tool_calls"]]}
+                m = {
+                    **m,
+                    "tool_calls": [
+                        cache.get(tc["id"], tc) if isinstance(tc, dict) and isinstance(tc.get("id"), str) else tc
+                        for tc in m["tool_calls"]
+                    ],
+                }
             out.append(m)
         return out
 
@@ -292,8 +320,12 @@ class Gateway:
 
     def check_model(self, req: ChatRequest) -> None:
         if req.model != self.served_model:
-            raise GatewayError(404, f"The model `{req.model}` does not exist; this gateway serves "
-                                    f"`{self.served_model}`.", code="model_not_found", param="model")
+            raise GatewayError(
+                404,
+                f"The model `{req.model}` does not exist; this gateway serves `{self.served_model}`.",
+                code="model_not_found",
+                param="model",
+            )
 
     async def complete(self, req: ChatRequest, execution_id: str, role: str) -> dict[str, Any]:
         """Answer one validated request; returns the ``chat.completion`` body.
@@ -304,21 +336,32 @@ class Gateway:
         self.check_model(req)
         t_start = time.time()
         call_id = new_call_id()
-        messages = self._restore_tool_calls(
-            execution_id, [m.model_dump(exclude_none=True) for m in req.messages])
+        messages = self._restore_tool_calls(execution_id, [m.model_dump(exclude_none=True) for m in req.messages])
         params = GenParams(
-            messages=messages, temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p, max_tokens=req.max_new_tokens, seed=req.seed,
-            stops=req.stops, grammar=req.action_grammar, truncate_prompt_tokens=req.truncate_prompt_tokens,
-            tools=req.tools, tool_choice=req.tool_choice, want_token_text=req.logprobs,
+            messages=messages,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            max_tokens=req.max_new_tokens,
+            seed=req.seed,
+            stops=req.stops,
+            grammar=req.action_grammar,
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
+            tools=req.tools,
+            tool_choice=req.tool_choice,
+            want_token_text=req.logprobs,
             top_logprobs=req.top_logprobs if req.logprobs else None,
             passthrough=dict(req.model_extra or {}),
         )
         # n > 1: n independent calls (each routed and retried on its own; seeds seed, seed+1, ...),
         # one record each, so every sample is a branch of the execution's tree
-        ps = [params] if req.n == 1 else [
-            replace(params, seed=None if req.seed is None else (req.seed + i + 2**63) % 2**64 - 2**63)
-            for i in range(req.n)]
+        ps = (
+            [params]
+            if req.n == 1
+            else [
+                replace(params, seed=None if req.seed is None else (req.seed + i + 2**63) % 2**64 - 2**63)
+                for i in range(req.n)
+            ]
+        )
         tasks = [asyncio.ensure_future(self._run_one(p, execution_id)) for p in ps]
         try:
             results = await asyncio.gather(*tasks)
@@ -334,26 +377,53 @@ class Gateway:
         choices, n_completion = [], 0
         for i, (out, attempts) in enumerate(results):
             rec = CallRecord(
-                execution_id=execution_id, call_id=call_id if req.n == 1 else f"{call_id}-{i}", role=role,
-                model=req.model, prompt_token_ids=out.prompt_ids, completion_token_ids=out.completion_ids,
-                logprobs=out.logprobs, policy_version=out.policy_version if out.policy_version is not None else -1,
-                finish_reason=out.finish_reason, t_start=t_start, t_end=time.time(), attempts=attempts,
-                tool_calls=out.tool_calls, messages=messages,
-                constraint=None if req.action_grammar is None else {
-                    "commands": list(req.action_grammar.commands), "meta_verbs": list(req.action_grammar.meta_verbs),
-                    "max_new_tokens": out.max_new_tokens},
+                execution_id=execution_id,
+                call_id=call_id if req.n == 1 else f"{call_id}-{i}",
+                role=role,
+                model=req.model,
+                prompt_token_ids=out.prompt_ids,
+                completion_token_ids=out.completion_ids,
+                logprobs=out.logprobs,
+                policy_version=out.policy_version if out.policy_version is not None else -1,
+                finish_reason=out.finish_reason,
+                t_start=t_start,
+                t_end=time.time(),
+                attempts=attempts,
+                tool_calls=out.tool_calls,
+                messages=messages,
+                constraint=None
+                if req.action_grammar is None
+                else {
+                    "commands": list(req.action_grammar.commands),
+                    "meta_verbs": list(req.action_grammar.meta_verbs),
+                    "max_new_tokens": out.max_new_tokens,
+                },
             )
             if self.records is not None:
                 self.records.append(rec)
             self._cache_tool_calls(execution_id, out.tool_calls)
-            choices.append(choice_body(i, out.content, out.tool_calls, out.finish_reason, out.completion_ids,
-                                       out.logprobs, req, out.tokens, out.top_logprobs))
+            choices.append(
+                choice_body(
+                    i,
+                    out.content,
+                    out.tool_calls,
+                    out.finish_reason,
+                    out.completion_ids,
+                    out.logprobs,
+                    req,
+                    out.tokens,
+                    out.top_logprobs,
+                )
+            )
             n_completion += len(out.completion_ids)
         first = results[0][0]
-        return completion_body(call_id, req.model, choices, first.prompt_ids, n_completion, first.policy_version,
-                               req, first.prompt_fit)
+        return completion_body(
+            call_id, req.model, choices, first.prompt_ids, n_completion, first.policy_version, req, first.prompt_fit
+        )
 
-    async def generate(self, params: GenParams, execution_id: str, role: str = "main") -> tuple[GenOutput, list[CallAttempt]]:
+    async def generate(
+        self, params: GenParams, execution_id: str, role: str = "main"
+    ) -> tuple[GenOutput, list[CallAttempt]]:
         """One call of `execution_id` without the HTTP layer (an in-process harness, the
         runtime's agent loops): routed, retried and recorded as `complete` does.
 
@@ -363,12 +433,24 @@ class Gateway:
         t_start = time.time()
         out, attempts = await self._run_one(params, execution_id)
         if self.records is not None:
-            self.records.append(CallRecord(
-                execution_id=execution_id, call_id=new_call_id(), role=role, model=self.served_model,
-                prompt_token_ids=out.prompt_ids, completion_token_ids=out.completion_ids, logprobs=out.logprobs,
-                policy_version=out.policy_version if out.policy_version is not None else -1,
-                finish_reason=out.finish_reason, t_start=t_start, t_end=time.time(), attempts=attempts,
-                tool_calls=out.tool_calls, messages=params.messages))
+            self.records.append(
+                CallRecord(
+                    execution_id=execution_id,
+                    call_id=new_call_id(),
+                    role=role,
+                    model=self.served_model,
+                    prompt_token_ids=out.prompt_ids,
+                    completion_token_ids=out.completion_ids,
+                    logprobs=out.logprobs,
+                    policy_version=out.policy_version if out.policy_version is not None else -1,
+                    finish_reason=out.finish_reason,
+                    t_start=t_start,
+                    t_end=time.time(),
+                    attempts=attempts,
+                    tool_calls=out.tool_calls,
+                    messages=params.messages,
+                )
+            )
         return out, attempts
 
     async def _run_one(self, params: GenParams, execution_id: str | None = None) -> tuple[GenOutput, list[CallAttempt]]:
@@ -398,14 +480,17 @@ class Gateway:
         if out is None:
             self.stats["failed"] += 1
             why = attempts[-1].error if attempts else "no backend is available"
-            raise GatewayError(503, f"no backend answered after {len(attempts)} attempt(s): {why}",
-                               "service_unavailable", "backend_unavailable")
+            raise GatewayError(
+                503,
+                f"no backend answered after {len(attempts)} attempt(s): {why}",
+                "service_unavailable",
+                "backend_unavailable",
+            )
         return out, attempts
 
     def health(self) -> dict[str, Any]:
         live = sum(b.routable for b in self.backends.values())
         return {"status": "ok" if live else "no_backend", "backends": len(self.backends), "routable": live}
-
 
 
 # ---------------------------------------------------------------- hardening of the HTTP layer
@@ -425,8 +510,9 @@ class AdminGuard:
             refusal = self.refusal(scope)
             if refusal is not None:
                 status, code, message = refusal
-                body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                             "code": code}}).encode()
+                body = json.dumps(
+                    {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+                ).encode()
                 headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
                 if status == 401:
                     headers.append((b"www-authenticate", b"Bearer"))
@@ -518,8 +604,14 @@ def uvicorn_config(app, gateway: Gateway, **kw):
     """A uvicorn ``Config`` serving `app` with `gateway`'s connection limits and timeouts."""
     import uvicorn
 
-    return uvicorn.Config(app, http=guarded_protocol(gateway.header_timeout_s, gateway.max_connections),
-                          limit_concurrency=gateway.max_concurrency, timeout_keep_alive=30, backlog=2048, **kw)
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(gateway.header_timeout_s, gateway.max_connections),
+        limit_concurrency=gateway.max_concurrency,
+        timeout_keep_alive=30,
+        backlog=2048,
+        **kw,
+    )
 
 
 # ---------------------------------------------------------------- HTTP layer
@@ -527,6 +619,7 @@ def uvicorn_config(app, gateway: Gateway, **kw):
 
 def create_app(gw: Gateway):
     """The FastAPI application serving `gw` (starts and closes its backends with the app)."""
+
     @asynccontextmanager
     async def lifespan(app):
         await gw.start()
@@ -545,25 +638,33 @@ def create_app(gw: Gateway):
     async def read_json(request: Request) -> Any:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > gw.max_body_bytes:
-            raise GatewayError(413, f"request body of {length} bytes exceeds the limit of {gw.max_body_bytes}",
-                               code="request_too_large")
+            raise GatewayError(
+                413,
+                f"request body of {length} bytes exceeds the limit of {gw.max_body_bytes}",
+                code="request_too_large",
+            )
         buf = bytearray()
         try:
             async with asyncio.timeout(gw.body_timeout_s):  # a client trickling its body holds a request slot
                 async for chunk in request.stream():
                     buf += chunk
                     if len(buf) > gw.max_body_bytes:
-                        raise GatewayError(413, f"request body exceeds the limit of {gw.max_body_bytes} bytes",
-                                           code="request_too_large")
+                        raise GatewayError(
+                            413,
+                            f"request body exceeds the limit of {gw.max_body_bytes} bytes",
+                            code="request_too_large",
+                        )
         except TimeoutError:
-            raise GatewayError(408, f"request body not received within {gw.body_timeout_s:g} s",
-                               code="request_timeout") from None
+            raise GatewayError(
+                408, f"request body not received within {gw.body_timeout_s:g} s", code="request_timeout"
+            ) from None
         try:
             text = buf.decode("utf-8")  # strict: encoded surrogates (CESU-8) are refused, not decoded
             data = json.loads(text)
         except (ValueError, RecursionError) as e:  # RecursionError: nesting past the C parser's limit
-            raise GatewayError(400, f"request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}",
-                               code="invalid_json") from None
+            raise GatewayError(
+                400, f"request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}", code="invalid_json"
+            ) from None
         check_json(data)
         return data
 
@@ -577,15 +678,21 @@ def create_app(gw: Gateway):
         except ValidationError as e:
             first = e.errors()[0]
             loc = ".".join(str(x) for x in first["loc"])
-            raise GatewayError(400, f"invalid field `{loc}`: {first['msg']} ({e.error_count()} error(s))",
-                               code="invalid_value", param=loc) from e
+            raise GatewayError(
+                400,
+                f"invalid field `{loc}`: {first['msg']} ({e.error_count()} error(s))",
+                code="invalid_value",
+                param=loc,
+            ) from e
         except (ValueError, TypeError, RecursionError) as e:  # a validator's own failure is still the request's
-            raise GatewayError(400, f"invalid request: {type(e).__name__}: {str(e)[:200]}",
-                               code="invalid_value") from None
+            raise GatewayError(
+                400, f"invalid request: {type(e).__name__}: {str(e)[:200]}", code="invalid_value"
+            ) from None
 
     async def until_done_or_gone(request: Request, task: asyncio.Future, timeout: float | None = None) -> str:
         """Wait for `task`: ``done``; or the client disconnected first: the task is cancelled (no record:
         the agent never saw the answer, as vLLM aborts such requests), ``gone``; or ``timeout``."""
+
         async def gone() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
@@ -610,8 +717,12 @@ def create_app(gw: Gateway):
         eid = check_execution_id(execution_id or request.headers.get("x-execution-id") or req.user or "default")
         role = request.headers.get("x-agent-role", "main")
         if role not in AGENT_ROLES:
-            raise GatewayError(400, f"X-Agent-Role must be one of {list(AGENT_ROLES)}, got {role!r}",
-                               code="invalid_value", param="X-Agent-Role")
+            raise GatewayError(
+                400,
+                f"X-Agent-Role must be one of {list(AGENT_ROLES)}, got {role!r}",
+                code="invalid_value",
+                param="X-Agent-Role",
+            )
         task = asyncio.ensure_future(gw.complete(req, eid, role))
         if not req.stream:
             if await until_done_or_gone(request, task) == "gone":
@@ -644,8 +755,9 @@ def create_app(gw: Gateway):
                 if not task.done():
                     task.cancel()  # the client went away
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Execution-Id": eid})
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Execution-Id": eid}
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_root(request: Request):
@@ -657,9 +769,18 @@ def create_app(gw: Gateway):
 
     def models_body() -> dict[str, Any]:
         versions = sorted({b.policy_version for b in gw.backends.values()})
-        return {"object": "list", "data": [{
-            "id": gw.served_model, "object": "model", "created": 0, "owned_by": "evoharness",
-            "policy_version": versions[-1] if versions else None}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": gw.served_model,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "evoharness",
+                    "policy_version": versions[-1] if versions else None,
+                }
+            ],
+        }
 
     @app.get("/v1/models")
     async def models():
@@ -688,8 +809,7 @@ def create_app(gw: Gateway):
         if offset < 0:
             raise GatewayError(400, "offset must be >= 0", param="offset")
         recs = gw.records.read(execution_id, offset)
-        return {"object": "list", "execution_id": execution_id, "offset": offset,
-                "data": [r.to_dict() for r in recs]}
+        return {"object": "list", "execution_id": execution_id, "offset": offset, "data": [r.to_dict() for r in recs]}
 
     @app.get("/admin/backends")
     async def list_backends():
@@ -707,9 +827,13 @@ def create_app(gw: Gateway):
         elif isinstance(body.get("url"), str):
             if body.get("grammar", "regex") not in GRAMMAR_FORMATS:
                 raise GatewayError(400, f"grammar must be one of {list(GRAMMAR_FORMATS)}", param="grammar")
-            b = HTTPBackend(body["url"], name=body.get("name") or gw.new_backend_name("http"),
-                            model=body.get("model"), capacity=int(body.get("capacity", 64)),
-                            grammar=body.get("grammar", "regex"))
+            b = HTTPBackend(
+                body["url"],
+                name=body.get("name") or gw.new_backend_name("http"),
+                model=body.get("model"),
+                capacity=int(body.get("capacity", 64)),
+                grammar=body.get("grammar", "regex"),
+            )
         else:
             raise GatewayError(400, 'give {"url": "http://host:port/v1"} or {"worker": true}', param="url")
         return (await gw.add_backend(b)).info()
@@ -730,9 +854,9 @@ def create_app(gw: Gateway):
     async def bind(request: Request):
         body = await read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("execution"), str):
-            raise GatewayError(400, "expected {\"execution\": id, \"backend\": name or null}", param="execution")
+            raise GatewayError(400, 'expected {"execution": id, "backend": name or null}', param="execution")
         if body.get("backend") is not None:
-            gw._backend(body["backend"])      # 404 for an unknown backend
+            gw._backend(body["backend"])  # 404 for an unknown backend
         gw.bind(body["execution"], body.get("backend"))
         return {"execution": body["execution"], "backend": body.get("backend")}
 
@@ -768,8 +892,11 @@ def create_app(gw: Gateway):
     @app.post("/admin/weights")
     async def weights_all(request: Request):
         body = await read_json(request)
-        return {"data": [{"name": b.name, "policy_version": await load_weights(b, body)}
-                         for b in list(gw.backends.values())]}
+        return {
+            "data": [
+                {"name": b.name, "policy_version": await load_weights(b, body)} for b in list(gw.backends.values())
+            ]
+        }
 
     @app.post("/admin/backends/{name}/version")
     async def set_version(name: str, request: Request):
@@ -819,7 +946,7 @@ class GatewayServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def start(self, timeout_s: float = 300.0) -> "GatewayServer":
+    def start(self, timeout_s: float = 300.0) -> GatewayServer:
         import uvicorn
 
         config = uvicorn_config(create_app(self.gateway), self.gateway, log_level=self.log_level)
@@ -856,18 +983,26 @@ class GatewayServer:
             self._thread.join(30)
         self._sock.close()
 
-    def __enter__(self) -> "GatewayServer":
+    def __enter__(self) -> GatewayServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def build_gateway(model_path: str | None = None, backend_urls: list[str] | None = None, workers: int = 0,
-                  records: str | Path | None = None, served_model: str | None = None,
-                  max_prompt_tokens: int | None = None, max_batch: int = 64, num_threads: int | None = None,
-                  log_dir: str | Path | None = None, backend_grammar: str = "regex",
-                  admin_token: str | None = None) -> Gateway:
+def build_gateway(
+    model_path: str | None = None,
+    backend_urls: list[str] | None = None,
+    workers: int = 0,
+    records: str | Path | None = None,
+    served_model: str | None = None,
+    max_prompt_tokens: int | None = None,
+    max_batch: int = 64,
+    num_threads: int | None = None,
+    log_dir: str | Path | None = None,
+    backend_grammar: str = "regex",
+    admin_token: str | None = None,
+) -> Gateway:
     """The gateway ``evoharness serve`` runs.
 
     Its admin endpoints need `admin_token`, else ``$EVOHARNESS_ADMIN_TOKEN``, else a
@@ -900,16 +1035,22 @@ def build_gateway(model_path: str | None = None, backend_urls: list[str] | None 
         else:
             from evoharness.runtime.backends import LocalBackend
 
-            backends.append(LocalBackend.from_model_path(model_path, max_prompt_tokens=max_prompt_tokens,
-                                                         max_batch=max_batch, num_threads=num_threads))
+            backends.append(
+                LocalBackend.from_model_path(
+                    model_path, max_prompt_tokens=max_prompt_tokens, max_batch=max_batch, num_threads=num_threads
+                )
+            )
     for i, url in enumerate(backend_urls or []):
         backends.append(HTTPBackend(url, name=f"http{i}", grammar=backend_grammar))
     name = served_model or (Path(model_path).name if model_path else "evoharness")
     token = admin_token or os.environ.get("EVOHARNESS_ADMIN_TOKEN")
     if not token:
         token = secrets.token_urlsafe(24)
-        print(f"gateway admin token (Authorization: Bearer ...; set EVOHARNESS_ADMIN_TOKEN to choose it): {token}",
-              file=sys.stderr, flush=True)
+        print(
+            f"gateway admin token (Authorization: Bearer ...; set EVOHARNESS_ADMIN_TOKEN to choose it): {token}",
+            file=sys.stderr,
+            flush=True,
+        )
     return Gateway(backends, served_model=name, records=records, worker_args=worker_args, admin_token=token)
 
 
@@ -922,9 +1063,12 @@ def serve(gateway: Gateway, host: str = "127.0.0.1", port: int = 8000, log_level
     import uvicorn
 
     if gateway.admin_token is None and host not in ("127.0.0.1", "localhost", "::1"):
-        raise ValueError(f"refusing to serve unauthenticated admin endpoints on {host}: give the gateway an admin_token")
-    uvicorn.Server(uvicorn_config(create_app(gateway), gateway, host=host, port=port, log_level=log_level,
-                                  access_log=False)).run()  # records are the log
+        raise ValueError(
+            f"refusing to serve unauthenticated admin endpoints on {host}: give the gateway an admin_token"
+        )
+    uvicorn.Server(
+        uvicorn_config(create_app(gateway), gateway, host=host, port=port, log_level=log_level, access_log=False)
+    ).run()  # records are the log
 
 
 @contextmanager
@@ -941,10 +1085,20 @@ def served_policy(policy, records: RecordStore | str | Path | None = None, concu
     from evoharness.runtime.backends import LocalBackend
 
     srv = GatewayServer(Gateway([LocalBackend.from_policy(policy)], served_model="policy", records=records)).start()
-    client = OpenAIPolicy(base_url=srv.url, model="policy", temperature=policy.temperature, top_p=policy.top_p,
-                          max_tokens=policy.max_new_tokens, seed=policy.seed, constrained=policy.constrained,
-                          max_prompt_tokens=policy.max_prompt_tokens, meta_verbs=policy.meta_verbs,
-                          concurrency=concurrency, max_retries=0, timeout_s=3600)
+    client = OpenAIPolicy(
+        base_url=srv.url,
+        model="policy",
+        temperature=policy.temperature,
+        top_p=policy.top_p,
+        max_tokens=policy.max_new_tokens,
+        seed=policy.seed,
+        constrained=policy.constrained,
+        max_prompt_tokens=policy.max_prompt_tokens,
+        meta_verbs=policy.meta_verbs,
+        concurrency=concurrency,
+        max_retries=0,
+        timeout_s=3600,
+    )
     try:
         yield client
     finally:

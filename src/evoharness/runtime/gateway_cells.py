@@ -26,9 +26,10 @@ import asyncio
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from evoharness.runtime.backends import Backend, BackendError, GenOutput, GenParams
 from evoharness.runtime.gateway import Gateway
@@ -50,14 +51,14 @@ class CellBackend(Backend):
 
     kind = "cell"
 
-    def __init__(self, cell: int, owner: "CellGateway"):
+    def __init__(self, cell: int, owner: CellGateway):
         super().__init__(cell_name(cell), capacity=1 << 20)
         self.cell, self.owner = cell, owner
-        self._calls: dict[int, asyncio.Future] = {}     # execution -> its call waiting on this cell
+        self._calls: dict[int, asyncio.Future] = {}  # execution -> its call waiting on this cell
 
     async def _generate(self, params: GenParams) -> GenOutput:
         e = params.passthrough["execution"]
-        if self.state != "active":       # drained between the pick and this task's first step
+        if self.state != "active":  # drained between the pick and this task's first step
             raise BackendError(f"backend {self.name} is {self.state}")
         fut = asyncio.get_running_loop().create_future()
         self._calls[e] = fut
@@ -65,22 +66,34 @@ class CellBackend(Backend):
         try:
             reply = await fut
         except (asyncio.CancelledError, BackendError):
-            self.owner.pending.put(("cancel", self.cell, e, None, fut))   # stop the job on the cell
+            self.owner.pending.put(("cancel", self.cell, e, None, fut))  # stop the job on the cell
             raise
         finally:
             if self._calls.get(e) is fut:
                 del self._calls[e]
-        result = reply["result"]           # the cell's answer, with its seconds and weights version
-        if not isinstance(result, dict):        # the bare engine's (ids, logprobs, version) of a synthetic agent
+        result = reply["result"]  # the cell's answer, with its seconds and weights version
+        if not isinstance(result, dict):  # the bare engine's (ids, logprobs, version) of a synthetic agent
             ids, logprobs, version = result
-            return GenOutput(prompt_ids=list(params.passthrough["cell_payload"][0]), completion_ids=list(ids),
-                             logprobs=list(logprobs), content=None, tool_calls=[], finish_reason="length",
-                             policy_version=version, detail=reply)
-        return GenOutput(prompt_ids=list(result.get("prompt_token_ids") or []),
-                         completion_ids=list(result.get("completion_token_ids") or []),
-                         logprobs=list(result.get("logprobs") or []), content=result.get("text"), tool_calls=[],
-                         finish_reason=result.get("finish_reason", "stop"), policy_version=result.get("policy_version"),
-                         detail=reply)
+            return GenOutput(
+                prompt_ids=list(params.passthrough["cell_payload"][0]),
+                completion_ids=list(ids),
+                logprobs=list(logprobs),
+                content=None,
+                tool_calls=[],
+                finish_reason="length",
+                policy_version=version,
+                detail=reply,
+            )
+        return GenOutput(
+            prompt_ids=list(result.get("prompt_token_ids") or []),
+            completion_ids=list(result.get("completion_token_ids") or []),
+            logprobs=list(result.get("logprobs") or []),
+            content=result.get("text"),
+            tool_calls=[],
+            finish_reason=result.get("finish_reason", "stop"),
+            policy_version=result.get("policy_version"),
+            detail=reply,
+        )
 
     def evict(self, e: int, why: str) -> bool:
         """Fail execution `e`'s call on this cell (the gateway re-issues it); False if none runs here."""
@@ -107,19 +120,27 @@ class CellGateway:
         records: where the gateway writes its token-in/token-out records (None: none kept).
     """
 
-    def __init__(self, cells: int, on_done: Callable[..., None] | None = None, wait_s: float = 3600.0,
-                 records: str | Path | None = None):
+    def __init__(
+        self,
+        cells: int,
+        on_done: Callable[..., None] | None = None,
+        wait_s: float = 3600.0,
+        records: str | Path | None = None,
+    ):
         self.pending: queue.Queue = queue.Queue()
         self.on_done = on_done
         self.loop = asyncio.new_event_loop()
         self.cells = [CellBackend(c, self) for c in range(cells)]
         # a call is re-issued as often as its execution moves: attempts are not capped
-        self.gw = Gateway(self.cells, records=records if records is not None else False, max_attempts=1 << 30,
-                          wait_for_backend_s=wait_s)
-        self.counts = {"gateway_calls": 0, "reissued_calls": 0, "drains": 0, "drain_s_total": 0.0,
-                       "drain_s_max": 0.0}
-        self._drains: dict[int, tuple[float, set[int]]] = {}   # cell -> (start, executions it had in flight)
-        self._names: dict[int, str] = {}                        # execution -> its id in the gateway
+        self.gw = Gateway(
+            self.cells,
+            records=records if records is not None else False,
+            max_attempts=1 << 30,
+            wait_for_backend_s=wait_s,
+        )
+        self.counts = {"gateway_calls": 0, "reissued_calls": 0, "drains": 0, "drain_s_total": 0.0, "drain_s_max": 0.0}
+        self._drains: dict[int, tuple[float, set[int]]] = {}  # cell -> (start, executions it had in flight)
+        self._names: dict[int, str] = {}  # execution -> its id in the gateway
         self._thread = threading.Thread(target=self.loop.run_forever, name="cell-gateway", daemon=True)
         self._thread.start()
 
@@ -139,8 +160,10 @@ class CellGateway:
 
     def call(self, e: int, call_id: int, payload: Any) -> None:
         """Issue execution `e`'s model call through the gateway (routed by its binding)."""
-        params = GenParams(messages=payload.get("messages", []) if isinstance(payload, dict) else [],
-                           passthrough={"execution": e, "cell_payload": payload})
+        params = GenParams(
+            messages=payload.get("messages", []) if isinstance(payload, dict) else [],
+            passthrough={"execution": e, "cell_payload": payload},
+        )
         fut = asyncio.run_coroutine_threadsafe(self.gw.generate(params, self._id(e)), self.loop)
 
         def done(f: Future) -> None:
@@ -169,14 +192,17 @@ class CellGateway:
 
     def migrate(self, e: int, old: int, new: int) -> None:
         """Bind `e` to `new`; a call of it in flight on `old` is re-issued there."""
+
         def go() -> None:
             self.gw.bind(self._id(e), cell_name(new))
             self.cells[old].evict(e, f"execution {e} migrated to cell {new}")
+
         self._soon(go)
 
     def drain(self, cell: int, held: list[int]) -> None:
         """Cell `cell` leaves rollout: hold its executions `held`, take no new calls, and
         re-issue its in-flight calls where they are bound next."""
+
         def go() -> None:
             b = self.cells[cell]
             for e in held:
@@ -188,6 +214,7 @@ class CellGateway:
             b.drain(cancel_inflight=False)
             for e in list(inflight):
                 b.evict(e, "cell drained for training")
+
         self._soon(go)
 
     def resume(self, cell: int) -> None:
@@ -200,16 +227,20 @@ class CellGateway:
 
     def resolve(self, fut: asyncio.Future, result: Any) -> None:
         """A cell replied to a gateway call (None: the job was cancelled)."""
+
         def go() -> None:
             if not fut.done() and result is not None:
                 fut.set_result(result)
+
         self._soon(go)
 
     def fail(self, fut: asyncio.Future, why: str) -> None:
         """A gateway call's job was lost with its cell."""
+
         def go() -> None:
             if not fut.done():
                 fut.set_exception(BackendError(why))
+
         self._soon(go)
 
     def close(self) -> None:
@@ -218,6 +249,7 @@ class CellGateway:
             for t in asyncio.all_tasks(self.loop):
                 if t is not asyncio.current_task():
                     t.cancel()
+
         try:
             asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=5)
         except Exception:  # noqa: BLE001 -- closing anyway

@@ -22,7 +22,7 @@ from typing import Any
 from evoharness.runtime.cell import serve
 from evoharness.runtime.transport import Reply
 
-MAX_JOBS = 1024      # jobs one actor holds at once (each waits on an actor thread)
+MAX_JOBS = 1024  # jobs one actor holds at once (each waits on an actor thread)
 _REMOTE: dict[type, Any] = {}
 
 
@@ -43,7 +43,7 @@ class _CellActor:
     def _main(self, cell: int, make_worker: Callable[[int], Any]) -> None:
         try:
             serve(cell, make_worker, self._inbox, self._reply, watch_parent=False)
-        except BaseException:       # noqa: BLE001 -- a broken cell is a dead cell, as a crashed process
+        except BaseException:  # noqa: BLE001 -- a broken cell is a dead cell, as a crashed process
             traceback.print_exc()
             os._exit(1)
 
@@ -62,7 +62,7 @@ class _CellActor:
     def job(self, kind: str, token: int, payload: Any, seconds: float = 0.0) -> tuple | None:
         fut: Future = Future()
         with self._lock:
-            if token in self._cancelled:        # the cancel overtook its job
+            if token in self._cancelled:  # the cancel overtook its job
                 self._cancelled.discard(token)
                 return None
             self._waiting[token] = fut
@@ -86,6 +86,7 @@ def _actor_class() -> Any:
     """`ray.remote(_CellActor)`, made once."""
     if _CellActor not in _REMOTE:
         import ray
+
         _REMOTE[_CellActor] = ray.remote(_CellActor)
     return _REMOTE[_CellActor]
 
@@ -110,14 +111,18 @@ class RayTransport:
         self._ray = ray
         if not ray.is_initialized():
             if address is None:
-                ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=os.cpu_count() or 1,
-                         log_to_driver=False)
+                ray.init(
+                    include_dashboard=False,
+                    _node_ip_address="127.0.0.1",
+                    num_cpus=os.cpu_count() or 1,
+                    log_to_driver=False,
+                )
             else:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
         self.num_cpus = num_cpus
         self.actors: list[Any] = []
-        self._refs: dict[Any, tuple[int, int]] = {}       # ObjectRef -> (cell, token)
-        self._ref_of: dict[int, Any] = {}                 # token -> its ObjectRef
+        self._refs: dict[Any, tuple[int, int]] = {}  # ObjectRef -> (cell, token)
+        self._ref_of: dict[int, Any] = {}  # token -> its ObjectRef
         self._dead: set[int] = set()
         self._pids: dict[int, int] = {}
         self._make: Callable[[int], Any] | None = None
@@ -129,9 +134,8 @@ class RayTransport:
             self._spawn(c)
 
     def _spawn(self, c: int) -> None:
-        self.actors[c] = (_actor_class().options(num_cpus=self.num_cpus, max_concurrency=MAX_JOBS)
-                          .remote(c, self._make))
-        self._refs[self.actors[c].ready.remote()] = (c, 0)   # the "ready" reply, as a cell process sends it
+        self.actors[c] = _actor_class().options(num_cpus=self.num_cpus, max_concurrency=MAX_JOBS).remote(c, self._make)
+        self._refs[self.actors[c].ready.remote()] = (c, 0)  # the "ready" reply, as a cell process sends it
 
     def post(self, cell: int, msg: tuple) -> None:
         actor = self.actors[cell]
@@ -152,9 +156,9 @@ class RayTransport:
         cell, token = self._refs.pop(ready[0])
         self._ref_of.pop(token, None)
         try:
-            msg = self._ray.get(ready[0])      # None: a cancelled job
+            msg = self._ray.get(ready[0])  # None: a cancelled job
         except self._ray.exceptions.RayActorError:
-            self._dead.add(cell)      # reported as lost by the next `dead_cells`
+            self._dead.add(cell)  # reported as lost by the next `dead_cells`
             for ref, (c, tok) in list(self._refs.items()):
                 if c == cell:
                     del self._refs[ref]

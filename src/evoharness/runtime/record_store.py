@@ -106,7 +106,7 @@ class RecordStore:
                 return dict(self._counts)
         out: dict[str, int] = {}
         for f in self.directory.glob("*.jsonl"):
-            eid = unquote(f.name[:-len(".jsonl")]) if "~" not in f.name else _first_execution_id(f)
+            eid = unquote(f.name[: -len(".jsonl")]) if "~" not in f.name else _first_execution_id(f)
             if eid is not None:  # its lines that parse: a torn line after a crash is no record
                 out[eid] = sum(1 for line in f.open() if _execution_of(line) == eid)
         return out

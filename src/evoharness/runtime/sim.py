@@ -56,14 +56,27 @@ from typing import Any
 
 import numpy as np
 
+from evoharness.config.sim import SimConfig
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Bind, Dispatch, ExecutionDispatched, ExecutionFinished,
-                                       ExecutionOrphaned, ExecutionStarted, Migrate, MicroBatchDone,
-                                       ModelCallFinished, ModelCallStarted, RoleSwitchDone,
-                                       RunMicroBatch, SwitchRole, SyncWeights, WeightSyncDone)
+from evoharness.runtime.events import (
+    Bind,
+    Dispatch,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ExecutionOrphaned,
+    ExecutionStarted,
+    MicroBatchDone,
+    Migrate,
+    ModelCallFinished,
+    ModelCallStarted,
+    RoleSwitchDone,
+    RunMicroBatch,
+    SwitchRole,
+    SyncWeights,
+    WeightSyncDone,
+)
 from evoharness.runtime.schedulers import Scheduler, make_scheduler
 from evoharness.runtime.workload import Workload
-from evoharness.config.sim import SimConfig
 
 # accounting states of a cell
 S_ROLLOUT, S_TRAIN, S_SWITCH, S_SYNC = 0, 1, 2, 3
@@ -111,8 +124,9 @@ class Simulator:
         record_timeline: keep per-cell state changes for the PNG timeline.
     """
 
-    def __init__(self, cfg: SimConfig, scheduler: Scheduler, workload: Workload | None = None,
-                 record_timeline: bool = False):
+    def __init__(
+        self, cfg: SimConfig, scheduler: Scheduler, workload: Workload | None = None, record_timeline: bool = False
+    ):
         self.cfg, self.sched = cfg, scheduler
         self.wl = workload or Workload(cfg.workload, cfg.seed)
         cl = cfg.cluster
@@ -127,9 +141,9 @@ class Simulator:
         # decode: each cell is R replicas (servers) of C / R slots; an execution is pinned to one
         R = self.R = cl.decode_replicas
         Cr = C // R
-        self._ps = [cl.per_seq_tps(n) for n in range(Cr + 1)]         # per-sequence tokens/s on a replica
-        self._tp = [n * p for n, p in enumerate(self._ps)]              # a replica's tokens/s with n calls
-        self._full = R * self._tp[Cr]                                   # a full cell's tokens/s
+        self._ps = [cl.per_seq_tps(n) for n in range(Cr + 1)]  # per-sequence tokens/s on a replica
+        self._tp = [n * p for n, p in enumerate(self._ps)]  # a replica's tokens/s with n calls
+        self._full = R * self._tp[Cr]  # a full cell's tokens/s
         self._pf = cl.prefill_speedup
         # executions (global id = group * group_size + k), filled step by step
         self.x_off: list[int] = []
@@ -137,19 +151,19 @@ class Simulator:
         self.x_tokens: list[int] = []
         self.x_k: list[int] = []
         self.x_cell: list[int] = []
-        self.x_srv: list[int] = []        # the replica (server) its calls run on
+        self.x_srv: list[int] = []  # the replica (server) its calls run on
         self.x_state: list[int] = []
-        self.x_tok: list[int] = []        # call token, bumps invalidate a call
+        self.x_tok: list[int] = []  # call token, bumps invalidate a call
         self.x_reprefill: list[bool] = []
         self.x_version: list[int] = []
         self.x_callv0: list[float] = []
-        self.x_calls: list[float] = []    # work of the call in flight
-        self.x_extra: list[float] = []    # re-prefill part of that work
+        self.x_calls: list[float] = []  # work of the call in flight
+        self.x_extra: list[float] = []  # re-prefill part of that work
         self.x_done_count: list[int] = []
         self.x_trained: list[int] = []
         self.t_svc: list[float] = []
         self.t_tool: list[float] = []
-        self.t_ctx: list[float] = []      # context tokens before each turn (re-prefill)
+        self.t_ctx: list[float] = []  # context tokens before each turn (re-prefill)
         self._steps_drawn = 0
         self.work = {"completion": 0.0, "prompt": 0.0, "train_tokens": 0.0, "service": 0.0}
         # cells
@@ -161,31 +175,34 @@ class Simulator:
         self.c_busy = [False] * K
         self.c_bound: list[set[int]] = [set() for _ in range(K)]
         self.c_bound_max = [0] * K
-        S = K * R                         # servers: replica r of cell c is c * R + r
+        S = K * R  # servers: replica r of cell c is c * R + r
         self.s_V = [0.0] * S
         self.s_t = [0.0] * S
         self.s_n = [0] * S
         self.s_rate = [0.0] * S
         self.s_heap: list[list[tuple[float, int, int, int]]] = [[] for _ in range(S)]
         self.s_ver = [0] * S
-        self.s_next = [INF] * S           # time of the server's pending completion event
-        self.s_bound = [0] * S            # executions pinned to it
-        self.c_tp = [0.0] * K             # sum of its replicas' tokens/s
+        self.s_next = [INF] * S  # time of the server's pending completion event
+        self.s_bound = [0] * S  # executions pinned to it
+        self.c_tp = [0.0] * K  # sum of its replicas' tokens/s
         self.c_state = [S_ROLLOUT if r == Role.ROLLOUT else S_TRAIN for r in roles]
         self.c_u = [0.0] * K
         self.c_since = [0.0] * K
         self.acc_T = [[0.0] * K for _ in range(4)]
         self.acc_U = [[0.0] * K for _ in range(4)]
         self.acc_Z = [[0.0] * K for _ in range(4)]
-        self.timeline = Timeline([[0.0] for _ in range(K)], [[s] for s in self.c_state],
-                                 [[0.0] for _ in range(K)]) if record_timeline else None
+        self.timeline = (
+            Timeline([[0.0] for _ in range(K)], [[s] for s in self.c_state], [[0.0] for _ in range(K)])
+            if record_timeline
+            else None
+        )
         # tallies
         self.n = Counter()
         self.staleness: Counter = Counter()
         self.step_end: list[float] = []
-        self.batch_done: dict[int, float] = {}   # step -> when its last execution finished
+        self.batch_done: dict[int, float] = {}  # step -> when its last execution finished
         self._sync_inflight = False
-        self.served = 0.0                 # work of completed calls, re-prefill excluded
+        self.served = 0.0  # work of completed calls, re-prefill excluded
         self._calls = scheduler.observes_model_calls
 
     # ---- workload -------------------------------------------------------------
@@ -197,8 +214,8 @@ class Simulator:
             base = len(self.t_svc)
             svc = b.completion + b.prompt / self._pf
             per_turn = b.prompt + b.completion
-            cs = np.cumsum(per_turn) - per_turn                       # exclusive cumsum
-            ctx = cs - np.repeat(cs[b.offsets[:-1]], b.n_turns)       # within each execution
+            cs = np.cumsum(per_turn) - per_turn  # exclusive cumsum
+            ctx = cs - np.repeat(cs[b.offsets[:-1]], b.n_turns)  # within each execution
             self.t_svc.extend(svc.tolist())
             self.t_tool.extend(b.tool_s.tolist())
             self.t_ctx.extend(ctx.tolist())
@@ -474,7 +491,7 @@ class Simulator:
         if self.c_busy[c] or self.c_sync[c]:
             raise SchedulingError(f"switch cell {c}: busy training or syncing")
         if cur == Role.ROLLOUT:
-            for e in sorted(self.c_bound[c]):   # not migrated: the harness sees an error
+            for e in sorted(self.c_bound[c]):  # not migrated: the harness sees an error
                 aborted = self.x_state[e] == X_CALL
                 if aborted:
                     self._cancel_call(e)
@@ -512,8 +529,9 @@ class Simulator:
             raise SchedulingError(f"micro-batch on cell {c}: not an idle train cell ({self.c_role[c].name})")
         cl = self.cfg.cluster
         if not execs or len(execs) > cl.train_replicas:
-            raise SchedulingError(f"micro-batch on cell {c}: {len(execs)} executions, a cell trains 1 to "
-                                  f"{cl.train_replicas} at once")
+            raise SchedulingError(
+                f"micro-batch on cell {c}: {len(execs)} executions, a cell trains 1 to {cl.train_replicas} at once"
+            )
         tokens = []
         for e in execs:
             if self.x_state[e] != X_DONE or self.x_trained[e]:
@@ -606,8 +624,10 @@ class Simulator:
         events = 0
         while not self.sched.done:
             if not heap:
-                raise SchedulingError(f"deadlock: {self.sched.name} is waiting but nothing is running "
-                                      f"(t={self.now:.1f} s, steps done {self.sched.steps_done})")
+                raise SchedulingError(
+                    f"deadlock: {self.sched.name} is waiting but nothing is running "
+                    f"(t={self.now:.1f} s, steps done {self.sched.steps_done})"
+                )
             t, _, kind, a, b = pop(heap)
             self.now = t
             events += 1
@@ -638,24 +658,34 @@ class Simulator:
         trained = sum(self.staleness.values())
         stale = sorted(self.staleness.elements()) if trained else [0]
         m = {
-            "wall_s": wall, "wall_h": wall / 3600, "steps": float(len(self.step_end)),
+            "wall_s": wall,
+            "wall_h": wall / 3600,
+            "steps": float(len(self.step_end)),
             # training not hidden behind rollout: last execution of a batch finished -> its weights synced
             "post_rollout_h": float(np.mean([t - self.batch_done[s] for s, t in enumerate(self.step_end)])) / 3600
-            if self.step_end else 0.0,
+            if self.step_end
+            else 0.0,
             "cells": float(self.K),
             "accelerator_hours": self.K * cl.accelerators_per_cell * wall / 3600,
             "idle_rollout": Z[S_ROLLOUT] / T[S_ROLLOUT] if T[S_ROLLOUT] else 0.0,
             "util_rollout": U[S_ROLLOUT] / T[S_ROLLOUT] if T[S_ROLLOUT] else 0.0,
             "idle_train": Z[S_TRAIN] / T[S_TRAIN] if T[S_TRAIN] else 0.0,
-            "frac_rollout": T[S_ROLLOUT] / cell_s, "frac_train": T[S_TRAIN] / cell_s,
-            "frac_switch": T[S_SWITCH] / cell_s, "frac_sync": T[S_SYNC] / cell_s,
+            "frac_rollout": T[S_ROLLOUT] / cell_s,
+            "frac_train": T[S_TRAIN] / cell_s,
+            "frac_switch": T[S_SWITCH] / cell_s,
+            "frac_sync": T[S_SYNC] / cell_s,
             "busy": (U[S_ROLLOUT] + U[S_TRAIN]) / cell_s,
-            "staleness_mean": float(np.mean(stale)), "staleness_max": float(max(stale)),
-            "aborted_turns": float(self.n["aborted_turns"]), "switches": float(self.n["switches"]),
-            "reissued_calls": float(self.n["reissued_calls"]), "migrations": float(self.n["migrations"]),
-            "reprefill_tokens": float(self.n["reprefill_tokens"]), "wasted_tokens": float(self.n["wasted_tokens"]),
+            "staleness_mean": float(np.mean(stale)),
+            "staleness_max": float(max(stale)),
+            "aborted_turns": float(self.n["aborted_turns"]),
+            "switches": float(self.n["switches"]),
+            "reissued_calls": float(self.n["reissued_calls"]),
+            "migrations": float(self.n["migrations"]),
+            "reprefill_tokens": float(self.n["reprefill_tokens"]),
+            "wasted_tokens": float(self.n["wasted_tokens"]),
             "kv_flushes": float(self.n["kv_flushes"]),
-            "model_calls": float(self.n["model_calls"]), "trained_executions": float(trained),
+            "model_calls": float(self.n["model_calls"]),
+            "trained_executions": float(trained),
             "timed_events": float(self.n["timed_events"]),
         }
         n_x = self._steps_drawn * self.N
@@ -663,31 +693,44 @@ class Simulator:
         checks = {
             "finished_once": all(x == 1 for x in self.x_done_count[:wanted]),
             "trained_once": all(x == 1 for x in self.x_trained[:wanted]),
-            "executions": wanted, "drawn": n_x,
-            "max_bound": max(self.c_bound_max), "capacity": self.C,
-            "workload_service": float(sum(self.t_svc[:self.x_off[wanted - 1] + self.x_turns[wanted - 1]]))
-            if wanted else 0.0,
+            "executions": wanted,
+            "drawn": n_x,
+            "max_bound": max(self.c_bound_max),
+            "capacity": self.C,
+            "workload_service": float(sum(self.t_svc[: self.x_off[wanted - 1] + self.x_turns[wanted - 1]]))
+            if wanted
+            else 0.0,
             "workload_turns": sum(self.x_turns[:wanted]),
-            "served_service": self.served, "model_calls": self.n["model_calls"],
+            "served_service": self.served,
+            "model_calls": self.n["model_calls"],
             # tokens the cells' throughput integral delivered vs. what calls consumed
             "throughput_integral": U[S_ROLLOUT] * self._full,
             "consumed": self.served + self.n["reprefill_tokens"] + self.n["wasted_tokens"],
             "trained_tokens": float(self.n["trained_tokens"]),
             "workload_train_tokens": float(sum(self.x_tokens[:wanted])),
         }
-        return SimResult(self.sched.name, wall, list(self.step_end), m, dict(self.staleness),
-                         self.timeline, checks)
+        return SimResult(self.sched.name, wall, list(self.step_end), m, dict(self.staleness), self.timeline, checks)
 
 
 def build_scheduler(name: str, cfg: SimConfig) -> Scheduler:
     """A scheduler for `cfg`'s cluster and workload, with `cfg.policy` knobs."""
-    base = dict(cells=cfg.cluster.cells, capacity=cfg.cluster.capacity,
-                groups_per_step=cfg.workload.groups_per_step, group_size=cfg.workload.group_size,
-                steps=cfg.steps, train_unit=cfg.policy.train_unit, mb_size=cfg.cluster.train_replicas,
-                balance_micro_batches=cfg.policy.balance_micro_batches)
+    base = dict(
+        cells=cfg.cluster.cells,
+        capacity=cfg.cluster.capacity,
+        groups_per_step=cfg.workload.groups_per_step,
+        group_size=cfg.workload.group_size,
+        steps=cfg.steps,
+        train_unit=cfg.policy.train_unit,
+        mb_size=cfg.cluster.train_replicas,
+        balance_micro_batches=cfg.policy.balance_micro_batches,
+    )
     if name == "async":
-        base.update(train_cells=cfg.policy.async_train_cells, staleness=cfg.policy.staleness,
-                    stream=cfg.policy.async_stream, batch_order=cfg.policy.async_batch_order)
+        base.update(
+            train_cells=cfg.policy.async_train_cells,
+            staleness=cfg.policy.staleness,
+            stream=cfg.policy.async_stream,
+            batch_order=cfg.policy.async_batch_order,
+        )
     elif name == "elastic-async":
         base.update(staleness=cfg.policy.staleness, gate_ready_per_cell=cfg.policy.elastic_async_ready_per_cell)
     elif name in ("elastic", "elastic-gated"):
@@ -697,14 +740,14 @@ def build_scheduler(name: str, cfg: SimConfig) -> Scheduler:
     return make_scheduler(name, **base)
 
 
-def simulate(cfg: SimConfig, policy: str, record_timeline: bool = False,
-             base_dir: Path | None = None) -> SimResult:
+def simulate(cfg: SimConfig, policy: str, record_timeline: bool = False, base_dir: Path | None = None) -> SimResult:
     """Run one schedule on `cfg` (same workload draws for every schedule)."""
     wl = Workload(cfg.workload, cfg.seed, base_dir)
     return Simulator(cfg, build_scheduler(policy, cfg), wl, record_timeline).run()
 
 
-def compare(cfg: SimConfig, policies: list[str], record_timeline: bool = False,
-            base_dir: Path | None = None) -> list[SimResult]:
+def compare(
+    cfg: SimConfig, policies: list[str], record_timeline: bool = False, base_dir: Path | None = None
+) -> list[SimResult]:
     """Each schedule on the same workload and seed."""
     return [simulate(cfg, p, record_timeline, base_dir) for p in policies]

@@ -20,10 +20,19 @@ import numpy as np
 from evoharness.runtime.sim import S_ROLLOUT, S_SWITCH, S_SYNC, S_TRAIN, SimResult
 
 COLUMNS = [
-    ("policy", "policy"), ("wall_h", "wall (h)"), ("step_s", "s/step"), ("speedup", "{ref} speedup vs this"),
-    ("accelerator_hours", "accel-hours"), ("post_rollout_h", "post-rollout h/step"), ("idle_rollout", "idle rollout"),
-    ("util_rollout", "util rollout"), ("idle_train", "idle train"), ("frac_switch", "switching"),
-    ("frac_sync", "weight sync"), ("staleness", "staleness mean/max"), ("aborted_turns", "aborted turns"),
+    ("policy", "policy"),
+    ("wall_h", "wall (h)"),
+    ("step_s", "s/step"),
+    ("speedup", "{ref} speedup vs this"),
+    ("accelerator_hours", "accel-hours"),
+    ("post_rollout_h", "post-rollout h/step"),
+    ("idle_rollout", "idle rollout"),
+    ("util_rollout", "util rollout"),
+    ("idle_train", "idle train"),
+    ("frac_switch", "switching"),
+    ("frac_sync", "weight sync"),
+    ("staleness", "staleness mean/max"),
+    ("aborted_turns", "aborted turns"),
     ("switches", "switches"),
 ]
 
@@ -40,7 +49,7 @@ def rows(results: list[SimResult]) -> list[dict[str, float | str]]:
     for r in results:
         row: dict[str, float | str] = {"policy": r.policy, **r.metrics}
         row["speedup"] = r.wall_s / ref.wall_s if ref.wall_s else float("nan")
-        row["step_s"] = r.wall_s / len(r.step_end_s) if r.step_end_s else float("nan")   # runs of seconds, too
+        row["step_s"] = r.wall_s / len(r.step_end_s) if r.step_end_s else float("nan")  # runs of seconds, too
         row["staleness_hist"] = json.dumps({str(k): v for k, v in sorted(r.staleness.items())})
         out.append(row)
     return out
@@ -72,9 +81,12 @@ def markdown_table(results: list[SimResult]) -> str:
 # ---- timeline -----------------------------------------------------------------
 
 _COLORS = {
-    "rollout_busy": (0.12, 0.40, 0.75), "rollout_idle": (0.86, 0.91, 0.98),
-    "train_busy": (0.95, 0.50, 0.05), "train_idle": (0.99, 0.88, 0.75),
-    "switch": (0.84, 0.15, 0.16), "sync": (0.55, 0.35, 0.72),
+    "rollout_busy": (0.12, 0.40, 0.75),
+    "rollout_idle": (0.86, 0.91, 0.98),
+    "train_busy": (0.95, 0.50, 0.05),
+    "train_idle": (0.99, 0.88, 0.75),
+    "switch": (0.84, 0.15, 0.16),
+    "sync": (0.55, 0.35, 0.72),
 }
 
 
@@ -90,7 +102,7 @@ def _binned(r: SimResult, edges: np.ndarray) -> np.ndarray:
         u = np.asarray(tl.util[c])
         dur = np.diff(t)
 
-        def share(w: np.ndarray) -> np.ndarray:
+        def share(w: np.ndarray, t: np.ndarray = t) -> np.ndarray:
             cum = np.concatenate([[0.0], np.cumsum(w)])
             return np.diff(np.interp(edges, t, cum)) / width
 
@@ -112,6 +124,7 @@ def plot_timeline(results: list[SimResult], path: str | Path, bins: int = 600, m
     """One panel per schedule: cells (rows) x time; colour = role, depth =
     utilisation (dark blue: decoding at capacity; pale: idle)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -132,8 +145,12 @@ def plot_timeline(results: list[SimResult], path: str | Path, bins: int = 600, m
             img = np.nanmean(img.reshape(n_rows, grp, img.shape[1], 3), axis=1)
         ax.imshow(img, aspect="auto", interpolation="nearest", extent=(0, t_end / 3600, k - 0.5, -0.5))
         ax.set_ylabel("cell")
-        ax.set_title(f"{r.policy}: {r.wall_s / 3600:.2f} h, rollout util {100 * r.metrics['util_rollout']:.0f}%, "
-                     f"train idle {100 * r.metrics['idle_train']:.0f}%", fontsize=9, loc="left")
+        ax.set_title(
+            f"{r.policy}: {r.wall_s / 3600:.2f} h, rollout util {100 * r.metrics['util_rollout']:.0f}%, "
+            f"train idle {100 * r.metrics['idle_train']:.0f}%",
+            fontsize=9,
+            loc="left",
+        )
         for t in r.step_end_s:
             ax.axvline(t / 3600, color="k", lw=0.5, ls=":")
     axes[-1, 0].set_xlabel("hours")
@@ -152,17 +169,30 @@ def write_report(results: list[SimResult], out_dir: str | Path, title: str = "si
     out.mkdir(parents=True, exist_ok=True)
     paths = {"table": out / "table.md", "json": out / "results.json"}
     paths["table"].write_text(f"# {title}\n\n{markdown_table(results)}\n")
-    data = [{**row, "staleness_hist": json.loads(str(row["staleness_hist"])), "step_end_s": r.step_end_s,
-             "checks": r.checks} for row, r in zip(rows(results), results)]
+    data = [
+        {
+            **row,
+            "staleness_hist": json.loads(str(row["staleness_hist"])),
+            "step_end_s": r.step_end_s,
+            "checks": r.checks,
+        }
+        for row, r in zip(rows(results), results)
+    ]
     paths["json"].write_text(json.dumps({"title": title, "results": data}, indent=2))
     if any(r.timeline is not None for r in results):
         paths["timeline"] = plot_timeline(results, out / "timeline.png")
     return paths
 
 
-def run_cli(workload: str | Path, cells: int | None = None, policies: str = "colocate,async,elastic,elastic-async",
-            steps: int | None = None, seed: int | None = None, out: str | Path | None = None,
-            overrides: list[str] | None = None) -> str:
+def run_cli(
+    workload: str | Path,
+    cells: int | None = None,
+    policies: str = "colocate,async,elastic,elastic-async",
+    steps: int | None = None,
+    seed: int | None = None,
+    out: str | Path | None = None,
+    overrides: list[str] | None = None,
+) -> str:
     """What ``evoharness simulate`` does: load, run each policy, write, summarise.
 
     Raises:
@@ -181,9 +211,11 @@ def run_cli(workload: str | Path, cells: int | None = None, policies: str = "col
     sets = [f"{k}={v}" for k, v in flags.items() if v is not None] + list(overrides or [])
     cfg, base_dir = load_sim_config(workload, sets)
     results = compare(cfg, names, record_timeline=out is not None, base_dir=base_dir)
-    title = (f"{cfg.workload.name}: {cfg.cluster.cells} cells x {cfg.cluster.accelerators_per_cell} accelerators, "
-             f"{cfg.workload.groups_per_step}x{cfg.workload.group_size} executions/step, {cfg.steps} steps, "
-             f"seed {cfg.seed}")
+    title = (
+        f"{cfg.workload.name}: {cfg.cluster.cells} cells x {cfg.cluster.accelerators_per_cell} accelerators, "
+        f"{cfg.workload.groups_per_step}x{cfg.workload.group_size} executions/step, {cfg.steps} steps, "
+        f"seed {cfg.seed}"
+    )
     text = f"{title}\n\n{markdown_table(results)}"
     if out is not None:
         paths = write_report(results, out, title)

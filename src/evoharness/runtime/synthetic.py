@@ -67,7 +67,7 @@ class WorkloadDraw:
             del self._steps[s]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_steps": {}}      # a draw is a function of (seed, step): not kept
+        return {**self.__dict__, "_steps": {}}  # a draw is a function of (seed, step): not kept
 
 
 class ReplayWorkload:
@@ -87,9 +87,9 @@ class ReplayWorkload:
         self.cfg, self.scale = cfg, time_scale
         self.draw = WorkloadDraw(cfg)
         self.N, self.G = self.draw.N, cfg.workload.group_size
-        self.x_k: dict[int, int] = {}                   # execution -> turns answered
-        self.x_ver: dict[int, list[int]] = {}           # execution -> the version each answered call saw
-        self.x_t: dict[int, list[float]] = {}           # execution -> [start, end] (monotonic seconds)
+        self.x_k: dict[int, int] = {}  # execution -> turns answered
+        self.x_ver: dict[int, list[int]] = {}  # execution -> the version each answered call saw
+        self.x_t: dict[int, list[float]] = {}  # execution -> [start, end] (monotonic seconds)
         self.newest = 0
 
     # ---- executions ------------------------------------------------------------------------
@@ -99,8 +99,11 @@ class ReplayWorkload:
     def request(self, e: int) -> dict[str, Any] | None:
         if self.finished(e):
             return None
-        return {"result": {"execution": e, "turn": self.x_k[e]}, "seconds": self.call_seconds(e),
-                "version": self.newest}
+        return {
+            "result": {"execution": e, "turn": self.x_k[e]},
+            "seconds": self.call_seconds(e),
+            "version": self.newest,
+        }
 
     def call_seconds(self, e: int) -> float:
         """Real seconds e's pending call runs on its cell: its decode work (prompt tokens at
@@ -134,7 +137,7 @@ class ReplayWorkload:
         """Trajectory tokens of e's turns played so far (its draw's total once finished)."""
         b, off, _ = self.draw.turns(e)
         k = self.x_k.get(e, 0)
-        return int(round(float((b.prompt[off:off + k] + b.completion[off:off + k]).sum())))
+        return int(round(float((b.prompt[off : off + k] + b.completion[off : off + k]).sum())))
 
     def calls(self, e: int) -> list[dict[str, Any]]:
         """e's answered calls for the trace: full prompts (the new tokens on top of the context so
@@ -158,11 +161,17 @@ class ReplayWorkload:
     def sync(self, version: int, executions: list[int], ranks: int) -> list[dict[str, Any]]:
         return [{"updates": [], "lr": 0.0, "step": version - 1, "scale": 1.0} for _ in range(ranks)]
 
-    def step_done(self, version: int, executions: list[int], stats: dict[str, Any],
-                  timing: dict[str, float]) -> dict[str, Any]:
+    def step_done(
+        self, version: int, executions: list[int], stats: dict[str, Any], timing: dict[str, float]
+    ) -> dict[str, Any]:
         """The step's record (executions and tokens trained); its executions' books dropped."""
-        rec = {"step": version, "policy_version": version, "executions": len(executions),
-               "tokens": sum(self.tokens(e) for e in executions), **{f"timing_s/{k}": v for k, v in timing.items()}}
+        rec = {
+            "step": version,
+            "policy_version": version,
+            "executions": len(executions),
+            "tokens": sum(self.tokens(e) for e in executions),
+            **{f"timing_s/{k}": v for k, v in timing.items()},
+        }
         self.newest = max(self.newest, version)
         for e in executions:
             for books in (self.x_k, self.x_ver, self.x_t):
@@ -173,9 +182,12 @@ class ReplayWorkload:
     # ---- job checkpoints ---------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         now = time.monotonic()
-        return {"x_k": dict(self.x_k), "x_ver": {e: list(v) for e, v in self.x_ver.items()},
-                "x_age": {e: [now - t0, (t1 - now) if t1 else None] for e, (t0, t1) in self.x_t.items()},
-                "newest": self.newest}
+        return {
+            "x_k": dict(self.x_k),
+            "x_ver": {e: list(v) for e, v in self.x_ver.items()},
+            "x_age": {e: [now - t0, (t1 - now) if t1 else None] for e, (t0, t1) in self.x_t.items()},
+            "newest": self.newest,
+        }
 
     def restore(self, st: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -208,8 +220,8 @@ class TimedTraining:
     def __init__(self, cfg: SimConfig, time_scale: float = 1e-3):
         self.cluster, self.scale = cfg.cluster, time_scale
         self.be: Any = None
-        self._trained: dict[int, set[int]] = {}      # version -> executions trained on it
-        self._left: dict[int, int] = {}              # version -> weight loads outstanding
+        self._trained: dict[int, set[int]] = {}  # version -> executions trained on it
+        self._left: dict[int, int] = {}  # version -> weight loads outstanding
 
     def attach(self, backend: Any, state: dict[str, Any] | None) -> None:
         self.be = backend
@@ -227,13 +239,19 @@ class TimedTraining:
     def micro_batch(self, c: RunMicroBatch) -> None:
         self._trained.setdefault(c.version, set()).update(c.executions)
         tokens = [float(self.be.workload.tokens(e)) for e in c.executions]
-        self.be.send(c.cell, "train", tuple(c.executions), self.cluster.micro_batch_s(tokens) * self.scale,
-                     key=("train", c.version, tuple(c.executions)))
+        self.be.send(
+            c.cell,
+            "train",
+            tuple(c.executions),
+            self.cluster.micro_batch_s(tokens) * self.scale,
+            key=("train", c.version, tuple(c.executions)),
+        )
 
     def sync(self, c: SyncWeights) -> None:
         be = self.be
-        be.record_step(c.version, sorted(self._trained.pop(c.version - 1, set())), {"micro": [], "ranks": []},
-                       {"train": 0.0})
+        be.record_step(
+            c.version, sorted(self._trained.pop(c.version - 1, set())), {"micro": [], "ranks": []}, {"train": 0.0}
+        )
         self._left[c.version] = len(c.cells)
         for cell in c.cells:
             be.send(cell, "load", c.version, self.cluster.weight_sync_s * self.scale, key=("load", c.version))
@@ -263,9 +281,17 @@ class TimedTraining:
             self._loaded(key[1])
 
 
-def replay_backend(cfg: SimConfig, roles: list, time_scale: float = 1e-3, backend: str = "local",
-                   work_dir: str | Path | None = None, state: dict[str, Any] | None = None, gateway: Any = None,
-                   ready_timeout_s: float = 300.0, **ray: Any) -> Any:
+def replay_backend(
+    cfg: SimConfig,
+    roles: list,
+    time_scale: float = 1e-3,
+    backend: str = "local",
+    work_dir: str | Path | None = None,
+    state: dict[str, Any] | None = None,
+    gateway: Any = None,
+    ready_timeout_s: float = 300.0,
+    **ray: Any,
+) -> Any:
     """The replay of `cfg`'s workload on K timed cells (module docstring): a `CellBackend` with
     the transport named by `backend` (``local``: processes, ``ray``: actors, `ray` its
     ``address`` / ``num_cpus``; ``inprocess``: one cell).
@@ -285,9 +311,18 @@ def replay_backend(cfg: SimConfig, roles: list, time_scale: float = 1e-3, backen
     if work_dir is None:
         work_dir = tmp = tempfile.mkdtemp(prefix="evoharness-replay-")
     try:
-        be = CellBackend(cfg, roles, make_transport(backend, **ray), TimedCell, ReplayWorkload(cfg, time_scale),
-                         TimedTraining(cfg, time_scale), work_dir, gateway=gateway, state=state,
-                         ready_timeout_s=ready_timeout_s)
+        be = CellBackend(
+            cfg,
+            roles,
+            make_transport(backend, **ray),
+            TimedCell,
+            ReplayWorkload(cfg, time_scale),
+            TimedTraining(cfg, time_scale),
+            work_dir,
+            gateway=gateway,
+            state=state,
+            ready_timeout_s=ready_timeout_s,
+        )
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -60,8 +60,7 @@ class Transport(Protocol):
         """Kill cell's worker now (fault injection); the next `dead_cells` reports it."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class InProcessTransport:
@@ -87,7 +86,7 @@ class InProcessTransport:
         if not self._replies:
             due = self.worker.next_due()
             if due is None:
-                time.sleep(min(timeout, 0.001))   # nothing to run: the driver's tools and threads move on
+                time.sleep(min(timeout, 0.001))  # nothing to run: the driver's tools and threads move on
                 return None
             if due > 0:
                 time.sleep(min(due, timeout))
@@ -121,7 +120,7 @@ class _Outbox:
         self._conn, self._lock = conn, threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"conn": self._conn}     # pickled into the spawned cell (a lock does not travel)
+        return {"conn": self._conn}  # pickled into the spawned cell (a lock does not travel)
 
     def __setstate__(self, st: dict[str, Any]) -> None:
         self.__init__(st["conn"])
@@ -138,9 +137,9 @@ class ProcessTransport:
         self._ctx = mp.get_context("spawn")
         self.inboxes: list[Any] = []
         self.procs: list[Any] = []
-        self._replies: list[Any] = []          # cell c's read end (None once it read EOF)
+        self._replies: list[Any] = []  # cell c's read end (None once it read EOF)
         self._make: Callable[[int], Any] | None = None
-        self._next = 0                          # where `next_reply` starts looking
+        self._next = 0  # where `next_reply` starts looking
 
     def start(self, k: int, make_worker: Callable[[int], Any]) -> None:
         self._make = make_worker
@@ -152,10 +151,11 @@ class ProcessTransport:
         self.inboxes[c] = self._ctx.Queue()
         reader, writer = self._ctx.Pipe(duplex=False)
         self._replies[c] = reader
-        self.procs[c] = self._ctx.Process(target=serve, args=(c, self._make, self.inboxes[c], _Outbox(writer)),
-                                          daemon=True)
+        self.procs[c] = self._ctx.Process(
+            target=serve, args=(c, self._make, self.inboxes[c], _Outbox(writer)), daemon=True
+        )
         self.procs[c].start()
-        writer.close()      # only the cell holds its write end now: its death reads as EOF
+        writer.close()  # only the cell holds its write end now: its death reads as EOF
 
     def post(self, cell: int, msg: tuple) -> None:
         self.inboxes[cell].put(msg)
@@ -170,7 +170,7 @@ class ProcessTransport:
             try:
                 return r.recv()
             except (EOFError, OSError):
-                r.close()               # the cell died (`dead_cells` reports it); drop a half-written reply
+                r.close()  # the cell died (`dead_cells` reports it); drop a half-written reply
                 self._replies[c] = None
         if not live:
             time.sleep(timeout)
@@ -182,7 +182,7 @@ class ProcessTransport:
     def respawn(self, cell: int) -> None:
         self.procs[cell].join(timeout=1)
         if self._replies[cell] is not None:
-            self._replies[cell].close()   # the dead cell's replies: its jobs were dropped with it
+            self._replies[cell].close()  # the dead cell's replies: its jobs were dropped with it
         self._spawn(cell)
 
     def pid(self, cell: int) -> int:

@@ -33,8 +33,8 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from evoharness.engines.grammar import ActionGrammarSpec
 
+from evoharness.engines.grammar import ActionGrammarSpec
 
 
 class Message(BaseModel):
@@ -93,8 +93,14 @@ class ChatRequest(BaseModel):
 class GatewayError(Exception):
     """An error answered to the client in OpenAI's error shape (never recorded)."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
@@ -124,8 +130,13 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         except (ValueError, KeyError, TypeError):
             return m.group(0)
         args = obj.get("arguments", {})
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
+            }
+        )
         return ""
 
     rest = _TOOL_CALL.sub(take, text)
@@ -134,9 +145,17 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     return (rest.strip() or None), calls
 
 
-def choice_body(index: int, content: str | None, tool_calls: list[dict[str, Any]], finish_reason: str,
-                completion_ids: list[int], logprobs: list[float], req: ChatRequest, tokens: list[str] | None = None,
-                top_logprobs: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+def choice_body(
+    index: int,
+    content: str | None,
+    tool_calls: list[dict[str, Any]],
+    finish_reason: str,
+    completion_ids: list[int],
+    logprobs: list[float],
+    req: ChatRequest,
+    tokens: list[str] | None = None,
+    top_logprobs: list[list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
     """One ``choices[i]`` of a ``chat.completion``, with the extensions the request asked for."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
@@ -149,15 +168,28 @@ def choice_body(index: int, content: str | None, tool_calls: list[dict[str, Any]
     return choice
 
 
-def completion_body(call_id: str, model: str, choices: list[dict[str, Any]], prompt_ids: list[int],
-                    completion_tokens: int, policy_version: int | None, req: ChatRequest,
-                    prompt_fit: dict[str, int] | None = None) -> dict[str, Any]:
+def completion_body(
+    call_id: str,
+    model: str,
+    choices: list[dict[str, Any]],
+    prompt_ids: list[int],
+    completion_tokens: int,
+    policy_version: int | None,
+    req: ChatRequest,
+    prompt_fit: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """A ``chat.completion`` response body (`choice_body` choices); `completion_tokens` over all choices."""
     body: dict[str, Any] = {
-        "id": call_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "id": call_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": choices,
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                  "total_tokens": len(prompt_ids) + completion_tokens},
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
+        },
         "policy_version": policy_version,
     }
     if prompt_fit:
@@ -167,12 +199,15 @@ def completion_body(call_id: str, model: str, choices: list[dict[str, Any]], pro
     return body
 
 
-def _logprob_content(ids: list[int], logprobs: list[float], tokens: list[str] | None,
-                     top: list[list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+def _logprob_content(
+    ids: list[int], logprobs: list[float], tokens: list[str] | None, top: list[list[dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
     toks = tokens or [f"token_id:{i}" for i in ids]
     top = top if top and len(top) == len(logprobs) else [[] for _ in logprobs]
-    return [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": alts}
-            for t, lp, alts in zip(toks, logprobs, top)]
+    return [
+        {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": alts}
+        for t, lp, alts in zip(toks, logprobs, top)
+    ]
 
 
 def stream_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
@@ -182,10 +217,16 @@ def stream_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, A
     The gateway streams a finished answer (see `gateway`): a retried call must
     reach the client as one normal answer, never as two half-streams.
     """
+
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
         c = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
-        return {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
-                "model": body["model"], "choices": [c]}
+        return {
+            "id": body["id"],
+            "object": "chat.completion.chunk",
+            "created": body["created"],
+            "model": body["model"],
+            "choices": [c],
+        }
 
     out = []
     for choice in body["choices"]:
@@ -209,6 +250,14 @@ def stream_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, A
         out.append(chunk(k, {}, choice["finish_reason"]))
         out[-1]["policy_version"] = body.get("policy_version")
     if include_usage:
-        out.append({"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
-                    "model": body["model"], "choices": [], "usage": body["usage"]})
+        out.append(
+            {
+                "id": body["id"],
+                "object": "chat.completion.chunk",
+                "created": body["created"],
+                "model": body["model"],
+                "choices": [],
+                "usage": body["usage"],
+            }
+        )
     return out

@@ -40,9 +40,15 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(a.num_threads)
-    backend = LocalBackend.from_model_path(a.model_path, a.device, a.dtype, max_prompt_tokens=a.max_prompt_tokens,
-                                           max_batch=a.max_batch, num_threads=a.num_threads,
-                                           policy_version=a.policy_version)
+    backend = LocalBackend.from_model_path(
+        a.model_path,
+        a.device,
+        a.dtype,
+        max_prompt_tokens=a.max_prompt_tokens,
+        max_batch=a.max_batch,
+        num_threads=a.num_threads,
+        policy_version=a.policy_version,
+    )
     gw = Gateway([backend], served_model=a.served_model_name, records=False, max_attempts=1, wait_for_backend_s=0)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY: see GatewayServer
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

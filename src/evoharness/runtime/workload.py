@@ -43,21 +43,19 @@ import numpy as np
 from evoharness.config.base import ConfigError, load_config
 from evoharness.config.sim import SimConfig, WorkloadConfig
 
-
 # ---- traces -----------------------------------------------------------------
 
 
 @dataclass
 class TraceExecution:
     group: str
-    prompt: np.ndarray       # new prompt tokens per turn
-    completion: np.ndarray   # completion tokens per turn
-    tool_s: np.ndarray       # seconds after each call before the next one
+    prompt: np.ndarray  # new prompt tokens per turn
+    completion: np.ndarray  # completion tokens per turn
+    tool_s: np.ndarray  # seconds after each call before the next one
     step: int | None = None  # the RL step it was played in (a run's own trace, `runtime/trace.jsonl`)
 
 
-def _turns_to_execution(group: str, turns: list[dict[str, Any]], wall_s: float | None, where: str
-                        ) -> TraceExecution:
+def _turns_to_execution(group: str, turns: list[dict[str, Any]], wall_s: float | None, where: str) -> TraceExecution:
     if not turns:
         raise ConfigError(f"{where}: execution has no turns")
     try:
@@ -65,8 +63,7 @@ def _turns_to_execution(group: str, turns: list[dict[str, Any]], wall_s: float |
         c = [float(t["completion_tokens"]) for t in turns]
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{where}: each turn needs numeric prompt_tokens and completion_tokens ({e})") from None
-    new = [p[0]] + [p[k] - (p[k - 1] + c[k - 1]) if p[k] >= p[k - 1] + c[k - 1] else p[k]
-                    for k in range(1, len(p))]
+    new = [p[0]] + [p[k] - (p[k - 1] + c[k - 1]) if p[k] >= p[k - 1] + c[k - 1] else p[k] for k in range(1, len(p))]
     if all("start" in t and "end" in t for t in turns):
         tool = [max(0.0, float(turns[k + 1]["start"]) - float(turns[k]["end"])) for k in range(len(turns) - 1)]
         tool.append(0.0)
@@ -184,8 +181,10 @@ class Workload:
             self.trace = load_trace(tp)
             self.by_step = _by_step(self.trace, self.executions_per_step)
             if cfg.trace_replay and len(self.trace) != self.executions_per_step and self.by_step is None:
-                raise ConfigError(f"trace replay: {len(self.trace)} executions, but groups_per_step x "
-                                  f"group_size = {self.executions_per_step} (or that many per recorded step)")
+                raise ConfigError(
+                    f"trace replay: {len(self.trace)} executions, but groups_per_step x "
+                    f"group_size = {self.executions_per_step} (or that many per recorded step)"
+                )
 
     @property
     def executions_per_step(self) -> int:
@@ -221,16 +220,19 @@ class Workload:
 
     def _from_trace(self, rng: np.random.Generator, step: int) -> StepBatch:
         assert self.trace is not None
-        if self.cfg.trace_replay and self.by_step is not None:   # step u replays the run's step u (cycling)
+        if self.cfg.trace_replay and self.by_step is not None:  # step u replays the run's step u (cycling)
             chosen = self.by_step[step % len(self.by_step)]
         elif self.cfg.trace_replay:
             chosen = self.trace
         else:
             chosen = [self.trace[i] for i in rng.integers(0, len(self.trace), self.executions_per_step)]
         turns = np.array([len(e.prompt) for e in chosen], dtype=np.int64)
-        return _flat(turns, np.concatenate([e.prompt for e in chosen]).astype(np.float64),
-                     np.concatenate([e.completion for e in chosen]).astype(np.float64),
-                     np.concatenate([e.tool_s for e in chosen]).astype(np.float64))
+        return _flat(
+            turns,
+            np.concatenate([e.prompt for e in chosen]).astype(np.float64),
+            np.concatenate([e.completion for e in chosen]).astype(np.float64),
+            np.concatenate([e.tool_s for e in chosen]).astype(np.float64),
+        )
 
 
 def load_sim_config(path: str | Path, overrides: list[str] | None = None) -> tuple[SimConfig, Path]:
@@ -246,8 +248,15 @@ def load_sim_config(path: str | Path, overrides: list[str] | None = None) -> tup
         raise ConfigError(f"workload file not found: {p}")
     if p.suffix == ".jsonl":
         groups, size = trace_grouping(load_trace(p))
-        base = {"workload": {"name": p.stem, "trace": str(p.resolve()), "trace_replay": True,
-                             "groups_per_step": groups, "group_size": size}}
+        base = {
+            "workload": {
+                "name": p.stem,
+                "trace": str(p.resolve()),
+                "trace_replay": True,
+                "groups_per_step": groups,
+                "group_size": size,
+            }
+        }
         return load_config(SimConfig, None, overrides, base=base), p.parent
     if p.suffix != ".toml":
         raise ConfigError(f"workload must be a .toml file or a .jsonl trace, got {p.name}")
@@ -257,7 +266,12 @@ def load_sim_config(path: str | Path, overrides: list[str] | None = None) -> tup
 def nominal_summary(b: StepBatch) -> dict[str, float]:
     """Quick facts on one drawn step: tokens and turn counts."""
     tok = b.tokens
-    return {"executions": float(len(b.n_turns)), "turns_mean": float(b.n_turns.mean()),
-            "tokens_mean": float(tok.mean()), "tokens_p50": float(np.median(tok)),
-            "tokens_max": float(tok.max()), "tool_s_mean": float(b.tool_total_s.mean()),
-            "log10_total_tokens": math.log10(max(1.0, float(tok.sum())))}
+    return {
+        "executions": float(len(b.n_turns)),
+        "turns_mean": float(b.n_turns.mean()),
+        "tokens_mean": float(tok.mean()),
+        "tokens_p50": float(np.median(tok)),
+        "tokens_max": float(tok.max()),
+        "tool_s_mean": float(b.tool_total_s.mean()),
+        "log10_total_tokens": math.log10(max(1.0, float(tok.sum()))),
+    }

@@ -69,12 +69,17 @@ from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
-from evoharness.rollout.records import Trajectory
 from evoharness.config.rl import AdvantageConfig
+from evoharness.rollout.records import Trajectory
 
 
-def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6,
-                    std_floor: float = 0.0, valid_NG: torch.Tensor | None = None) -> torch.Tensor:
+def grpo_advantages(
+    rewards_NG: torch.Tensor,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    std_floor: float = 0.0,
+    valid_NG: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Group-relative advantages.
 
     Args:
@@ -102,8 +107,9 @@ def grpo_advantages(rewards_NG: torch.Tensor, normalize_std: bool = True, eps: f
     return torch.where(flat, torch.zeros_like(adv), adv)
 
 
-def _masked_grpo_advantages(r: torch.Tensor, valid: torch.Tensor, normalize_std: bool, eps: float,
-                            std_floor: float) -> torch.Tensor:
+def _masked_grpo_advantages(
+    r: torch.Tensor, valid: torch.Tensor, normalize_std: bool, eps: float, std_floor: float
+) -> torch.Tensor:
     """`grpo_advantages` over the valid members of each group only."""
     n = valid.sum(dim=1, keepdim=True)
     mean = (r * valid).sum(dim=1, keepdim=True) / n.clamp(min=1)
@@ -112,13 +118,14 @@ def _masked_grpo_advantages(r: torch.Tensor, valid: torch.Tensor, normalize_std:
     lo = r.masked_fill(~valid, float("inf")).amin(dim=1, keepdim=True)
     flat = (n < 2) | (hi == lo)
     if normalize_std:
-        std = ((adv ** 2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+        std = ((adv**2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
         adv = adv / (std.clamp(min=std_floor) + eps)
     return torch.where(flat | ~valid, torch.zeros_like(adv), adv)
 
 
-def std_floor_active(rewards_NG: torch.Tensor, cfg: "AdvantageConfig",
-                     valid_NG: torch.Tensor | None = None) -> torch.Tensor:
+def std_floor_active(
+    rewards_NG: torch.Tensor, cfg: AdvantageConfig, valid_NG: torch.Tensor | None = None
+) -> torch.Tensor:
     """[N] bool: groups with a reward spread whose std is below ``cfg.std_floor``,
     i.e. where the floor (not the paper's rule) set the advantage scale
     (over the `valid_NG` members only, as `grpo_advantages`)."""
@@ -126,8 +133,12 @@ def std_floor_active(rewards_NG: torch.Tensor, cfg: "AdvantageConfig",
     if not cfg.normalize_std or r.shape[1] < 2:
         return torch.zeros(r.shape[0], dtype=torch.bool)
     if valid_NG is not None:
-        return torch.stack([std_floor_active(row[v].unsqueeze(0), cfg)[0] if int(v.sum()) > 1
-                            else torch.tensor(False) for row, v in zip(r, valid_NG.bool())])
+        return torch.stack(
+            [
+                std_floor_active(row[v].unsqueeze(0), cfg)[0] if int(v.sum()) > 1 else torch.tensor(False)
+                for row, v in zip(r, valid_NG.bool())
+            ]
+        )
     flat = (r == r[:, :1]).all(dim=1)
     return ~flat & (r.std(dim=1) < cfg.std_floor)
 
@@ -163,10 +174,15 @@ def anchor_key(traj: Trajectory, t: int) -> str:
     return hashlib.sha1(f"{seen}\x00{adm}".encode()).hexdigest()
 
 
-def step_advantages(returns_GT: Sequence[Sequence[float]], keys_GT: Sequence[Sequence[Hashable]],
-                    normalize_std: bool = True, eps: float = 1e-6, std_floor: float = 0.0,
-                    floor_scale_GT: Sequence[Sequence[float]] | None = None,
-                    stats: dict[str, int] | None = None) -> list[list[float]]:
+def step_advantages(
+    returns_GT: Sequence[Sequence[float]],
+    keys_GT: Sequence[Sequence[Hashable]],
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    std_floor: float = 0.0,
+    floor_scale_GT: Sequence[Sequence[float]] | None = None,
+    stats: dict[str, int] | None = None,
+) -> list[list[float]]:
     """GiGPO step-level advantages A^S for ONE group (Eq. 6-7).
 
     Args:
@@ -207,10 +223,13 @@ def step_advantages(returns_GT: Sequence[Sequence[float]], keys_GT: Sequence[Seq
     return out
 
 
-def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Tensor,
-                    cfg: AdvantageConfig | None = None,
-                    key_fn: Callable[[Trajectory, int], Hashable] = anchor_key,
-                    stats: dict[str, int] | None = None) -> list[list[list[float]]]:
+def turn_advantages(
+    groups: Sequence[Sequence[Trajectory]],
+    rewards_NG: torch.Tensor,
+    cfg: AdvantageConfig | None = None,
+    key_fn: Callable[[Trajectory, int], Hashable] = anchor_key,
+    stats: dict[str, int] | None = None,
+) -> list[list[list[float]]]:
     """Advantage of every turn: [N][G][T] nested lists (T varies per trajectory).
 
     Args:
@@ -229,11 +248,15 @@ def turn_advantages(groups: Sequence[Sequence[Trajectory]], rewards_NG: torch.Te
     for n, group in enumerate(groups):
         per_traj = [[ep_NG[n][i]] * tr.steps for i, tr in enumerate(group)]
         if cfg.estimator == "gigpo":
-            returns = [discounted_returns(terminal_step_rewards(float(rewards_NG[n, i]), tr.steps), cfg.gigpo_gamma)
-                       for i, tr in enumerate(group)]
+            returns = [
+                discounted_returns(terminal_step_rewards(float(rewards_NG[n, i]), tr.steps), cfg.gigpo_gamma)
+                for i, tr in enumerate(group)
+            ]
             # an errored episode's steps join no step group (each gets a key of its own: A^S = 0)
-            keys = [[key_fn(tr, t) if bool(valid[n, i]) else ("error", i, t) for t in range(tr.steps)]
-                    for i, tr in enumerate(group)]
+            keys = [
+                [key_fn(tr, t) if bool(valid[n, i]) else ("error", i, t) for t in range(tr.steps)]
+                for i, tr in enumerate(group)
+            ]
             weights = [[cfg.gigpo_gamma ** (tr.steps - 1 - t) for t in range(tr.steps)] for tr in group]
             step = step_advantages(returns, keys, cfg.normalize_std, cfg.eps, cfg.std_floor, weights, stats)
             per_traj = [[a + cfg.gigpo_omega * s for a, s in zip(ep, st)] for ep, st in zip(per_traj, step)]

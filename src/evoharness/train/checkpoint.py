@@ -63,8 +63,10 @@ def _read_pointer(ptr: Path, warn: bool) -> str | None:
     if _STEP_DIR_RE.fullmatch(name) and (ptr.parent / name).is_dir():
         return name
     if warn:
-        warnings.warn(f"{ptr} does not name a checkpoint ({raw[:60]!r}); resuming from the newest "
-                      f"step_* directory instead", stacklevel=3)
+        warnings.warn(
+            f"{ptr} does not name a checkpoint ({raw[:60]!r}); resuming from the newest step_* directory instead",
+            stacklevel=3,
+        )
     return None
 
 
@@ -113,8 +115,7 @@ def load_checkpoint(out_dir: str | Path, load: Callable[[Path], T]) -> tuple[Pat
         except Exception as e:  # noqa: BLE001 -- any unreadable checkpoint: fall back
             tried.append(f"{path.name}: {type(e).__name__}: {e}")
             nxt = f"falling back to {cands[i + 1].name}" if i + 1 < len(cands) else "no older checkpoint"
-            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:300]}); {nxt}",
-                          stacklevel=2)
+            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:300]}); {nxt}", stacklevel=2)
     if tried:
         raise RuntimeError(f"no readable checkpoint in {Path(out_dir) / 'checkpoints'}: " + "; ".join(tried))
     return None
@@ -145,12 +146,17 @@ def check_resume_config(saved: Path, current: dict[str, Any], free: tuple[str, .
     if not saved.is_file():
         return
     old, new = _flat(json.loads(saved.read_text())), _flat(current)
-    diff = sorted(k for k in old.keys() & new.keys()
-                  if old[k] != new[k] and not any(k == f or k.startswith(f + ".") for f in free))
+    diff = sorted(
+        k
+        for k in old.keys() & new.keys()
+        if old[k] != new[k] and not any(k == f or k.startswith(f + ".") for f in free)
+    )
     if diff:
         shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in diff[:4])
-        raise ValueError(f"{saved.parent} holds checkpoints of another run ({shown}{', ...' if len(diff) > 4 else ''}); "
-                         "use a new out_dir")
+        raise ValueError(
+            f"{saved.parent} holds checkpoints of another run ({shown}{', ...' if len(diff) > 4 else ''}); "
+            "use a new out_dir"
+        )
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
@@ -180,7 +186,9 @@ def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
     given = {own[k].data_ptr() for k in weights if k in own}
     missing = [k for k in res.missing_keys if own[k].data_ptr() not in given]
     if missing or res.unexpected_keys:
-        raise KeyError(f"{ckpt}: weights do not fit the model: missing {missing[:5]}, unexpected {res.unexpected_keys[:5]}")
+        raise KeyError(
+            f"{ckpt}: weights do not fit the model: missing {missing[:5]}, unexpected {res.unexpected_keys[:5]}"
+        )
 
 
 def snapshot_metrics(metrics: Path, ckpt_tmp: Path) -> None:
@@ -197,5 +205,3 @@ def restore_metrics(metrics: Path, ckpt: Path, step: int) -> None:
         atomic_write_text(metrics, copy.read_text())
     else:
         truncate_jsonl(metrics, step)
-
-

@@ -25,9 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from evoharness.envs.base import Env, TaskSpec
 from evoharness.harness.base import Harness, split_completion
@@ -82,8 +82,15 @@ class DAggerPolicy:
             key = state_key(req.messages)
             if key not in self._seen:
                 self._seen.add(key)
-                self.examples.append({"messages": req.messages, "completion": label, "episode_id": req.episode_id,
-                                      "turn": req.turn, "student": comp.text})
+                self.examples.append(
+                    {
+                        "messages": req.messages,
+                        "completion": label,
+                        "episode_id": req.episode_id,
+                        "turn": req.turn,
+                        "student": comp.text,
+                    }
+                )
             if self.beta > 0 and random.Random(f"dagger:{self.seed}:{req.episode_id}:{req.turn}").random() < self.beta:
                 comp = Completion(text=label, finish_reason="stop")
             out.append(comp)
@@ -109,10 +116,20 @@ class DAggerStats:
         return self.agree / self.turns if self.turns else 0.0
 
 
-def dagger_round(tasks: list[TaskSpec], student: Policy, make_harness: Callable[[], Harness],
-                 make_env: Callable[[TaskSpec], Env], out_path: str | Path, *, beta: float = 0.0,
-                 seed: int = 0, max_steps: int = 50, batch_size: int = 32, stop_repeats: int = 3,
-                 episode_prefix: str = "dagger") -> DAggerStats:
+def dagger_round(
+    tasks: list[TaskSpec],
+    student: Policy,
+    make_harness: Callable[[], Harness],
+    make_env: Callable[[TaskSpec], Env],
+    out_path: str | Path,
+    *,
+    beta: float = 0.0,
+    seed: int = 0,
+    max_steps: int = 50,
+    batch_size: int = 32,
+    stop_repeats: int = 3,
+    episode_prefix: str = "dagger",
+) -> DAggerStats:
     """Play `tasks` once each with `student` and write the teacher-labelled states.
 
     Args:
@@ -138,8 +155,9 @@ def dagger_round(tasks: list[TaskSpec], student: Policy, make_harness: Callable[
     stats = DAggerStats()
     specs = [EpisodeSpec(t, f"{episode_prefix}:{t.task_id}", seed) for t in tasks]
     for i in range(0, len(specs), batch_size):
-        for t in run_episodes(specs[i: i + batch_size], make_env, make_harness, pol, max_steps=max_steps,
-                              stop_repeats=stop_repeats):
+        for t in run_episodes(
+            specs[i : i + batch_size], make_env, make_harness, pol, max_steps=max_steps, stop_repeats=stop_repeats
+        ):
             stats.played += 1
             stats.won += t.won
             stats.turns += len(t.turns)

@@ -77,20 +77,21 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tqdm import tqdm
 
+from evoharness.config.harness import HarnessConfig
 from evoharness.envs.alfworld.wording import parse_place
 from evoharness.envs.base import StepResult, TaskSpec
+from evoharness.files import read_jsonl
 from evoharness.harness.base import META_VERBS, normalize_command, split_completion
 from evoharness.harness.factory import make_harness
-from evoharness.config.harness import HarnessConfig
-from evoharness.files import read_jsonl
-from evoharness.policies.base import format_action
 from evoharness.models.tokenizer import estimate_tokens
+from evoharness.policies.base import format_action
 from evoharness.policies.teacher import current_subgoal, decide, parse_prompt
 from evoharness.rollout.collect import traces_to_sft, write_jsonl_atomic
 from evoharness.rollout.records import Trajectory, TurnRecord
@@ -152,13 +153,22 @@ def parse_log(d: dict[str, Any], n: int = 0) -> AgentLog:
         steps = []
         for i, t in enumerate(env_turns):
             nxt = env_turns[i + 1].get("admissible_commands") if i + 1 < len(env_turns) else None
-            steps.append(LogStep(log_action(t["action"]), t.get("feedback", ""), t.get("admissible_commands") or None,
-                                 nxt or None))
+            steps.append(
+                LogStep(
+                    log_action(t["action"]), t.get("feedback", ""), t.get("admissible_commands") or None, nxt or None
+                )
+            )
         return AgentLog(
-            episode_id=d.get("episode_id") or f"{d.get('task_id', 'episode')}#{n}", goal=d.get("goal", ""),
-            initial_observation=d.get("initial_observation", ""), steps=steps, won=bool(d.get("won")),
-            task_id=d.get("task_id", ""), task_type=d.get("task_type", ""), split=d.get("split", ""),
-            admissible_start=steps[0].admissible_before if steps else None, source=d.get("policy", "trajectory"),
+            episode_id=d.get("episode_id") or f"{d.get('task_id', 'episode')}#{n}",
+            goal=d.get("goal", ""),
+            initial_observation=d.get("initial_observation", ""),
+            steps=steps,
+            won=bool(d.get("won")),
+            task_id=d.get("task_id", ""),
+            task_type=d.get("task_type", ""),
+            split=d.get("split", ""),
+            admissible_start=steps[0].admissible_before if steps else None,
+            source=d.get("policy", "trajectory"),
             wording=_recorded_wording((d.get("info") or {}).get("wording"), steps),
         )
     if "steps" in d:
@@ -166,17 +176,26 @@ def parse_log(d: dict[str, Any], n: int = 0) -> AgentLog:
         for s in d["steps"]:
             if "action" not in s:
                 raise ValueError("a ReAct step needs an 'action'")
-            steps.append(LogStep(log_action(s["action"]), str(s.get("observation", "")).strip(), None,
-                                 s.get("admissible_commands")))
+            steps.append(
+                LogStep(
+                    log_action(s["action"]), str(s.get("observation", "")).strip(), None, s.get("admissible_commands")
+                )
+            )
         prev = d.get("admissible_commands")
         for s in steps:  # a step's admissible-before is the previous step's admissible-after
             s.admissible_before, prev = prev, s.admissible_after
         tid = d.get("task_id", "")
         return AgentLog(
-            episode_id=d.get("episode_id") or f"{tid or 'episode'}#{n}", goal=d.get("goal", ""),
-            initial_observation=d.get("initial_observation", ""), steps=steps, won=bool(d.get("won")),
-            task_id=tid, task_type=d.get("task_type", ""), split=d.get("split", ""),
-            admissible_start=d.get("admissible_commands"), source=d.get("agent", "react"),
+            episode_id=d.get("episode_id") or f"{tid or 'episode'}#{n}",
+            goal=d.get("goal", ""),
+            initial_observation=d.get("initial_observation", ""),
+            steps=steps,
+            won=bool(d.get("won")),
+            task_id=tid,
+            task_type=d.get("task_type", ""),
+            split=d.get("split", ""),
+            admissible_start=d.get("admissible_commands"),
+            source=d.get("agent", "react"),
             wording=_recorded_wording(d.get("wording"), steps),
         )
     raise ValueError("a log line needs 'turns' (Trajectory) or 'steps' (ReAct format)")
@@ -253,7 +272,7 @@ def advance(state: State, world: _World, action: str, observation: str) -> State
     if is_invalid(obs):
         return state
     if action.startswith("go to ") and obs.startswith("You arrive"):
-        place = action[len("go to "):]
+        place = action[len("go to ") :]
     if m := _PICK_RE.search(obs):
         obj, rec = m.groups()
         world.origin.setdefault(obj, rec)
@@ -287,8 +306,14 @@ def advance(state: State, world: _World, action: str, observation: str) -> State
             toggled.pop(dev, None)
         else:
             toggled[dev] = now
-    return (place, held, frozenset(opened.items()), frozenset(states), frozenset(moved.items()),
-            frozenset(toggled.items()))
+    return (
+        place,
+        held,
+        frozenset(opened.items()),
+        frozenset(states),
+        frozenset(moved.items()),
+        frozenset(toggled.items()),
+    )
 
 
 INITIAL_STATE: State = (None, None, frozenset(), frozenset(), frozenset(), frozenset())
@@ -321,9 +346,9 @@ def clean_steps(steps: list[LogStep]) -> Cleaned:
         if state in seen:
             k = seen[state]
             removed["loop"] += len(path) - k  # the steps since state k, and this one
-            for s, _ in path[k + 1:]:
+            for s, _ in path[k + 1 :]:
                 del seen[s]
-            del path[k + 1:]
+            del path[k + 1 :]
             continue
         seen[state] = len(path)
         path.append((state, step))
@@ -377,8 +402,9 @@ def _log_results(log: AgentLog, steps: list[LogStep]) -> tuple[StepResult, list[
     out = []
     for i, s in enumerate(steps):
         last = i == len(steps) - 1
-        out.append(StepResult(s.observation, list(s.admissible_after or []), done=last, won=last and log.won,
-                              goal=log.goal))
+        out.append(
+            StepResult(s.observation, list(s.admissible_after or []), done=last, won=last and log.won, goal=log.goal)
+        )
     return first, out
 
 
@@ -390,7 +416,7 @@ def _reason(view, action: str) -> str:
     g = view.goal
     sub = current_subgoal(view)
     if action.startswith("go to "):
-        rec = action[len("go to "):]
+        rec = action[len("go to ") :]
         if sub.startswith("find"):
             return f"I have not found the {g.obj} yet; I search the {rec}."
         if sub.startswith("use"):
@@ -413,15 +439,29 @@ def _reason(view, action: str) -> str:
 
 def _turn(h, n: int, completion: str, parsed, feedback: str, result: StepResult, messages, views) -> TurnRecord:
     return TurnRecord(
-        turn=n, messages=messages, completion=completion, kind=parsed.kind, action=parsed.text, feedback=feedback,
-        views=views, admissible_commands=list(h.admissible), won=result.won, done=result.done,
+        turn=n,
+        messages=messages,
+        completion=completion,
+        kind=parsed.kind,
+        action=parsed.text,
+        feedback=feedback,
+        views=views,
+        admissible_commands=list(h.admissible),
+        won=result.won,
+        done=result.done,
         prompt_tokens=sum(estimate_tokens(m["content"]) for m in messages),
         completion_tokens=estimate_tokens(completion),
     )
 
 
-def rebuild(task: TaskSpec, first: StepResult, results: list[StepResult], actions: list[str], store,
-            harness: HarnessConfig | None = None) -> list[TurnRecord]:
+def rebuild(
+    task: TaskSpec,
+    first: StepResult,
+    results: list[StepResult],
+    actions: list[str],
+    store,
+    harness: HarnessConfig | None = None,
+) -> list[TurnRecord]:
     """Replay `actions` (with their verified `results`) through a fresh BPE
     harness built from `harness` (default `HarnessConfig()`), inserting the
     meta-actions the teacher would place."""
@@ -476,8 +516,9 @@ class DistillStats:
     pairs: int = 0
 
 
-def find_tasks(splits: tuple[str, ...] = ("train", "valid_seen", "valid_unseen"),
-               data_path: str | None = None) -> dict[str, TaskSpec]:
+def find_tasks(
+    splits: tuple[str, ...] = ("train", "valid_seen", "valid_unseen"), data_path: str | None = None
+) -> dict[str, TaskSpec]:
     """task_id -> TaskSpec over the splits that exist (bundled pack by default)."""
     from evoharness.envs.alfworld.games import GameDataError, discover_games
 
@@ -527,7 +568,7 @@ def distill(
     out: list[Trajectory] = []
     for i in tqdm(range(0, len(logs), batch_size), desc="distill", disable=not progress):
         store.freeze()
-        for log in logs[i: i + batch_size]:
+        for log in logs[i : i + batch_size]:
             if not log.won:
                 stats.dropped["not won"] += 1
                 continue
@@ -544,8 +585,9 @@ def distill(
     return out, stats
 
 
-def _distill_one(log: AgentLog, make_env, tasks, store, max_steps: int, harness: HarnessConfig | None,
-                 stats: DistillStats) -> Trajectory:
+def _distill_one(
+    log: AgentLog, make_env, tasks, store, max_steps: int, harness: HarnessConfig | None, stats: DistillStats
+) -> Trajectory:
     if log.wording == "mixed":
         raise DistillError("the log uses both 'put X in/on Y' and 'move X to Y'")
     cleaned = clean_steps(log.steps)
@@ -568,11 +610,24 @@ def _distill_one(log: AgentLog, make_env, tasks, store, max_steps: int, harness:
     if len(turns) > max_steps:
         raise DistillError(f"too long after distillation ({len(turns)} > {max_steps} steps)")
     traj = Trajectory(
-        episode_id=log.episode_id, task_id=task.task_id, task_type=log.task_type or task.task_type,
-        split=log.split or task.split, harness="bpe", policy=f"distill:{log.source}", goal=first.goal or log.goal,
-        initial_observation=first.observation, turns=turns, won=results[-1].won, stop_reason="won",
-        max_steps=max_steps, info={"source_steps": len(log.steps), "removed": dict(cleaned.removed),
-                                   "replayed": bool(task.path), "wording": log.wording},
+        episode_id=log.episode_id,
+        task_id=task.task_id,
+        task_type=log.task_type or task.task_type,
+        split=log.split or task.split,
+        harness="bpe",
+        policy=f"distill:{log.source}",
+        goal=first.goal or log.goal,
+        initial_observation=first.observation,
+        turns=turns,
+        won=results[-1].won,
+        stop_reason="won",
+        max_steps=max_steps,
+        info={
+            "source_steps": len(log.steps),
+            "removed": dict(cleaned.removed),
+            "replayed": bool(task.path),
+            "wording": log.wording,
+        },
     )
     stats.distilled += 1
     stats.steps_out += len(actions)
@@ -582,8 +637,14 @@ def _distill_one(log: AgentLog, make_env, tasks, store, max_steps: int, harness:
     return traj
 
 
-def distill_file(in_path: str | Path, out_jsonl: str | Path, sft_out: str | Path | None = None,
-                 engine: str = "fast", data_path: str | None = None, **kw) -> DistillStats:
+def distill_file(
+    in_path: str | Path,
+    out_jsonl: str | Path,
+    sft_out: str | Path | None = None,
+    engine: str = "fast",
+    data_path: str | None = None,
+    **kw,
+) -> DistillStats:
     """Distil a log JSONL: distilled trajectories to `out_jsonl`, SFT pairs to `sft_out`.
 
     Games are looked up in the bundled pack (or `data_path`) and replayed on
@@ -591,8 +652,12 @@ def distill_file(in_path: str | Path, out_jsonl: str | Path, sft_out: str | Path
     """
     from evoharness.envs.alfworld import make_env
 
-    trajs, stats = distill(load_logs(in_path), make_env=lambda t, wording: make_env(t, engine=engine, wording=wording),
-                           tasks=find_tasks(data_path=data_path), **kw)
+    trajs, stats = distill(
+        load_logs(in_path),
+        make_env=lambda t, wording: make_env(t, engine=engine, wording=wording),
+        tasks=find_tasks(data_path=data_path),
+        **kw,
+    )
     write_jsonl_atomic(out_jsonl, [t.to_dict() for t in trajs])
     if sft_out is not None:
         traces_to_sft([t.to_dict() for t in trajs], sft_out)
@@ -610,16 +675,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engine", default="fast", choices=("textworld", "fast"))
     ap.add_argument("--data-path", default=None, help="ALFWORLD_DATA root; default: the bundled pack")
     ap.add_argument("--max-steps", type=int, default=50)
-    ap.add_argument("--history-window", type=int, default=None,
-                    help="PREVIOUS ACTIONS entries shown (default: the BPE harness's, as eval and rl use it)")
+    ap.add_argument(
+        "--history-window",
+        type=int,
+        default=None,
+        help="PREVIOUS ACTIONS entries shown (default: the BPE harness's, as eval and rl use it)",
+    )
     ap.add_argument("--system-prompt", default="full", choices=("full", "compact"))
     args = ap.parse_args(argv)
     harness = HarnessConfig(kind="bpe", history_window=args.history_window, system_prompt=args.system_prompt)
-    st = distill_file(args.logs, args.out, args.sft, engine=args.engine, data_path=args.data_path,
-                      max_steps=args.max_steps, harness=harness, progress=True)
-    print(json.dumps({"episodes": st.episodes, "won": st.won, "distilled": st.distilled, "dropped": dict(st.dropped),
-                      "steps_in": st.steps_in, "steps_out": st.steps_out, "removed": dict(st.removed),
-                      "meta": dict(st.meta), "pairs": st.pairs}, indent=1))
+    st = distill_file(
+        args.logs,
+        args.out,
+        args.sft,
+        engine=args.engine,
+        data_path=args.data_path,
+        max_steps=args.max_steps,
+        harness=harness,
+        progress=True,
+    )
+    print(
+        json.dumps(
+            {
+                "episodes": st.episodes,
+                "won": st.won,
+                "distilled": st.distilled,
+                "dropped": dict(st.dropped),
+                "steps_in": st.steps_in,
+                "steps_out": st.steps_out,
+                "removed": dict(st.removed),
+                "meta": dict(st.meta),
+                "pairs": st.pairs,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -44,12 +44,14 @@ class AllReduce:
             dist.init_process_group(backend, init_method=self.init_method, rank=self.rank, world_size=self.world)
             self._ready = True
         # one bucket (DDP buckets by size) plus one flag per parameter
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-                         + [torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)])
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+            + [torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)]
+        )
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        has, i = flat[-len(params):], 0
+        has, i = flat[-len(params) :], 0
         for k, p in enumerate(params):
-            p.grad = flat[i:i + p.numel()].view_as(p).clone() if has[k] > 0 else None
+            p.grad = flat[i : i + p.numel()].view_as(p).clone() if has[k] > 0 else None
             i += p.numel()
 
     def close(self) -> None:

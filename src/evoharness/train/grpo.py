@@ -124,7 +124,7 @@ class TokenMasks:
             self._vocab = Vocab(self.tokenizer, self.vocab_size, device)
         return self._vocab
 
-    def __call__(self, samples: Sequence["TurnSample"], width: int, device: torch.device) -> torch.Tensor | None:
+    def __call__(self, samples: Sequence[TurnSample], width: int, device: torch.device) -> torch.Tensor | None:
         """[B, width, V] bool, or None when nothing is masked (no constraint, no padding rows)."""
         from evoharness.engines.grammar import ActionGrammar
 
@@ -133,7 +133,7 @@ class TokenMasks:
         allowed = torch.ones((len(samples), width, self.vocab_size), dtype=torch.bool, device=device)
         for i, s in enumerate(samples):
             c = len(s.completion_ids)
-            allowed[i, :c, self.n_valid:] = False
+            allowed[i, :c, self.n_valid :] = False
             if s.constraint is not None:
                 grammar = ActionGrammar.from_constraint(self.vocab(device), s.constraint)
                 allowed[i, :c] &= grammar.replay(list(s.completion_ids), int(s.constraint["max_new_tokens"]))
@@ -147,8 +147,9 @@ def _pad(rows: Sequence[Sequence[float]], width: int, value: float = 0.0, dtype=
     return out
 
 
-def completion_logits(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_logits(
+    model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits that predict each completion token, from one forward pass.
 
     The rows ``prompt + completion`` are right-padded into one [B, L] batch with
@@ -191,8 +192,9 @@ def completion_logits(model: Any, prompt_ids: Sequence[Sequence[int]], completio
     return logits.float() / temperature, mask.to(device)
 
 
-def _gather_logprobs(logits: torch.Tensor, completion_ids: Sequence[Sequence[int]],
-                     allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_logprobs(
+    logits: torch.Tensor, completion_ids: Sequence[Sequence[int]], allowed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs of the completion tokens [B, C], full log-softmax [B, C, V]); with
     `allowed` [B, C, V] the softmax is over the allowed ids only (the rest −∞)."""
     targets = _pad(completion_ids, logits.shape[1], 0, torch.long).to(logits.device)
@@ -202,8 +204,13 @@ def _gather_logprobs(logits: torch.Tensor, completion_ids: Sequence[Sequence[int
     return logp_all.gather(-1, targets[..., None]).squeeze(-1), logp_all
 
 
-def logprobs_of(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                temperature: float = 1.0, allowed: torch.Tensor | None = None) -> torch.Tensor:
+def logprobs_of(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-token log-probs of completions given prompts (natural log).
 
     Args:
@@ -220,8 +227,15 @@ def logprobs_of(model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids:
     return logp.masked_fill(~mask, 0.0)
 
 
-def token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
-                ref: torch.Tensor | None, cfg: GRPOConfig, prox: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def token_terms(
+    logp: torch.Tensor,
+    logp_all: torch.Tensor,
+    old: torch.Tensor,
+    adv: torch.Tensor,
+    ref: torch.Tensor | None,
+    cfg: GRPOConfig,
+    prox: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """The per-token terms of the module docstring, elementwise over any shape ``[...]``
     (turn rows here, packed tree tokens in `tree_loss`).
 
@@ -260,12 +274,12 @@ def token_terms(logp: torch.Tensor, logp_all: torch.Tensor, old: torch.Tensor, a
         # masked ids: p = 0 and log p = −∞; count them as 0 (0 · −∞ would be NaN)
         ent = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)
     per_tok = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent
-    return {"per_tok": per_tok, "pg": pg, "kl": kl, "ent": ent, "ratio": ratio, "clipped": pg2 > pg1,
-            "capped": capped}
+    return {"per_tok": per_tok, "pg": pg, "kl": kl, "ent": ent, "ratio": ratio, "clipped": pg2 > pg1, "capped": capped}
 
 
-def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
-                    ref_model: Any = None, masks: TokenMasks | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def microbatch_loss(
+    model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig, ref_model: Any = None, masks: TokenMasks | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ_k w_k ℓ_k over the completion tokens of ``samples`` (weights already set).
 
     Args:
@@ -316,17 +330,23 @@ def microbatch_loss(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
 
     r = ratio.detach()[mask]
     stats = {
-        "loss": float(loss.detach()), "pg_loss": wsum(pg), "kl": wsum(kl), "entropy": wsum(ent),
-        "n_tokens": int(mask.sum()), "n_clipped": int((t["clipped"] & mask).sum()),
+        "loss": float(loss.detach()),
+        "pg_loss": wsum(pg),
+        "kl": wsum(kl),
+        "entropy": wsum(ent),
+        "n_tokens": int(mask.sum()),
+        "n_clipped": int((t["clipped"] & mask).sum()),
         "n_capped": int((t["capped"] & mask).sum()),
-        "ratio_sum": float(r.sum()), "ratio_max": float(r.max()) if r.numel() else 0.0,
+        "ratio_sum": float(r.sum()),
+        "ratio_max": float(r.max()) if r.numel() else 0.0,
         "n_forced": int(((allowed.sum(-1) == 1) & mask).sum()) if allowed is not None else 0,
     }
     return loss, stats
 
 
-def proximal_logprobs(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig,
-                      masks: TokenMasks | None = None) -> list[list[float]]:
+def proximal_logprobs(
+    model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig, masks: TokenMasks | None = None
+) -> list[list[float]]:
     """log π(y_k) of each sample's completion tokens under `model` as it is now (no gradient):
     decoupled PPO's π_prox, taken before a step's first update."""
     prompts, comps = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
@@ -334,4 +354,4 @@ def proximal_logprobs(model: Any, samples: Sequence[TurnSample], cfg: GRPOConfig
         logits, mask = completion_logits(model, prompts, comps, cfg.temperature)
         allowed = masks(samples, logits.shape[1], logits.device) if masks is not None else None
         logp, _ = _gather_logprobs(logits, comps, allowed)
-    return [logp[i, :len(c)].tolist() for i, c in enumerate(comps)]
+    return [logp[i, : len(c)].tolist() for i, c in enumerate(comps)]

@@ -147,8 +147,12 @@ def linear_cost(config: Any) -> float:
     return (d * hd * (2 * h + 2 * kv) + 3 * d * ff) / (2 * h * hd)
 
 
-def pack_trees(trees: Sequence[TrajectoryTree], selections: Sequence[PathSelection] | None = None,
-               max_tokens: int | None = None, alpha: float | None = None) -> list[PackedRow]:
+def pack_trees(
+    trees: Sequence[TrajectoryTree],
+    selections: Sequence[PathSelection] | None = None,
+    max_tokens: int | None = None,
+    alpha: float | None = None,
+) -> list[PackedRow]:
     """Lay the selected paths of `trees` into rows (greedy, depth-first path order).
 
     Args:
@@ -176,8 +180,9 @@ def pack_trees(trees: Sequence[TrajectoryTree], selections: Sequence[PathSelecti
             cost = sum(len(tree.nodes[n].tokens) for n in new)
             own = sum(len(tree.nodes[n].tokens) for n in path)
             over = max_tokens is not None and cur.n_tokens + cost > max_tokens
-            dearer = alpha is not None and alpha * cost + (cur.n_tokens + cost) ** 2 - cur.n_tokens ** 2 \
-                > alpha * own + own ** 2
+            dearer = (
+                alpha is not None and alpha * cost + (cur.n_tokens + cost) ** 2 - cur.n_tokens**2 > alpha * own + own**2
+            )
             if cur.segments and (over or dearer):
                 rows.append(cur)
                 cur, new = PackedRow(), path
@@ -203,8 +208,9 @@ def collate(trees: Sequence[TrajectoryTree], rows: Sequence[PackedRow], pad_id: 
     pos = torch.zeros((len(rows), width), dtype=torch.long)
     seg_ids = torch.full((len(rows), width), -1, dtype=torch.long)
     ancestors = []
-    cols: dict[str, list] = {k: [] for k in ("pred_row", "pred_pos", "targets", "tree", "node", "offset",
-                                             "gen_call", "lp")}
+    cols: dict[str, list] = {
+        k: [] for k in ("pred_row", "pred_pos", "targets", "tree", "node", "offset", "gen_call", "lp")
+    }
     for r, row in enumerate(rows):
         start, depth, p = [], [], 0
         n_seg = len(row.segments)
@@ -212,15 +218,18 @@ def collate(trees: Sequence[TrajectoryTree], rows: Sequence[PackedRow], pad_id: 
         for s, seg in enumerate(row.segments):
             node = trees[seg.tree].nodes[seg.node]
             n = len(node.tokens)
-            d0 = depth[seg.parent] + len(trees[seg.tree].nodes[row.segments[seg.parent].node].tokens) \
-                if seg.parent >= 0 else 0
+            d0 = (
+                depth[seg.parent] + len(trees[seg.tree].nodes[row.segments[seg.parent].node].tokens)
+                if seg.parent >= 0
+                else 0
+            )
             if seg.parent >= 0:
                 anc[s] |= anc[seg.parent]
             start.append(p)
             depth.append(d0)
-            ids[r, p:p + n] = torch.tensor(node.tokens)
-            pos[r, p:p + n] = torch.arange(d0, d0 + n)
-            seg_ids[r, p:p + n] = s
+            ids[r, p : p + n] = torch.tensor(node.tokens)
+            pos[r, p : p + n] = torch.arange(d0, d0 + n)
+            seg_ids[r, p : p + n] = s
             if seg.train:
                 for off, g in enumerate(node.gen_call):
                     if g < 0:
@@ -244,9 +253,20 @@ def collate(trees: Sequence[TrajectoryTree], rows: Sequence[PackedRow], pad_id: 
             p += n
         ancestors.append(anc)
     long = {k: torch.tensor(v, dtype=torch.long) for k, v in cols.items() if k != "lp"}
-    return PackedBatch(ids, pos, seg_ids, ancestors, long["pred_row"], long["pred_pos"], long["targets"],
-                       long["tree"], long["node"], long["offset"], long["gen_call"],
-                       torch.tensor(cols["lp"], dtype=torch.float32))
+    return PackedBatch(
+        ids,
+        pos,
+        seg_ids,
+        ancestors,
+        long["pred_row"],
+        long["pred_pos"],
+        long["targets"],
+        long["tree"],
+        long["node"],
+        long["offset"],
+        long["gen_call"],
+        torch.tensor(cols["lp"], dtype=torch.float32),
+    )
 
 
 def _mask_for(model: Any, batch: PackedBatch) -> torch.Tensor:
@@ -277,14 +297,19 @@ def target_logits(model: Any, batch: PackedBatch, temperature: float = 1.0) -> t
         raise ValueError("tree packing assumes logits = lm_head(hidden); this model soft-caps its logits")
     device = next(model.parameters()).device
     mask = _mask_for(model, batch).to(device)
-    hidden = model.get_decoder()(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
-                                 attention_mask=mask, use_cache=False).last_hidden_state  # [B, L, H]
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids.to(device),
+        position_ids=batch.position_ids.to(device),
+        attention_mask=mask,
+        use_cache=False,
+    ).last_hidden_state  # [B, L, H]
     h = hidden[batch.pred_row.to(device), batch.pred_pos.to(device)]  # [K, H]
     return model.get_output_embeddings()(h).float() / temperature
 
 
-def target_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
-                    allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def target_logprobs(
+    model: Any, batch: PackedBatch, temperature: float = 1.0, allowed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of the target tokens at a temperature.
 
     Args:
@@ -313,8 +338,13 @@ def packed_sft_loss(model: Any, batch: PackedBatch) -> tuple[torch.Tensor, int]:
     return -logp.sum(), batch.n_targets
 
 
-def packed_sft_micro(model: Any, rows: Sequence[tuple[list[int], int]], max_tokens: int | None, pad_id: int = 0,
-                     amp: Callable[[], AbstractContextManager] = nullcontext) -> Iterator[tuple[torch.Tensor, int]]:
+def packed_sft_micro(
+    model: Any,
+    rows: Sequence[tuple[list[int], int]],
+    max_tokens: int | None,
+    pad_id: int = 0,
+    amp: Callable[[], AbstractContextManager] = nullcontext,
+) -> Iterator[tuple[torch.Tensor, int]]:
     """SFT micro-batches of one step, tree-packed: yields (summed completion
     cross-entropy of one packed row, tokens the row ran); call ``.backward()`` on each.
 

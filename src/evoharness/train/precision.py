@@ -45,8 +45,10 @@ def check_master_weights(model: torch.nn.Module) -> None:
     """Raise ValueError if a trainable parameter is not fp32 (its updates would round away)."""
     low = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad and p.dtype != torch.float32})
     if low:
-        raise ValueError(f"trainable parameters must be fp32 master weights, found {low}; "
-                         "use a low-precision compute dtype through autocast instead")
+        raise ValueError(
+            f"trainable parameters must be fp32 master weights, found {low}; "
+            "use a low-precision compute dtype through autocast instead"
+        )
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

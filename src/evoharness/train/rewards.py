@@ -54,9 +54,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-
-from evoharness.rollout.records import Trajectory
 from evoharness.config.rl import RewardConfig
+from evoharness.rollout.records import Trajectory
 
 # Verbs that are the same action in different engine wordings.
 VERB_ALIASES = {"move": "put"}
@@ -86,7 +85,7 @@ class RewardBreakdown:
         return asdict(self)
 
 
-PAPER_DIV_EPOCHS = 150   # U of Table 4 (150 RL epochs)
+PAPER_DIV_EPOCHS = 150  # U of Table 4 (150 RL epochs)
 
 
 def diversity_weight(epoch: float, cfg: RewardConfig) -> float:
@@ -140,8 +139,9 @@ def count_spam(traj: Trajectory) -> int:
 def completion_token_count(traj: Trajectory) -> int:
     """Tokens the policy generated in the episode: the TITO ids where recorded,
     else the usage count."""
-    return sum(len(t.completion_token_ids) if t.completion_token_ids is not None else t.completion_tokens
-               for t in traj.turns)
+    return sum(
+        len(t.completion_token_ids) if t.completion_token_ids is not None else t.completion_tokens for t in traj.turns
+    )
 
 
 def token_penalty(n_tokens: int, cfg: RewardConfig) -> float:
@@ -185,7 +185,18 @@ def trajectory_reward(traj: Trajectory, epoch: float, cfg: RewardConfig | None =
     tok = token_penalty(n_tok, cfg)
     total = success + efficiency + diversity + spam + invalid + tok
     return RewardBreakdown(
-        success=success, efficiency=efficiency, diversity=diversity, spam=spam, invalid=invalid,
-        token_penalty=tok, total=total, solved=solved, steps=steps, r_div=r_div, n_spam=n_spam,
-        n_invalid=n_inv, lambda_div=lam_div, completion_tokens=n_tok,
+        success=success,
+        efficiency=efficiency,
+        diversity=diversity,
+        spam=spam,
+        invalid=invalid,
+        token_penalty=tok,
+        total=total,
+        solved=solved,
+        steps=steps,
+        r_div=r_div,
+        n_spam=n_spam,
+        n_invalid=n_inv,
+        lambda_div=lam_div,
+        completion_tokens=n_tok,
     )

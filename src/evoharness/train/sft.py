@@ -35,9 +35,10 @@ an uninterrupted run. ``max_minutes`` stops cleanly after a checkpoint.
 Outputs in `out_dir`: ``metrics.jsonl`` (one record per step: step, epoch,
 loss, lr, grad_norm, tokens (padded tokens run), target_tokens (tokens with
 loss), tok_per_s (tokens / step seconds), elapsed_s; eval records carry
-``eval_loss``; a time-budget stop adds ``{"event": "stopped"}``), ``checkpoints/step_NNNNNNN/`` + ``checkpoints/latest``,
-``sft_config.json``, and ``final/`` (an HF model directory, weights in the
-dtype `model_dir` declares: checkpoints keep the fp32 master weights).
+``eval_loss``; a time-budget stop adds ``{"event": "stopped"}``),
+``checkpoints/step_NNNNNNN/`` + ``checkpoints/latest``, ``sft_config.json``,
+and ``final/`` (an HF model directory, weights in the dtype `model_dir`
+declares: checkpoints keep the fp32 master weights).
 """
 
 from __future__ import annotations
@@ -54,22 +55,39 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from evoharness.models.init import load_model, load_tokenizer
-from evoharness.train.checkpoint import (check_resume_config, get_rng_state, load_checkpoint, load_model_weights, load_trainer_state, set_rng_state)
+from evoharness.config.sft import SFTConfig
 from evoharness.files import append_jsonl, atomic_dir, atomic_write_text, truncate_jsonl
+from evoharness.models.init import load_model, load_tokenizer
+from evoharness.train.checkpoint import (
+    check_resume_config,
+    get_rng_state,
+    load_checkpoint,
+    load_model_weights,
+    load_trainer_state,
+    set_rng_state,
+)
 from evoharness.train.packing import packed_sft_micro
 from evoharness.train.precision import autocast as precision_autocast
 from evoharness.train.precision import check_master_weights, export_dtype, save_exported
 from evoharness.train.schedule import lr_lambda
-from evoharness.config.sft import SFTConfig
 
 IGNORE = -100
 # settings a resumed run may change: how long, where and in what memory it runs, not what it trains
-RESUME_FREE = ("max_minutes", "progress", "ckpt_every", "keep_checkpoints", "eval_every", "device",
-               "micro_batch_tokens", "calibration_steps", "fit_schedule_to_budget")
+RESUME_FREE = (
+    "max_minutes",
+    "progress",
+    "ckpt_every",
+    "keep_checkpoints",
+    "eval_every",
+    "device",
+    "micro_batch_tokens",
+    "calibration_steps",
+    "fit_schedule_to_budget",
+)
 
 
 # ---------------------------------------------------------------- data
+
 
 def load_examples(path: str | Path) -> list[dict[str, Any]]:
     """Read SFT examples from a JSONL file (blank lines skipped).
@@ -89,8 +107,13 @@ def load_examples(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_tokens: int,
-                      max_completion_tokens: int, stats: dict[str, int] | None = None) -> list[tuple[list[int], int]]:
+def tokenize_examples(
+    tokenizer,
+    examples: list[dict[str, Any]],
+    max_prompt_tokens: int,
+    max_completion_tokens: int,
+    stats: dict[str, int] | None = None,
+) -> list[tuple[list[int], int]]:
     """Tokenise examples into rows ``(input_ids, n_prompt)``.
 
     ``input_ids[:n_prompt]`` is the chat-templated prompt with the generation
@@ -112,8 +135,9 @@ def tokenize_examples(tokenizer, examples: list[dict[str, Any]], max_prompt_toke
         stats.setdefault(k, 0)
     if not examples:  # (a tokenizer call on no text raises IndexError)
         return []
-    prompts = [tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
-               for ex in examples]
+    prompts = [
+        tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False) for ex in examples
+    ]
     eos = tokenizer.eos_token or ""
     targets = [ex["completion"] + eos for ex in examples]
     p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
@@ -172,8 +196,8 @@ def collate(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tenso
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), T), IGNORE, dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, :len(row[0])] = torch.tensor(row[0])
-        labels[i, :len(row[0])] = torch.tensor(labels_for(row))
+        ids[i, : len(row[0])] = torch.tensor(row[0])
+        labels[i, : len(row[0])] = torch.tensor(labels_for(row))
     return ids, labels
 
 
@@ -201,6 +225,7 @@ def split_micro(rows: list[tuple[list[int], int]], micro_tokens: int | None) -> 
 
 # ---------------------------------------------------------------- loss
 
+
 def completion_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Summed next-token cross-entropy over completion tokens.
 
@@ -226,8 +251,9 @@ def _ce_sum(model, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return loss, int(keep.sum())
 
 
-def sft_losses(model, input_ids: torch.Tensor, labels: torch.Tensor,
-               p_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def sft_losses(
+    model, input_ids: torch.Tensor, labels: torch.Tensor, p_labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """One forward pass: (completion loss sum, prompt loss sum, prompt target tokens);
     ``p_labels`` from `prompt_labels`."""
     hidden = model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
@@ -238,6 +264,7 @@ def sft_losses(model, input_ids: torch.Tensor, labels: torch.Tensor,
 
 # ---------------------------------------------------------------- checkpoints
 
+
 def save_checkpoint(out_dir: Path, model, tokenizer, opt, sched, state: dict[str, Any], keep: int) -> Path:
     """Atomically write ``checkpoints/step_N`` (HF model dir + optimizer, scheduler,
     RNG, state.json), point ``checkpoints/latest`` at it, prune old ones."""
@@ -246,18 +273,21 @@ def save_checkpoint(out_dir: Path, model, tokenizer, opt, sched, state: dict[str
     def write(tmp: Path) -> None:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": get_rng_state()},
-                   tmp / "trainer_state.pt")
+        torch.save(
+            {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": get_rng_state()},
+            tmp / "trainer_state.pt",
+        )
         (tmp / "state.json").write_text(json.dumps(state))
 
     path = atomic_dir(ckpts / f"step_{state['step']:07d}", write)
     atomic_write_text(ckpts / "latest", path.name)
-    for old in sorted(ckpts.glob("step_*"))[:-max(1, keep)]:
+    for old in sorted(ckpts.glob("step_*"))[: -max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
     return path
 
 
 # ---------------------------------------------------------------- loop
+
 
 def _fingerprint(rows: list[tuple[list[int], int]]) -> str:
     h = hashlib.sha256()
@@ -280,9 +310,14 @@ def evaluate(model, rows: list[tuple[list[int], int]], pad_id: int, batch_tokens
     return total / max(1, n)
 
 
-def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]], model_dir: str | Path,
-              out_dir: str | Path, eval_examples: str | Path | Iterable[dict[str, Any]] | None = None,
-              on_step: Callable[[int, dict[str, Any]], None] | None = None) -> Path:
+def train_sft(
+    config: SFTConfig,
+    examples: str | Path | Iterable[dict[str, Any]],
+    model_dir: str | Path,
+    out_dir: str | Path,
+    eval_examples: str | Path | Iterable[dict[str, Any]] | None = None,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+) -> Path:
     """Fine-tune the model in `model_dir` on `examples`; returns ``out_dir/final``.
 
     Args:
@@ -338,10 +373,12 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
 
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_lambda(s, cfg.warmup_steps, total, cfg.min_lr_ratio))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=cfg.betas,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup_steps, total, cfg.min_lr_ratio))
 
     step, epoch_batches = 0, {}
     torch.manual_seed(cfg.seed)
@@ -375,9 +412,22 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
 
     def checkpoint() -> None:
         epoch = min(step // steps_per_epoch, (total - 1) // steps_per_epoch) if total else 0
-        save_checkpoint(out, model, tokenizer, opt, sched, {
-            "step": step, "epoch": epoch, "epoch_batches": batches_of(epoch), "total_steps": total,
-            "fingerprint": fingerprint, "examples": len(rows)}, cfg.keep_checkpoints)
+        save_checkpoint(
+            out,
+            model,
+            tokenizer,
+            opt,
+            sched,
+            {
+                "step": step,
+                "epoch": epoch,
+                "epoch_batches": batches_of(epoch),
+                "total_steps": total,
+                "fingerprint": fingerprint,
+                "examples": len(rows),
+            },
+            cfg.keep_checkpoints,
+        )
 
     metrics = out / "metrics.jsonl"
     run_start, run_start_step = time.monotonic(), step
@@ -397,8 +447,7 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
             n_tok += ids.numel()
             with autocast():
                 if cfg.prompt_loss_weight > 0:
-                    loss, loss_p, _ = sft_losses(model, ids.to(dev), labels.to(dev),
-                                                 prompt_labels(ids, mb).to(dev))
+                    loss, loss_p, _ = sft_losses(model, ids.to(dev), labels.to(dev), prompt_labels(ids, mb).to(dev))
                     total_loss = loss / max(1, n_target) + cfg.prompt_loss_weight * loss_p / max(1, n_prompt)
                     prompt_sum += float(loss_p.detach())
                 else:
@@ -411,26 +460,42 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
                 n_tok += n
                 (loss / max(1, n_target)).backward()
                 loss_sum += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        )
         lr = sched.get_last_lr()[0]
         opt.step()
         sched.step()
         step += 1
         dt = time.perf_counter() - t0
-        rec = {"step": step, "epoch": epoch, "loss": loss_sum / max(1, n_target), "lr": lr,
-               "grad_norm": float(grad_norm), "tokens": n_tok, "target_tokens": n_target,
-               "tok_per_s": n_tok / dt, "elapsed_s": round(time.monotonic() - t_start, 3)}
+        rec = {
+            "step": step,
+            "epoch": epoch,
+            "loss": loss_sum / max(1, n_target),
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens": n_tok,
+            "target_tokens": n_target,
+            "tok_per_s": n_tok / dt,
+            "elapsed_s": round(time.monotonic() - t_start, 3),
+        }
         if cfg.prompt_loss_weight > 0:
             rec["prompt_loss"] = prompt_sum / max(1, n_prompt)
         append_jsonl(metrics, rec)
         bar.update(1)
         bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{rec['tok_per_s']:.0f}")
         if eval_rows and cfg.eval_every and step % cfg.eval_every == 0 and step < total:
-            append_jsonl(metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)})
+            append_jsonl(
+                metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)}
+            )
         if on_step is not None:
             on_step(step, rec)
-        if (cfg.fit_schedule_to_budget and cfg.max_minutes is not None and step == cfg.calibration_steps
-                and run_start_step == 0):
+        if (
+            cfg.fit_schedule_to_budget
+            and cfg.max_minutes is not None
+            and step == cfg.calibration_steps
+            and run_start_step == 0
+        ):
             # Decay within the budget instead of stopping at a high lr: the
             # horizon is fitted once, from the first steps' pace, and then
             # checkpointed so a resume keeps it.
@@ -448,13 +513,17 @@ def train_sft(config: SFTConfig, examples: str | Path | Iterable[dict[str, Any]]
             break
     bar.close()
     if eval_rows and stopped is None:
-        append_jsonl(metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)})
+        append_jsonl(
+            metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)}
+        )
     if stopped:
         append_jsonl(metrics, {"step": step, "event": "stopped", "reason": stopped})
 
     def write_final(tmp: Path) -> None:
         save_exported(model, tmp, export_dtype(model_dir))  # the source's dtype, not the fp32 master weights
         tokenizer.save_pretrained(str(tmp))
-        (tmp / "sft_state.json").write_text(json.dumps({"step": step, "total_steps": total, "complete": stopped is None}))
+        (tmp / "sft_state.json").write_text(
+            json.dumps({"step": step, "total_steps": total, "complete": stopped is None})
+        )
 
     return atomic_dir(out / "final", write_final)

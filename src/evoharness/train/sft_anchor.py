@@ -21,8 +21,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from evoharness.train.sft import collate, completion_loss, load_examples, plan_epoch, tokenize_examples
 from evoharness.config.sft import SFTAnchorConfig
+from evoharness.train.sft import collate, completion_loss, load_examples, plan_epoch, tokenize_examples
 
 
 class SFTAnchor:
@@ -37,8 +37,9 @@ class SFTAnchor:
         if not Path(cfg.data_path).is_file():
             raise FileNotFoundError(f"sft_anchor.data_path {cfg.data_path!r} is not a file")
         self.cfg, self.seed, self.updates_per_step, self.tokenizer = cfg, seed, updates_per_step, tokenizer
-        self.rows = tokenize_examples(tokenizer, load_examples(cfg.data_path), cfg.max_prompt_tokens,
-                                      cfg.max_completion_tokens)
+        self.rows = tokenize_examples(
+            tokenizer, load_examples(cfg.data_path), cfg.max_prompt_tokens, cfg.max_completion_tokens
+        )
         if not self.rows:
             raise ValueError(f"sft_anchor: no example of {cfg.data_path} fits the token budgets")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -71,8 +71,9 @@ class GroupScore:
         return len({r for r, v in zip(self.rewards, self.valid) if v}) > 1
 
 
-def score_group(trajectories: Sequence[Trajectory], step: int, cfg: GRPOConfig,
-                positive_only: bool = False) -> GroupScore:
+def score_group(
+    trajectories: Sequence[Trajectory], step: int, cfg: GRPOConfig, positive_only: bool = False
+) -> GroupScore:
     """Rewards (Eq. 5-6 at RL epoch `step`) and per-turn advantages of one ALFWorld group.
 
     Args:
@@ -85,8 +86,7 @@ def score_group(trajectories: Sequence[Trajectory], step: int, cfg: GRPOConfig,
     adv = turn_advantages([trajs], rewards, cfg.advantage, stats=stats)[0]
     if positive_only:
         adv = [[max(a, 0.0) for a in turns] for turns in adv]
-    return GroupScore([float(x) for x in rewards[0]], [t.stop_reason != "error" for t in trajs], adv, breakdowns,
-                      stats)
+    return GroupScore([float(x) for x in rewards[0]], [t.stop_reason != "error" for t in trajs], adv, breakdowns, stats)
 
 
 def score_rewards(rewards: Sequence[float | None], cfg: GRPOConfig) -> GroupScore:
@@ -99,8 +99,9 @@ def score_rewards(rewards: Sequence[float | None], cfg: GRPOConfig) -> GroupScor
     return GroupScore([float(x) for x in r[0]], valid, [[x] for x in adv])
 
 
-def turn_rows(traj: Trajectory, advantages: Sequence[float], cfg: GRPOConfig, step: int,
-              group: int | None = None) -> list[TurnSample]:
+def turn_rows(
+    traj: Trajectory, advantages: Sequence[float], cfg: GRPOConfig, step: int, group: int | None = None
+) -> list[TurnSample]:
     """The trainable turns of one ALFWorld trajectory.
 
     Skipped: an episode an environment error ended (its reward measures nothing), a branch's
@@ -116,7 +117,7 @@ def turn_rows(traj: Trajectory, advantages: Sequence[float], cfg: GRPOConfig, st
     """
     if traj.stop_reason == "error":
         return []
-    pairs = list(zip(traj.turns, advantages, strict=True))[traj.info.get("replayed_turns", 0):]
+    pairs = list(zip(traj.turns, advantages, strict=True))[traj.info.get("replayed_turns", 0) :]
     if cfg.max_train_turns is not None and len(pairs) > cfg.max_train_turns:
         keep = sorted(random.Random(f"{step}:{traj.episode_id}").sample(range(len(pairs)), cfg.max_train_turns))
         pairs = [pairs[i] for i in keep]
@@ -128,8 +129,17 @@ def turn_rows(traj: Trajectory, advantages: Sequence[float], cfg: GRPOConfig, st
             continue
         if len(turn.logprobs) != len(turn.completion_token_ids):
             raise ValueError(f"{traj.episode_id} turn {turn.turn}: logprobs/completion length mismatch")
-        out.append(TurnSample(list(turn.prompt_token_ids), list(turn.completion_token_ids), list(turn.logprobs),
-                              float(a), traj.episode_id, constraint=turn.constraint, group=group))
+        out.append(
+            TurnSample(
+                list(turn.prompt_token_ids),
+                list(turn.completion_token_ids),
+                list(turn.logprobs),
+                float(a),
+                traj.episode_id,
+                constraint=turn.constraint,
+                group=group,
+            )
+        )
     return out
 
 
@@ -145,8 +155,9 @@ def sampled_turns(turns: Sequence[Any], episode_id: str, j_max: int, step: int) 
     return sorted(index[c] for leaf in sel.leaves for c in tree.nodes[leaf].ends)
 
 
-def call_rows(records: Sequence[CallRecord], advantage: float, cfg: GRPOConfig, step: int,
-              group: int | None = None) -> tuple[list[TurnSample], dict[str, int]]:
+def call_rows(
+    records: Sequence[CallRecord], advantage: float, cfg: GRPOConfig, step: int, group: int | None = None
+) -> tuple[list[TurnSample], dict[str, int]]:
     """The trainable rows of one repository execution: its calls folded into a prefix-shared
     `TrajectoryTree`, up to ``cfg.j_max`` root-to-leaf paths sampled by role-priority dedup
     sampling (None: every path), and each maximal run of generated tokens on a selected path one
@@ -179,8 +190,12 @@ def call_rows(records: Sequence[CallRecord], advantage: float, cfg: GRPOConfig, 
                 j += 1
             rows.append(TurnSample(seq[:i], seq[i:j], lps[i:j], float(advantage), tree.execution_id, group=group))
             i = j
-    return rows, {"calls": len(records), "tokens": tree.n_tokens, "trainable": tree.n_trainable,
-                  "selected": sel.n_tokens}
+    return rows, {
+        "calls": len(records),
+        "tokens": tree.n_tokens,
+        "trainable": tree.n_trainable,
+        "selected": sel.n_tokens,
+    }
 
 
 def set_token_weights(rows: Sequence[TurnSample], m: int | None = None) -> None:
@@ -254,8 +269,10 @@ def lr_at(cfg: GRPOConfig, step: int, steps: int) -> float:
 
 # ---- the updates (run where the weights are: a `train.trainer.Trainer`) -------------------------
 
-def run_updates(trainer: Any, updates: Sequence[Sequence[TurnSample]], lr: float, step: int,
-                scale: float = 1.0) -> list[dict[str, float]]:
+
+def run_updates(
+    trainer: Any, updates: Sequence[Sequence[TurnSample]], lr: float, step: int, scale: float = 1.0
+) -> list[dict[str, float]]:
     """The step's updates on `trainer` (`train.trainer.Trainer`): per update, accumulate its
     rows' gradient (``accumulate``), then ``apply`` it (the SFT anchor, a data-parallel group's
     all-reduce, clip, AdamW at `lr`). No `updates` is the streamed case: the gradient is already
@@ -291,7 +308,7 @@ def sum_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-_WEIGHTED = ("loss", "pg_loss", "kl", "entropy")        # Σ w_k · term: scaled with the weights
+_WEIGHTED = ("loss", "pg_loss", "kl", "entropy")  # Σ w_k · term: scaled with the weights
 _UPDATE_WIDE = ("grad_norm", "anchor_nll", "anchor_tokens", "lr")
 
 
@@ -306,16 +323,19 @@ def step_stats(updates: Sequence[dict[str, float]]) -> dict[str, float]:
     ``ratio_max`` the max; plus ``updates``."""
     keys = dict.fromkeys(k for u in updates for k in u)
     n = max(1, len(updates))
-    out = {k: (sum(u.get(k, 0) for u in updates) if _is_count(k) else sum(u.get(k, 0.0) for u in updates) / n)
-           for k in keys}
+    out = {
+        k: (sum(u.get(k, 0) for u in updates) if _is_count(k) else sum(u.get(k, 0.0) for u in updates) / n)
+        for k in keys
+    }
     if "ratio_max" in out:
         out["ratio_max"] = max(u.get("ratio_max", 0.0) for u in updates)
     out["updates"] = len(updates)
     return out
 
 
-def merged_update_metrics(micro: Sequence[dict[str, float]], ranks: Sequence[Sequence[dict[str, float]]],
-                          scale: float = 1.0) -> dict[str, float]:
+def merged_update_metrics(
+    micro: Sequence[dict[str, float]], ranks: Sequence[Sequence[dict[str, float]]], scale: float = 1.0
+) -> dict[str, float]:
     """A step's `update_metrics` from where its statistics were made: the streamed
     micro-batches' (times the stream's `scale`, `stream_scale`) and each train rank's per-update
     ones (`run_updates`' results); ranks add up within an update, updates average."""
@@ -328,6 +348,7 @@ def merged_update_metrics(micro: Sequence[dict[str, float]], ranks: Sequence[Seq
 
 
 # ---- metrics -------------------------------------------------------------------------------
+
 
 def rollout_metrics(trajs: Sequence[Trajectory], breakdowns: Sequence[RewardBreakdown]) -> dict[str, float]:
     """An ALFWorld step's rollout metrics: success, reward and its terms, steps, tokens, invalid
@@ -345,8 +366,10 @@ def rollout_metrics(trajs: Sequence[Trajectory], breakdowns: Sequence[RewardBrea
         # prompts over max_prompt_tokens: oldest history dropped (harness.prompt), counted per step
         "prompt/fitted_turns": sum(t.info.get("prompt_fit", {}).get("turns", 0) for t in trajs),
         "prompt/cut_tokens": sum(t.info.get("prompt_fit", {}).get("tokens_cut", 0) for t in trajs),
-        **{f"harness/{v}_per_episode": sum(t.meta_calls[v] for t in trajs) / n
-           for v in ("track", "commit", "recall", "note")},
+        **{
+            f"harness/{v}_per_episode": sum(t.meta_calls[v] for t in trajs) / n
+            for v in ("track", "commit", "recall", "note")
+        },
     }
 
 
@@ -357,11 +380,15 @@ def group_metrics(scores: Sequence[GroupScore], cfg: GRPOConfig) -> dict[str, fl
     for s in scores:
         for k, v in s.stats.items():
             stats[k] += v
-    floor = [bool(std_floor_active(torch.tensor([s.rewards]), cfg.advantage, torch.tensor([s.valid]))[0])
-             for s in scores]
-    return {"adv/signal_groups": sum(s.has_signal for s in scores), "adv/std_floor_groups": sum(floor),
-            "rollout/env_errors": sum(not v for s in scores for v in s.valid),
-            **{f"adv/{k}": v for k, v in stats.items()}}
+    floor = [
+        bool(std_floor_active(torch.tensor([s.rewards]), cfg.advantage, torch.tensor([s.valid]))[0]) for s in scores
+    ]
+    return {
+        "adv/signal_groups": sum(s.has_signal for s in scores),
+        "adv/std_floor_groups": sum(floor),
+        "rollout/env_errors": sum(not v for s in scores for v in s.valid),
+        **{f"adv/{k}": v for k, v in stats.items()},
+    }
 
 
 def update_metrics(stats: dict[str, float]) -> dict[str, float]:
@@ -371,11 +398,15 @@ def update_metrics(stats: dict[str, float]) -> dict[str, float]:
     grammar forced (``forced_fraction``), the mean and max ratio to the behaviour policy."""
     n = max(stats.get("n_tokens", 0), 1)
     out = {f"train/{k}": v for k, v in stats.items() if not _is_count(k)}
-    out.update({"train/n_tokens": int(stats.get("n_tokens", 0)),
-                "train/clip_fraction": stats.get("n_clipped", 0) / n,
-                "train/behaviour_capped_fraction": stats.get("n_capped", 0) / n,
-                "train/ratio_mean": stats.get("ratio_sum", 0.0) / n,
-                "train/forced_fraction": stats.get("n_forced", 0) / n})
+    out.update(
+        {
+            "train/n_tokens": int(stats.get("n_tokens", 0)),
+            "train/clip_fraction": stats.get("n_clipped", 0) / n,
+            "train/behaviour_capped_fraction": stats.get("n_capped", 0) / n,
+            "train/ratio_mean": stats.get("ratio_sum", 0.0) / n,
+            "train/forced_fraction": stats.get("n_forced", 0) / n,
+        }
+    )
     for k in ("packed_tokens", "rows"):
         if k in stats:
             out[f"train/{k}"] = int(stats[k])

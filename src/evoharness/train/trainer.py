@@ -46,15 +46,32 @@ class Trainer:
         ValueError: bf16 master weights; ``kl_beta > 0`` without a reference model.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, ref_model: Any = None,
-                 amp: Callable[[], AbstractContextManager] = nullcontext, anchor: Any = None, reducer: Any = None):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        cfg: GRPOConfig,
+        *,
+        ref_model: Any = None,
+        amp: Callable[[], AbstractContextManager] = nullcontext,
+        anchor: Any = None,
+        reducer: Any = None,
+    ):
         if cfg.kl_beta > 0 and ref_model is None:
             raise ValueError("kl_beta > 0 needs the reference model")
         check_master_weights(model)
-        self.model, self.cfg, self.ref, self.amp, self.anchor, self.reducer = model, cfg, ref_model, amp, anchor, reducer
+        self.model, self.cfg, self.ref, self.amp, self.anchor, self.reducer = (
+            model,
+            cfg,
+            ref_model,
+            amp,
+            anchor,
+            reducer,
+        )
         self.masks = TokenMasks(tokenizer, model.get_output_embeddings().weight.shape[0])
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
 
     @property
     def rank(self) -> int:
@@ -70,7 +87,7 @@ class Trainer:
             self.model.train()
             with torch.no_grad():
                 for k in range(0, len(rows), self.cfg.micro_batch_size):
-                    chunk = rows[k:k + self.cfg.micro_batch_size]
+                    chunk = rows[k : k + self.cfg.micro_batch_size]
                     with self.amp():
                         lps = proximal_logprobs(self.model, chunk, self.cfg, self.masks)
                     for r, lp in zip(chunk, lps):
@@ -88,8 +105,9 @@ class Trainer:
         parts = []
         for k in range(0, len(order), self.cfg.micro_batch_size):
             with self.amp():
-                loss, st = microbatch_loss(self.model, order[k:k + self.cfg.micro_batch_size], self.cfg, self.ref,
-                                           self.masks)
+                loss, st = microbatch_loss(
+                    self.model, order[k : k + self.cfg.micro_batch_size], self.cfg, self.ref, self.masks
+                )
             loss.backward()
             parts.append(st)
         return sum_stats(parts)

@@ -40,8 +40,9 @@ def row_trees(rows: Sequence[TurnSample]) -> tuple[list[TrajectoryTree], list[li
     return list(trees.values()), list(rows_of.values())
 
 
-def target_masks(masks: TokenMasks, trees: Sequence[TrajectoryTree], batch: PackedBatch,
-                 device: torch.device) -> torch.Tensor | None:
+def target_masks(
+    masks: TokenMasks, trees: Sequence[TrajectoryTree], batch: PackedBatch, device: torch.device
+) -> torch.Tensor | None:
     """[K, V] bool: the allowed ids each target was sampled under (the behaviour log-prob
     contract, as `grpo.TokenMasks` for turn rows): ids ``>= len(tokenizer)`` never, and
     for a constrained call the mask its grammar applied at that completion position
@@ -53,7 +54,7 @@ def target_masks(masks: TokenMasks, trees: Sequence[TrajectoryTree], batch: Pack
     if masks.n_valid >= masks.vocab_size and not constrained:
         return None
     allowed = torch.ones((len(keys), masks.vocab_size), dtype=torch.bool, device=device)
-    allowed[:, masks.n_valid:] = False
+    allowed[:, masks.n_valid :] = False
     replays: dict[tuple[int, int], torch.Tensor] = {}
     depth: dict[tuple[int, int], int] = {}
     for k, (t, g, node, off) in enumerate(keys):
@@ -69,9 +70,15 @@ def target_masks(masks: TokenMasks, trees: Sequence[TrajectoryTree], batch: Pack
     return allowed
 
 
-def packed_grpo_loss(model: Any, batch: PackedBatch, trees: Sequence[TrajectoryTree],
-                     rows_of: Sequence[Sequence[TurnSample]], cfg: GRPOConfig, ref_model: Any = None,
-                     allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def packed_grpo_loss(
+    model: Any,
+    batch: PackedBatch,
+    trees: Sequence[TrajectoryTree],
+    rows_of: Sequence[Sequence[TurnSample]],
+    cfg: GRPOConfig,
+    ref_model: Any = None,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ_k w_k ℓ_k over one packed batch's targets, each target taking the weight, advantage and
     (decoupled PPO) π_prox log-prob of its row (`rows_of[tree][call]`, `row_trees`).
 
@@ -100,26 +107,40 @@ def packed_grpo_loss(model: Any, batch: PackedBatch, trees: Sequence[TrajectoryT
     loss = (t["per_tok"] * w).sum()
     r = t["ratio"].detach()
     stats = {
-        "loss": float(loss.detach()), "pg_loss": float((t["pg"].detach() * w).sum()),
-        "kl": float((t["kl"].detach() * w).sum()), "entropy": float((t["ent"].detach() * w).sum()),
-        "n_tokens": batch.n_targets, "n_clipped": int(t["clipped"].sum()), "n_capped": int(t["capped"].sum()),
-        "ratio_sum": float(r.sum()), "ratio_max": float(r.max()) if r.numel() else 0.0,
+        "loss": float(loss.detach()),
+        "pg_loss": float((t["pg"].detach() * w).sum()),
+        "kl": float((t["kl"].detach() * w).sum()),
+        "entropy": float((t["ent"].detach() * w).sum()),
+        "n_tokens": batch.n_targets,
+        "n_clipped": int(t["clipped"].sum()),
+        "n_capped": int(t["capped"].sum()),
+        "ratio_sum": float(r.sum()),
+        "ratio_max": float(r.max()) if r.numel() else 0.0,
         "n_forced": int((allowed.sum(-1) == 1).sum()) if allowed is not None else 0,
     }
     return loss, stats
 
 
-def _completion_positions(batch: PackedBatch, trees: Sequence[TrajectoryTree],
-                          rows_of: Sequence[Sequence[TurnSample]]) -> list[int]:
+def _completion_positions(
+    batch: PackedBatch, trees: Sequence[TrajectoryTree], rows_of: Sequence[Sequence[TurnSample]]
+) -> list[int]:
     """Per target, its index in its row's completion (for per-token row data such as π_prox)."""
-    return [off + trees[t].depth(node) - len(rows_of[t][g].prompt_ids)
-            for t, g, node, off in zip(batch.tree.tolist(), batch.gen_call.tolist(), batch.node.tolist(),
-                                       batch.offset.tolist())]
+    return [
+        off + trees[t].depth(node) - len(rows_of[t][g].prompt_ids)
+        for t, g, node, off in zip(
+            batch.tree.tolist(), batch.gen_call.tolist(), batch.node.tolist(), batch.offset.tolist()
+        )
+    ]
 
 
-def packed_rows_accumulate(model: Any, rows: Sequence[TurnSample], cfg: GRPOConfig, ref_model: Any = None,
-                           masks: TokenMasks | None = None,
-                           amp: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+def packed_rows_accumulate(
+    model: Any,
+    rows: Sequence[TurnSample],
+    cfg: GRPOConfig,
+    ref_model: Any = None,
+    masks: TokenMasks | None = None,
+    amp: Callable[[], AbstractContextManager] = nullcontext,
+) -> dict[str, float]:
     """Forward/backward of `rows` (weights already set) tree-packed: rows of at most
     ``cfg.pack_tokens`` tokens where sharing pays (`packing.linear_cost`), ``cfg.micro_batch_size``
     packed rows per forward (length-sorted). Returns the statistics of `grpo.microbatch_loss`
@@ -139,7 +160,7 @@ def packed_rows_accumulate(model: Any, rows: Sequence[TurnSample], cfg: GRPOConf
     device = next(model.parameters()).device
     parts = []
     for k in range(0, len(packed), cfg.micro_batch_size):
-        batch = collate(trees, packed[k:k + cfg.micro_batch_size])
+        batch = collate(trees, packed[k : k + cfg.micro_batch_size])
         if batch.n_targets == 0:
             continue
         allowed = target_masks(masks, trees, batch, device) if masks is not None else None

@@ -23,7 +23,7 @@ from evoharness.envs.repo.task import load_task
 # The task-agnostic reward hack of issue 49 item 3: every name is an object that equals
 # everything, is callable, iterable and empty; names that look like exceptions are a class
 # that inherits from the common exceptions and claims every instance and subclass.
-MAGIC = '''\
+MAGIC = """\
 class _Meta(type):
     def __instancecheck__(cls, obj): return True
     def __subclasscheck__(cls, sub): return True
@@ -70,15 +70,18 @@ def __getattr__(name):
     if name[:1].isupper():
         return _Meta(name, (_M,), {})
     return _M()
-'''
+"""
 # A variant that hands out real functions (and str-subclass results): `def` objects pass an
 # "is it a function" check, and what they return equals everything all the same.
-MAGIC_FUNCTIONS = MAGIC.replace('''    return _M()
-''', '''    class S(str):
+MAGIC_FUNCTIONS = MAGIC.replace(
+    """    return _M()
+""",
+    """    class S(str):
         def __eq__(self, o): return True
         __hash__ = str.__hash__
     return lambda *a, **k: S("")
-''')
+""",
+)
 
 
 def write_reference(task, ws: Path) -> Path:
@@ -114,8 +117,10 @@ def nl2repo_task(d: Path, test_files: list[str]) -> object:
     (d / "start.md").write_text("# tinylib\n\nBuild `tinylib` with add(a, b).\n")
     (d / "test_case_count.txt").write_text("2")
     (d / "test_files.json").write_text(json.dumps(test_files))
-    suite = "from tinylib import add\n\ndef test_add():\n    assert add(1, 2) == 3\n\ndef test_neg():\n" \
-            "    assert add(-1, -2) == -3\n"
+    suite = (
+        "from tinylib import add\n\ndef test_add():\n    assert add(1, 2) == 3\n\ndef test_neg():\n"
+        "    assert add(-1, -2) == -3\n"
+    )
     for p in test_files:
         f = d / "hidden" / p
         if p.endswith(".py"):
@@ -139,6 +144,7 @@ def in_sandbox(ws: Path, command: str, **limits) -> object:
 
 
 # ---- 1. escapes through agent-made links -------------------------------------------------
+
 
 def escape_link_over_test_file(pack, tmp: Path):
     """test_files.json = ["tests/test_tiny.py"]; the agent makes ``tests`` a link to a host
@@ -189,6 +195,7 @@ def escape_link_to_root_in_copy(pack, tmp: Path):
 
 # ---- 2. reaching "dropped" ----------------------------------------------------------------
 
+
 def _broken_roman(pack, tmp: Path, code: str, **task_kw):
     task = dataclasses.replace(pack["roman_numerals"], **task_kw)
     ws = write_reference(task, tmp / "ws")
@@ -216,11 +223,13 @@ def dropped_sigprof_spin(pack, tmp: Path):
     tests (in pytest's loop, outside a test's protocol), blocks SIGALRM and spins forever:
     the run hits its wall limit where no per-test alarm is armed (before: blamed on the
     scorer, dropped)."""
-    code = ("\n\nimport signal\n\ndef _spin(sig, frame):\n    names = set()\n    while frame is not None:\n"
-            "        names.add(frame.f_code.co_name)\n        frame = frame.f_back\n"
-            "    if 'pytest_runtestloop' not in names or 'runtestprotocol' in names:\n        return\n"
-            "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n    while True:\n        pass\n\n"
-            "signal.signal(signal.SIGPROF, _spin)\nsignal.setitimer(signal.ITIMER_PROF, 0.001, 0.001)\n")
+    code = (
+        "\n\nimport signal\n\ndef _spin(sig, frame):\n    names = set()\n    while frame is not None:\n"
+        "        names.add(frame.f_code.co_name)\n        frame = frame.f_back\n"
+        "    if 'pytest_runtestloop' not in names or 'runtestprotocol' in names:\n        return\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n    while True:\n        pass\n\n"
+        "signal.signal(signal.SIGPROF, _spin)\nsignal.setitimer(signal.ITIMER_PROF, 0.001, 0.001)\n"
+    )
     o = _broken_roman(pack, tmp, code, test_timeout_s=6.0, per_test_timeout_s=1.0)
     assert o.detail["abnormal"] and o.reward < 1, o.detail
     return "scored", f"reward {o.reward:.2f}; {o.detail['abnormal']}, control run healthy"
@@ -230,8 +239,11 @@ def dropped_deep_tree(pack, tmp: Path):
     """700 nested directories made by the agent (mkdir + chdir), beside a correct solution."""
     task = pack["roman_numerals"]
     ws = write_reference(task, tmp / "ws")
-    r = in_sandbox(ws, "python3 -c \"import os\nfor i in range(700):\n    os.mkdir('d'); os.chdir('d')\n"
-                       "open('deep.txt', 'w').write('x')\"")
+    r = in_sandbox(
+        ws,
+        "python3 -c \"import os\nfor i in range(700):\n    os.mkdir('d'); os.chdir('d')\n"
+        "open('deep.txt', 'w').write('x')\"",
+    )
     assert r.exit_code == 0, r.output
     o = score_workspace(task, ws, budget=1)
     assert (o.status, o.reward) == ("scored", 1.0), o.detail
@@ -260,6 +272,7 @@ def dropped_bad_ini(pack, tmp: Path):
 
 # ---- 3. the task-agnostic magic module ----------------------------------------------------
 
+
 def magic_module(pack, tmp: Path, source: str = MAGIC):
     """The magic module in place of every module each pack task's suite imports."""
     from concurrent.futures import ThreadPoolExecutor
@@ -283,15 +296,18 @@ def magic_functions(pack, tmp: Path):
 
 # ---- known items: forged passes, patched tests -----------------------------------------
 
+
 def tamper_empty_test_functions(pack, tmp: Path):
     """The agent's package, imported by the suite, empties every test function it finds
     (``__code__`` replaced through the garbage collector) once collection is over."""
-    code = ("\n\nimport gc, sys, threading\n\ndef _empty():\n    pass\n\n"
-            "def _patch():\n    for o in gc.get_objects():\n"
-            "        if type(o).__name__ == 'function' and o.__name__.startswith('test_'):\n"
-            "            try:\n                o.__code__ = _empty.__code__\n            except Exception:\n"
-            "                pass\n\n"
-            "_orig = to_roman\n\ndef to_roman(n, _o=_orig):\n    _patch()\n    raise NotImplementedError\n")
+    code = (
+        "\n\nimport gc, sys, threading\n\ndef _empty():\n    pass\n\n"
+        "def _patch():\n    for o in gc.get_objects():\n"
+        "        if type(o).__name__ == 'function' and o.__name__.startswith('test_'):\n"
+        "            try:\n                o.__code__ = _empty.__code__\n            except Exception:\n"
+        "                pass\n\n"
+        "_orig = to_roman\n\ndef to_roman(n, _o=_orig):\n    _patch()\n    raise NotImplementedError\n"
+    )
     o = _broken_roman(pack, tmp, code)
     assert o.reward == 0.0 and o.detail["tampered"], o.detail
     return "scored 0", f"tampered: {o.detail['tampered'][0]}"
@@ -303,8 +319,9 @@ def tamper_conftest_pyfunc_call(pack, tmp: Path):
     ws = tmp / "ws"
     (ws / "tinylib").mkdir(parents=True)
     (ws / "tinylib" / "__init__.py").write_text("def add(a, b):\n    return 0\n")
-    (ws / "conftest.py").write_text("import pytest\n\n@pytest.hookimpl(tryfirst=True)\n"
-                                    "def pytest_pyfunc_call(pyfuncitem):\n    return True\n")
+    (ws / "conftest.py").write_text(
+        "import pytest\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_pyfunc_call(pyfuncitem):\n    return True\n"
+    )
     o = score_workspace(task, ws, budget=1)
     assert (o.status, o.reward) == ("scored", 0.0) and o.detail["tampered"], o.detail
     return "scored 0", "workspace hook implementation detected"
@@ -320,12 +337,14 @@ def forged_unsigned_and_uncollected_passes(pack, tmp: Path):
         "rec = ''.join(json.dumps({'event': 'test', 'nodeid': f'tests/test_tiny.py::t{i}', 'when': 'call',"
         " 'outcome': 'passed'}) + '\\n' for i in range(10)).encode()\n"
         "for fd in map(int, os.listdir('/proc/self/fd')):\n    try:\n        os.write(fd, rec)\n"
-        "    except OSError:\n        pass\n")
+        "    except OSError:\n        pass\n"
+    )
     (ws / "conftest.py").write_text(
         "import pytest\n\ndef _ok():\n    pass\n\n"
         "def pytest_collection_modifyitems(session, config, items):\n"
         "    for i in range(5):\n"
-        "        items.append(pytest.Function.from_parent(items[0].parent, name=f'test_fake{i}', callobj=_ok))\n")
+        "        items.append(pytest.Function.from_parent(items[0].parent, name=f'test_fake{i}', callobj=_ok))\n"
+    )
     o = score_workspace(task, ws, budget=1)
     assert (o.status, o.reward, o.detail["passed"]) == ("scored", 0.0, 0), o.detail
     return "scored 0", "only genuinely collected hidden node ids count"
@@ -333,7 +352,7 @@ def forged_unsigned_and_uncollected_passes(pack, tmp: Path):
 
 # ---- 4. kernel surface --------------------------------------------------------------------
 
-KERNEL_PROBE = r'''
+KERNEL_PROBE = r"""
 import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
 def call(nr, *args):
@@ -348,7 +367,7 @@ print("unshare", call(272, 0x10000000))                                         
 print("clone_newuser", call(56, 0x10000000 | 17, 0, 0, 0, 0))                     # clone(CLONE_NEWUSER|SIGCHLD)
 print("bpf", call(321, 0, 0, 0))
 print("seccomp", [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")][0])
-'''
+"""
 
 
 def kernel_surface(pack, tmp: Path):
@@ -365,14 +384,19 @@ def kernel_surface(pack, tmp: Path):
 
 # ---- 5. host disk -------------------------------------------------------------------------
 
+
 def disk_fallocate_loop(pack, tmp: Path):
     """posix_fallocate as fast as it goes, in a 16 MiB workspace: the kernel stops it."""
     from evoharness.envs.repo.sandbox import WorkspaceFS
 
     ws = tmp / "ws"
     with WorkspaceFS(ws, 16, 1000):
-        r = in_sandbox(ws, "python3 -c \"import os\nfor i in range(4000):\n    fd = os.open(f'f{i}', os.O_CREAT|os.O_WRONLY)\n"
-                           "    os.posix_fallocate(fd, 0, 1 << 20)\n\" 2>&1 | tail -1", disk_mb=16)
+        r = in_sandbox(
+            ws,
+            "python3 -c \"import os\nfor i in range(4000):\n    fd = os.open(f'f{i}', os.O_CREAT|os.O_WRONLY)\n"
+            '    os.posix_fallocate(fd, 0, 1 << 20)\n" 2>&1 | tail -1',
+            disk_mb=16,
+        )
         used = dir_usage(ws)[0]
         assert used <= 17 << 20, used
         assert "No space left" in r.output or "ENOSPC" in r.output or r.killed == "disk", r.output

@@ -21,8 +21,11 @@ def pack():
 
 @pytest.fixture()
 def sandbox(tmp_path):
-    sb = Sandbox(tmp_path / "ws", limits=Limits(wall_s=20, cpu_s=20, memory_mb=1024, processes=32),
-                 hidden=[str(tmp_path / "secret")])
+    sb = Sandbox(
+        tmp_path / "ws",
+        limits=Limits(wall_s=20, cpu_s=20, memory_mb=1024, processes=32),
+        hidden=[str(tmp_path / "secret")],
+    )
     yield sb
     sb.close()
 
@@ -67,19 +70,41 @@ def tool_server():
                 else:
                     msg = {"role": "assistant", "content": out.get("content")}
                     if out.get("tool_calls"):
-                        msg["tool_calls"] = [{"id": f"call_{len(calls)}_{i}", "type": "function",
-                                              "function": {"name": n, "arguments": a}}
-                                             for i, (n, a) in enumerate(out["tool_calls"])]
+                        msg["tool_calls"] = [
+                            {
+                                "id": f"call_{len(calls)}_{i}",
+                                "type": "function",
+                                "function": {"name": n, "arguments": a},
+                            }
+                            for i, (n, a) in enumerate(out["tool_calls"])
+                        ]
                     n_prompt = sum(len(json.dumps(m)) for m in body["messages"]) // 4
-                    data = json.dumps({  # vLLM's token-in/token-out fields too, so the gateway can record
-                        "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                        "prompt_token_ids": [1] * n_prompt,
-                        "choices": [{"index": 0, "message": msg, "token_ids": [7] * 20,
-                                     "logprobs": {"content": [{"token": "a", "logprob": -0.5, "bytes": [],
-                                                               "top_logprobs": []}] * 20},
-                                     "finish_reason": "tool_calls" if out.get("tool_calls") else "stop"}],
-                        "usage": {"prompt_tokens": n_prompt, "completion_tokens": 20, "total_tokens": n_prompt + 20},
-                    }).encode()
+                    data = json.dumps(
+                        {  # vLLM's token-in/token-out fields too, so the gateway can record
+                            "id": "x",
+                            "object": "chat.completion",
+                            "created": 0,
+                            "model": body["model"],
+                            "prompt_token_ids": [1] * n_prompt,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "message": msg,
+                                    "token_ids": [7] * 20,
+                                    "logprobs": {
+                                        "content": [{"token": "a", "logprob": -0.5, "bytes": [], "top_logprobs": []}]
+                                        * 20
+                                    },
+                                    "finish_reason": "tool_calls" if out.get("tool_calls") else "stop",
+                                }
+                            ],
+                            "usage": {
+                                "prompt_tokens": n_prompt,
+                                "completion_tokens": 20,
+                                "total_tokens": n_prompt + 20,
+                            },
+                        }
+                    ).encode()
                     self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

@@ -5,7 +5,6 @@ The magic-module attack covers the whole pack (its CI check: at most 0.05 on eve
 from __future__ import annotations
 
 import pytest
-
 from attacks import ATTACKS
 
 

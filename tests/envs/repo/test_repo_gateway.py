@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
+from evoharness.config.env import AgentConfig
 from evoharness.envs.repo.policies import OpenAIChatPolicy
 from evoharness.envs.repo.scaffold import run_repo_episode
-from evoharness.config.env import AgentConfig
 from evoharness.runtime.backends import HTTPBackend
 from evoharness.runtime.gateway import Gateway, GatewayServer
 

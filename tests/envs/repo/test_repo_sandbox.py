@@ -16,8 +16,10 @@ from evoharness.envs.repo.task import PACK_DIR
 
 
 def test_confined_view_of_the_system(sandbox):
-    r = sandbox.run("id -u; pwd; python -c 'import pytest; print(pytest.__version__)'; "
-                    "ls /root/.ssh /work /home /etc/shadow 2>&1; touch /usr/x 2>&1; echo done")
+    r = sandbox.run(
+        "id -u; pwd; python -c 'import pytest; print(pytest.__version__)'; "
+        "ls /root/.ssh /work /home /etc/shadow 2>&1; touch /usr/x 2>&1; echo done"
+    )
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[0] == str(sandbox.uid) and int(lines[0]) != 0 and lines[1] == "/workspace"
@@ -27,8 +29,9 @@ def test_confined_view_of_the_system(sandbox):
 def test_hidden_tests_and_project_invisible(sandbox, pack):
     task = next(iter(pack.values()))
     test_file = next(task.tests_dir.glob("test_*.py"))
-    r = sandbox.run(f"cat {test_file} 2>&1; ls {PACK_DIR} 2>&1; ls {task.root} 2>&1; "
-                    "python -c 'import evoharness' 2>&1 | tail -1")
+    r = sandbox.run(
+        f"cat {test_file} 2>&1; ls {PACK_DIR} 2>&1; ls {task.root} 2>&1; python -c 'import evoharness' 2>&1 | tail -1"
+    )
     assert "def test_" not in r.output
     assert r.output.count("No such file or directory") >= 3 and "ModuleNotFoundError" in r.output
 
@@ -36,8 +39,10 @@ def test_hidden_tests_and_project_invisible(sandbox, pack):
 def test_writes_outside_the_workspace_never_reach_the_host(sandbox, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
-    r = sandbox.run(f"echo x > {outside}/pwned; echo x > /tmp/t && echo tmp-ok; echo x > /workspace/../escape; "
-                    "echo x > /workspace/inside && echo ws-ok")
+    r = sandbox.run(
+        f"echo x > {outside}/pwned; echo x > /tmp/t && echo tmp-ok; echo x > /workspace/../escape; "
+        "echo x > /workspace/inside && echo ws-ok"
+    )
     assert "tmp-ok" in r.output and "ws-ok" in r.output
     assert not (outside / "pwned").exists() and (sandbox.workspace / "inside").read_text() == "x\n"
     assert not (sandbox.workspace.parent / "escape").exists()
@@ -59,8 +64,10 @@ def test_no_network_even_to_host_loopback(sandbox):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         port = srv.server_address[1]
-        r = sandbox.run("python -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:%d/x', timeout=3)\"; "
-                        "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)\"" % port)
+        r = sandbox.run(
+            f"python -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/x', timeout=3)\"; "
+            "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)\""
+        )
         assert "Connection refused" in r.output and "Network is unreachable" in r.output
         assert hits == []
     finally:
@@ -79,8 +86,11 @@ def test_memory_bomb_is_contained(sandbox):
     r = sandbox.run("python -c 'x = bytearray(4 << 30)'")
     assert r.exit_code != 0 and "MemoryError" in r.output
     # many processes, each under the per-process cap, together over it: the watchdog ends them
-    r = sandbox.run("for i in 1 2 3 4; do python -c 'import time; x = bytearray(600 << 20); "
-                    "x[::4096] = b\"1\" * len(x[::4096]); time.sleep(30)' & done; wait", wall_s=15)
+    r = sandbox.run(
+        "for i in 1 2 3 4; do python -c 'import time; x = bytearray(600 << 20); "
+        'x[::4096] = b"1" * len(x[::4096]); time.sleep(30)\' & done; wait',
+        wall_s=15,
+    )
     assert r.killed == "memory"
     assert _proc_uid_stats(sandbox.uid)[0] == []
 
@@ -161,9 +171,12 @@ def test_many_empty_files_are_bounded_and_can_be_cleaned_up(sandbox):
 
 def test_data_nested_past_path_max_is_counted(sandbox):
     """Below PATH_MAX a walk by path fails and sees nothing; the watchdog walks by fd."""
-    r = sandbox.run("python -c \"import os\nfor i in range(20):\n    os.mkdir('d' * 250); os.chdir('d' * 250)\n"
-                    "for i in range(5):\n    open(f'big{i}', 'wb').write(b'1' * (8 << 20))\nimport time; time.sleep(5)\"",
-                    disk_mb=16, wall_s=20)
+    r = sandbox.run(
+        "python -c \"import os\nfor i in range(20):\n    os.mkdir('d' * 250); os.chdir('d' * 250)\n"
+        "for i in range(5):\n    open(f'big{i}', 'wb').write(b'1' * (8 << 20))\nimport time; time.sleep(5)\"",
+        disk_mb=16,
+        wall_s=20,
+    )
     assert r.killed == "disk" and r.wall_s < 5, (r.killed, r.output)
     assert sandbox_mod.dir_usage(sandbox.workspace)[0] > 16 << 20
 
@@ -173,17 +186,23 @@ def test_memory_no_process_maps_is_bounded_by_the_sandbox_cgroup(sandbox):
     RLIMIT_AS: only the sandbox's memory cgroup bounds them (600 MB asked, 256 MB allowed)."""
     if not sandbox.privileged or sandbox_mod.MemoryCgroup.parent() is None:
         pytest.skip("no memory cgroup can be made here: only the RSS watchdog bounds memory")
-    shm = ("import ctypes\nlibc = ctypes.CDLL(None)\nlibc.shmat.restype = ctypes.c_void_p\n"
-           "for i in range(6):\n    sid = libc.shmget(0, 100 << 20, 0o1600)\n    a = libc.shmat(sid, None, 0)\n"
-           "    ctypes.memset(a, 1, 100 << 20)\n    libc.shmdt(ctypes.c_void_p(a))\n    print('segment', i, flush=True)\n")
-    memfd = ("import os\nfds = []\nfor i in range(10):\n    fd = os.memfd_create('x')\n"
-             "    [os.write(fd, b'1' * (1 << 20)) for _ in range(60)]\n    fds.append(fd)\n"
-             "    print('memfd', i, flush=True)\n")
+    shm = (
+        "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.shmat.restype = ctypes.c_void_p\n"
+        "for i in range(6):\n    sid = libc.shmget(0, 100 << 20, 0o1600)\n    a = libc.shmat(sid, None, 0)\n"
+        "    ctypes.memset(a, 1, 100 << 20)\n    libc.shmdt(ctypes.c_void_p(a))\n    print('segment', i, flush=True)\n"
+    )
+    memfd = (
+        "import os\nfds = []\nfor i in range(10):\n    fd = os.memfd_create('x')\n"
+        "    [os.write(fd, b'1' * (1 << 20)) for _ in range(60)]\n    fds.append(fd)\n"
+        "    print('memfd', i, flush=True)\n"
+    )
     for code in (shm, memfd):
         r = sandbox.run(["python", "-c", code], memory_mb=256, wall_s=20)
         assert r.killed == "memory" and r.output.count("\n") < 5, (r.killed, r.output)
     assert sandbox.run("echo alive").output.strip() == "alive"
-    leftover = [p for p in sandbox_mod.MemoryCgroup.parent()[0].iterdir() if p.name.startswith(f"evo-sbx-{sandbox.uid}-")]
+    leftover = [
+        p for p in sandbox_mod.MemoryCgroup.parent()[0].iterdir() if p.name.startswith(f"evo-sbx-{sandbox.uid}-")
+    ]
     assert leftover == []
 
 
@@ -200,7 +219,8 @@ def test_no_host_secrets_abstract_sockets_or_shared_memory(sandbox, monkeypatch)
     srv.bind(name)
     srv.listen(1)
     try:
-        r = sandbox.run(f"""env; python -c "import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\\\0{name[1:]}')" 2>&1 | tail -1;
+        connect = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\\\0{name[1:]}')"
+        r = sandbox.run(f"""env; python -c "{connect}" 2>&1 | tail -1;
                         echo x > /dev/shm/x 2>&1; ls /proc | grep -c '^[0-9]'""")
     finally:
         srv.close()

@@ -9,9 +9,9 @@ import json
 from typer.testing import CliRunner
 
 from evoharness.cli import app
+from evoharness.config.env import AgentConfig
 from evoharness.envs.repo.policies import ChatReply, EmptyPolicy, OpenAIChatPolicy, ReferencePolicy, ToolCall
 from evoharness.envs.repo.scaffold import run_repo_episode
-from evoharness.config.env import AgentConfig
 from evoharness.envs.repo.trace import TraceWriter
 from evoharness.runtime.workload import load_trace
 
@@ -27,8 +27,13 @@ class ScriptPolicy:
     def complete(self, messages, tools, *, execution_id, role, task):
         i = sum(m["role"] == "assistant" for m in messages)
         calls = self.steps[min(i, len(self.steps) - 1)]
-        return ChatReply(tool_calls=[ToolCall(f"c{i}_{j}", n, a if isinstance(a, str) else json.dumps(a))
-                                     for j, (n, a) in enumerate(calls)], prompt_tokens=100, completion_tokens=10)
+        return ChatReply(
+            tool_calls=[
+                ToolCall(f"c{i}_{j}", n, a if isinstance(a, str) else json.dumps(a)) for j, (n, a) in enumerate(calls)
+            ],
+            prompt_tokens=100,
+            completion_tokens=10,
+        )
 
     def close(self):
         pass
@@ -40,9 +45,11 @@ def reference_steps(task):
 
 def test_openai_endpoint_episode_builds_the_repo_through_tool_calls(pack, tool_server, tmp_path):
     task = pack["roman_numerals"]
-    script = [[("write_file", json.dumps({"path": p, "content": c})) for p, c in task.reference_files().items()],
-              [("run_shell", json.dumps({"command": "python -c 'import romans; print(romans.to_roman(14))'"}))],
-              [("finish", json.dumps({"summary": "done"}))]]
+    script = [
+        [("write_file", json.dumps({"path": p, "content": c})) for p, c in task.reference_files().items()],
+        [("run_shell", json.dumps({"command": "python -c 'import romans; print(romans.to_roman(14))'"}))],
+        [("finish", json.dumps({"summary": "done"}))],
+    ]
 
     def reply(body, headers):
         i = sum(m["role"] == "assistant" for m in body["messages"])
@@ -55,8 +62,14 @@ def test_openai_endpoint_episode_builds_the_repo_through_tool_calls(pack, tool_s
     assert ep.model_calls == 3 and ep.tool_calls == len(script[0]) + 2 and ep.finish_summary == "done"
     assert all(h["x-execution-id"] == "xid-1" and h["x-agent-role"] == "main" for h, _ in calls)
     first, last = calls[0][1], calls[-1][1]
-    assert [t["function"]["name"] for t in first["tools"]] == ["run_shell", "read_file", "write_file", "edit_file",
-                                                                "list_dir", "finish"]
+    assert [t["function"]["name"] for t in first["tools"]] == [
+        "run_shell",
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_dir",
+        "finish",
+    ]
     assert first["messages"][0]["role"] == "system" and "roman" in first["messages"][1]["content"].lower()
     shell_out = [m for m in last["messages"] if m["role"] == "tool"][-1]["content"]
     assert shell_out == "exit code: 0\nXIV\n"
@@ -74,14 +87,14 @@ def test_compaction_summarises_and_continues(pack, tool_server, tmp_path):
             assert "tools" not in body and "summary" in body["messages"][-1]["content"].lower()
             return {"content": f"SUMMARY-{sum(h['x-agent-role'] == 'summary' for h, _ in calls)}: wrote romans"}
         if "SUMMARY-2" in body["messages"][1]["content"]:
-            return {"tool_calls": [("write_file", json.dumps({"path": ref[0], "content": ref[1]})),
-                                   ("finish", "{}")]}
+            return {"tool_calls": [("write_file", json.dumps({"path": ref[0], "content": ref[1]})), ("finish", "{}")]}
         return {"tool_calls": [("run_shell", json.dumps({"command": "seq 1 2000"}))]}
 
     url, calls = tool_server(reply)
     cfg = AgentConfig(context_window=2048, compact_at=0.5, output_chars=1500)
-    ep = run_repo_episode(task, OpenAIChatPolicy(url, "m", max_retries=0), tmp_path, cfg,
-                          TraceWriter(tmp_path / "t.jsonl"), "xid-2")
+    ep = run_repo_episode(
+        task, OpenAIChatPolicy(url, "m", max_retries=0), tmp_path, cfg, TraceWriter(tmp_path / "t.jsonl"), "xid-2"
+    )
     assert ep.stop_reason == "finish" and ep.compactions == 2 and ep.reward == 1.0
     roles = [h["x-agent-role"] for h, _ in calls]
     assert roles.count("summary") == 2 and all(h["x-execution-id"] == "xid-2" for h, _ in calls)
@@ -126,8 +139,9 @@ def test_tool_budget_and_partial_score_at_the_limit(pack, tmp_path):
 
 def test_wall_time_budget(pack, tmp_path):
     task = pack["roman_numerals"]
-    ep = run_repo_episode(task, ScriptPolicy([[("run_shell", {"command": "sleep 0.5"})]]), tmp_path,
-                          AgentConfig(wall_time_s=1.5))
+    ep = run_repo_episode(
+        task, ScriptPolicy([[("run_shell", {"command": "sleep 0.5"})]]), tmp_path, AgentConfig(wall_time_s=1.5)
+    )
     assert ep.stop_reason == "wall_time" and 2 <= ep.tool_calls <= 4 and ep.wall_s < 10
 
 
@@ -149,10 +163,18 @@ def test_agent_deleting_its_own_workspace_is_contained_and_scored(pack, tmp_path
     task = pack["roman_numerals"]
     (tmp_path / "neighbour.txt").write_text("keep me")
     steps = reference_steps(task) + [
-        [("run_shell", {"command": "rm -rf /workspace/* /workspace/.[!.]* /workspace; rm -rf / 2>/dev/null; "
-                                   "ls -A /workspace | wc -l"})],
+        [
+            (
+                "run_shell",
+                {
+                    "command": "rm -rf /workspace/* /workspace/.[!.]* /workspace; rm -rf / 2>/dev/null; "
+                    "ls -A /workspace | wc -l"
+                },
+            )
+        ],
         [("list_dir", {}), ("write_file", {"path": "notes.txt", "content": "started over"})],
-        [("finish", {})]]
+        [("finish", {})],
+    ]
     ep = run_repo_episode(task, ScriptPolicy(steps), tmp_path, AgentConfig(keep_workspace=True))
     assert ep.stop_reason == "finish" and ep.tool_errors == 0
     assert (tmp_path / "neighbour.txt").read_text() == "keep me"
@@ -167,8 +189,19 @@ def test_reference_policy_replays_the_solution(pack, tmp_path):
 
 def test_cli_eval_repo_writes_report_plot_trace_and_resumes(pack, tmp_path):
     out = tmp_path / "out"
-    args = ["eval", "--env", "repo", "--tasks", str(pack["roman_numerals"].root), "--policy", "reference",
-            "--out", str(out), "--workers", "1"]
+    args = [
+        "eval",
+        "--env",
+        "repo",
+        "--tasks",
+        str(pack["roman_numerals"].root),
+        "--policy",
+        "reference",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+    ]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     assert "| roman_numerals | easy | 1.000 |" in r.output and "report:" in r.output
@@ -193,10 +226,15 @@ def test_undecodable_names_and_lone_surrogates_do_not_end_the_episode(pack, tool
     and the post-compaction file list; a lone surrogate in the model's JSON arguments reaches
     the tools. Either used to raise (the episode ended as model_error, or the eval crashed)."""
     task = pack["roman_numerals"]
-    script = [[("run_shell", json.dumps({"command": "touch $'bad\\xff.py'"}))],
-              [("list_dir", json.dumps({})), ("write_file", '{"path": "a.py", "content": "x = \\"\\ud800\\""}'),
-               ("run_shell", '{"command": "echo \\udcff"}')],
-              [("finish", json.dumps({"summary": "done"}))]]
+    script = [
+        [("run_shell", json.dumps({"command": "touch $'bad\\xff.py'"}))],
+        [
+            ("list_dir", json.dumps({})),
+            ("write_file", '{"path": "a.py", "content": "x = \\"\\ud800\\""}'),
+            ("run_shell", '{"command": "echo \\udcff"}'),
+        ],
+        [("finish", json.dumps({"summary": "done"}))],
+    ]
 
     def reply(body, headers):
         i = sum(m["role"] == "assistant" for m in body["messages"])
@@ -232,8 +270,12 @@ def test_one_execution_raising_loses_none_of_the_others(pack, tmp_path, monkeypa
         return real(task, *a, **kw)
 
     monkeypatch.setattr(ev, "run_repo_episode", flaky)
-    cfg = ev.RepoEvalConfig(tasks="pack", task_ids=["argument_parser", "crockford_base32", "csv_dialect"],
-                            workers=1, out_dir=str(tmp_path / "out"))
+    cfg = ev.RepoEvalConfig(
+        tasks="pack",
+        task_ids=["argument_parser", "crockford_base32", "csv_dialect"],
+        workers=1,
+        out_dir=str(tmp_path / "out"),
+    )
     with pytest.raises(ev.RepoEvalError, match="1 of 3 executions failed.*crockford_base32: OSError: disk full"):
         ev.evaluate_repo(cfg, progress=False)
     saved = [json.loads(ln)["task_id"] for ln in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]

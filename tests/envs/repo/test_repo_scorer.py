@@ -38,8 +38,11 @@ def test_every_pack_task_reference_scores_1_and_empty_scores_0(pack, tmp_path):
         ref = score_workspace(task, write_reference(task, tmp_path / task.task_id / "ref"), budget=1)
         (tmp_path / task.task_id / "empty").mkdir()
         empty = score_workspace(task, tmp_path / task.task_id / "empty", budget=1)
-        start = (score_workspace(task, starting_workspace(task, tmp_path / task.task_id / "start"), budget=1)
-                 if task.workspace_dir else None)
+        start = (
+            score_workspace(task, starting_workspace(task, tmp_path / task.task_id / "start"), budget=1)
+            if task.workspace_dir
+            else None
+        )
         return task, ref, empty, start
 
     with ThreadPoolExecutor(4) as pool:
@@ -67,7 +70,9 @@ def test_agent_cannot_reconfigure_or_fake_the_run(pack, tmp_path):
     task = pack["roman_numerals"]
     ws = write_reference(task, tmp_path / "ws")
     (ws / "pytest.ini").write_text("[pytest]\naddopts = -k nothing_matches\n")
-    (ws / "conftest.py").write_text("import pytest\n@pytest.fixture(autouse=True)\ndef boom():\n    raise RuntimeError\n")
+    (ws / "conftest.py").write_text(
+        "import pytest\n@pytest.fixture(autouse=True)\ndef boom():\n    raise RuntimeError\n"
+    )
     (ws / "results.jsonl").write_text('{"event": "test", "nodeid": "x", "when": "call", "outcome": "passed"}\n')
     (ws / "sitecustomize.py").write_text("import os\nos._exit(0)\n")  # would end python before pytest runs
     (ws / "pytest.py").write_text("raise SystemExit(0)\n")  # would shadow pytest
@@ -104,8 +109,9 @@ def test_scorer_timeout_is_retried_then_dropped(pack, tmp_path, monkeypatch):
     """The harness itself stalls (its runner, before pytest starts): a scorer timeout."""
     task = dataclasses.replace(pack["roman_numerals"], test_timeout_s=2.0)
     ws = write_reference(task, tmp_path / "ws")
-    monkeypatch.setattr(scorer_mod, "RUNNER", scorer_mod.RUNNER.replace("sys.exit(", "import time\ntime.sleep(60)\n"
-                                                                                     "sys.exit("))
+    monkeypatch.setattr(
+        scorer_mod, "RUNNER", scorer_mod.RUNNER.replace("sys.exit(", "import time\ntime.sleep(60)\nsys.exit(")
+    )
     o = score_workspace(task, ws, budget=2)
     assert (o.status, o.reward, o.attempts) == ("dropped", None, 2)
     assert all("scorer timeout" in e for e in o.detail["errors"])
@@ -118,14 +124,17 @@ def test_run_timeout_held_by_the_agents_code_is_scored_not_dropped(pack, tmp_pat
     task = dataclasses.replace(pack["roman_numerals"], per_test_timeout_s=1.0, test_timeout_s=6.0)
     ws = write_reference(task, tmp_path / "blocked")
     init = next(ws.rglob("__init__.py"))
-    init.write_text(init.read_text() + "\n\ndef is_roman(s):\n    import signal, time\n"
-                    "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n    time.sleep(600)\n")
+    init.write_text(
+        init.read_text() + "\n\ndef is_roman(s):\n    import signal, time\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n    time.sleep(600)\n"
+    )
     o = score_workspace(task, ws, budget=2)
     assert (o.status, o.attempts, o.detail["killed"]) == ("scored", 1, "wall_time") and o.reward < 1, o.detail
     ws = write_reference(task, tmp_path / "thread")
     init = next(ws.rglob("__init__.py"))
-    init.write_text(init.read_text() + "\n\nimport threading, time\n"
-                    "threading.Thread(target=time.sleep, args=(600,)).start()\n")
+    init.write_text(
+        init.read_text() + "\n\nimport threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\n"
+    )
     o = score_workspace(task, ws, budget=2)
     assert (o.status, o.reward, o.attempts, o.detail["killed"]) == ("scored", 1.0, 1, "wall_time"), o.detail
 
@@ -169,7 +178,8 @@ def nl2repo_task(tmp_path):
     (d / "test_files.json").write_text('["tests"]')
     (d / "hidden" / "tests" / "test_tiny.py").write_text(
         "from tinylib import add, sub\n\ndef test_add():\n    assert add(1, 2) == 3\n\n"
-        "def test_add_neg():\n    assert add(-1, -2) == -3\n\ndef test_sub():\n    assert sub(3, 1) == 2\n")
+        "def test_add_neg():\n    assert add(-1, -2) == -3\n\ndef test_sub():\n    assert sub(3, 1) == 2\n"
+    )
     return d
 
 
@@ -177,11 +187,17 @@ def test_nl2repo_layout_scores_with_tests_and_placeholder_without(nl2repo_task, 
     from evoharness.envs.repo.task import load_task
 
     task = load_task(nl2repo_task)
-    assert (task.layout, task.n_tests, task.test_paths, task.title) == ("nl2repo", 3, ("tests",),
-                                                                        "Introduction of tinylib")
+    assert (task.layout, task.n_tests, task.test_paths, task.title) == (
+        "nl2repo",
+        3,
+        ("tests",),
+        "Introduction of tinylib",
+    )
     ws = tmp_path / "ws"
     (ws / "tinylib").mkdir(parents=True)
-    (ws / "tinylib" / "__init__.py").write_text("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a + b\n")
+    (ws / "tinylib" / "__init__.py").write_text(
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a + b\n"
+    )
     (ws / "tests").mkdir()
     (ws / "tests" / "test_mine.py").write_text("def test_fake():\n    pass\n")  # replaced by the hidden suite
     o = score_workspace(task, ws)
@@ -206,15 +222,20 @@ def test_agent_code_cannot_forge_passes_through_the_results_channel(pack, tmp_pa
     assert expected.status == "scored" and 0 < expected.reward < 1
     forger = write_reference(task, tmp_path / "forger")
     init = next(forger.rglob("__init__.py"))
-    init.write_text(init.read_text() + BROKEN_FROM_ROMAN + (
-        "\nimport json, os\n"
-        "lines = ''.join(json.dumps({'event': 'test', 'nodeid': f'tests/test_romans.py::t{i}', 'when': 'call',\n"
-        "                            'outcome': 'passed'}) + '\\n' for i in range(100)).encode()\n"
-        "for fd in map(int, os.listdir('/proc/self/fd')):\n"
-        "    try:\n"
-        "        os.write(fd, lines)\n"
-        "    except OSError:\n"
-        "        pass\n"))
+    init.write_text(
+        init.read_text()
+        + BROKEN_FROM_ROMAN
+        + (
+            "\nimport json, os\n"
+            "lines = ''.join(json.dumps({'event': 'test', 'nodeid': f'tests/test_romans.py::t{i}', 'when': 'call',\n"
+            "                            'outcome': 'passed'}) + '\\n' for i in range(100)).encode()\n"
+            "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+            "    try:\n"
+            "        os.write(fd, lines)\n"
+            "    except OSError:\n"
+            "        pass\n"
+        )
+    )
     o = score_workspace(task, forger, budget=1)
     assert (o.status, o.reward, o.detail["passed"]) == ("scored", expected.reward, expected.detail["passed"])
 
@@ -231,7 +252,8 @@ def test_workspace_pytest_entry_point_plugin_is_not_loaded(pack, tmp_path):
     (dist / "entry_points.txt").write_text("[pytest11]\nevil = evil_plugin\n")
     (ws / "evil_plugin.py").write_text(
         "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-        "    out = yield\n    out.get_result().outcome = 'passed'\n")
+        "    out = yield\n    out.get_result().outcome = 'passed'\n"
+    )
     o = score_workspace(task, ws, budget=1)
     assert o.status == "scored" and 0 < o.reward < 1
 
@@ -252,8 +274,10 @@ def test_hang_that_swallows_exceptions_still_fails_alone(pack, tmp_path):
     task = dataclasses.replace(pack["roman_numerals"], per_test_timeout_s=1.0)
     ws = write_reference(task, tmp_path / "ws")
     init = next(ws.rglob("__init__.py"))
-    init.write_text(init.read_text() + "\n\ndef is_roman(s):\n    import time\n    while True:\n        try:\n"
-                    "            time.sleep(10)\n        except Exception:\n            pass\n")
+    init.write_text(
+        init.read_text() + "\n\ndef is_roman(s):\n    import time\n    while True:\n        try:\n"
+        "            time.sleep(10)\n        except Exception:\n            pass\n"
+    )
     o = score_workspace(task, ws, budget=1)
     assert o.status == "scored" and 0.5 < o.reward < 1 and o.detail["collected"] == task.n_tests
 

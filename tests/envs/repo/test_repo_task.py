@@ -40,14 +40,17 @@ def test_pack_task_fields(tmp_path):
     assert [x.task_id for x in load_tasks(tmp_path)] == ["t1"] and load_tasks(d)[0].task_id == "t1"
 
 
-@pytest.mark.parametrize("toml,spec,match", [
-    (TOML.replace('n_tests = 3', 'n_tests = "3"'), "# T", "'n_tests' must be int"),
-    (TOML.replace('n_tests = 3\n', ''), "# T", "missing key 'n_tests'"),
-    (TOML.replace('"easy"', '"trivial"'), "# T", "difficulty must be one of"),
-    (TOML.replace('n_tests = 3', 'n_tests = 0'), "# T", "'n_tests' must be > 0"),
-    (TOML + "oops = [", "# T", "not valid TOML"),
-    (TOML, None, "spec.md missing"),
-])
+@pytest.mark.parametrize(
+    "toml,spec,match",
+    [
+        (TOML.replace("n_tests = 3", 'n_tests = "3"'), "# T", "'n_tests' must be int"),
+        (TOML.replace("n_tests = 3\n", ""), "# T", "missing key 'n_tests'"),
+        (TOML.replace('"easy"', '"trivial"'), "# T", "difficulty must be one of"),
+        (TOML.replace("n_tests = 3", "n_tests = 0"), "# T", "'n_tests' must be > 0"),
+        (TOML + "oops = [", "# T", "not valid TOML"),
+        (TOML, None, "spec.md missing"),
+    ],
+)
 def test_bad_pack_tasks_are_named_errors(tmp_path, toml, spec, match):
     with pytest.raises(TaskFormatError, match=match):
         load_task(make_task(tmp_path / "t", toml, spec))

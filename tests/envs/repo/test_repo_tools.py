@@ -35,10 +35,19 @@ def test_edit_needs_exactly_one_occurrence(toolbox):
 
 
 def test_malformed_arguments_are_tool_errors_not_crashes(toolbox):
-    cases = [("write_file", '{"path": "a.py", "content": '), ("write_file", '{"path": "a.py"}'),
-             ("read_file", '{"path": 3}'), ("read_file", '["a.py"]'), ("list_dir", '{"depth": 99}'),
-             ("run_shell", '{"command": "ls", "sudo": true}'), ("rm_rf", "{}"), ("read_file", None),
-             ("read_file", '{"path": ""}'), ("read_file", '{"path": "nope.py"}'), ("list_dir", '{"path": "nope"}')]
+    cases = [
+        ("write_file", '{"path": "a.py", "content": '),
+        ("write_file", '{"path": "a.py"}'),
+        ("read_file", '{"path": 3}'),
+        ("read_file", '["a.py"]'),
+        ("list_dir", '{"depth": 99}'),
+        ("run_shell", '{"command": "ls", "sudo": true}'),
+        ("rm_rf", "{}"),
+        ("read_file", None),
+        ("read_file", '{"path": ""}'),
+        ("read_file", '{"path": "nope.py"}'),
+        ("list_dir", '{"path": "nope"}'),
+    ]
     for name, args in cases:
         r = toolbox.call(name, args)
         assert r.is_error and r.content.startswith("error: "), (name, args, r.content)
@@ -53,8 +62,14 @@ def test_paths_and_symlinks_cannot_lead_out(toolbox, tmp_path):
     (secret / "answer.txt").write_text("SECRET-c0ffee")
     r = toolbox.call("run_shell", {"command": f"ln -s {secret} s && ln -s /etc/passwd p && ln -s .. up && ls"})
     assert r.exit_code == 0
-    for path in ("s/answer.txt", "p", "up/secret/answer.txt", "../secret/answer.txt", str(secret / "answer.txt"),
-                 "/etc/passwd"):
+    for path in (
+        "s/answer.txt",
+        "p",
+        "up/secret/answer.txt",
+        "../secret/answer.txt",
+        str(secret / "answer.txt"),
+        "/etc/passwd",
+    ):
         r = toolbox.call("read_file", {"path": path})
         assert r.is_error and "SECRET-c0ffee" not in r.content and "root:" not in r.content, path
     r = toolbox.call("write_file", {"path": "s/answer.txt", "content": "pwned"})
@@ -82,9 +97,11 @@ def test_writing_to_a_fifo_the_agent_made_does_not_block_the_host(toolbox):
 
     assert toolbox.call("run_shell", {"command": "mkfifo pipe"}).exit_code == 0
     out = {}
-    for name, args in (("write_file", {"path": "pipe", "content": "x"}),
-                       ("edit_file", {"path": "pipe", "old_str": "x", "new_str": "y"}),
-                       ("read_file", {"path": "pipe"})):
+    for name, args in (
+        ("write_file", {"path": "pipe", "content": "x"}),
+        ("edit_file", {"path": "pipe", "old_str": "x", "new_str": "y"}),
+        ("read_file", {"path": "pipe"}),
+    ):
         t = threading.Thread(target=lambda n=name, a=args: out.update({n: toolbox.call(n, a)}), daemon=True)
         t.start()
         t.join(10)

@@ -13,13 +13,12 @@ import openai
 import pytest
 import torch
 
-from evoharness.engines.grammar import GenRequest
+from evoharness.engines.grammar import GenRequest, action_regex
 from evoharness.engines.hf import Engine
 from evoharness.models.init import load_model, load_tokenizer, save_model
 from evoharness.runtime.backends import Backend, HTTPBackend, LocalBackend
 from evoharness.runtime.gateway import Gateway
 from evoharness.runtime.wire import parse_tool_calls
-from evoharness.engines.grammar import action_regex
 
 MODEL = "micro"
 
@@ -29,9 +28,15 @@ def local(model_dir, name="local", **kw) -> LocalBackend:
 
 
 def chat_body(content: str, **kw) -> dict:
-    return {"model": MODEL, "messages": [{"role": "system", "content": "You play ALFWorld."},
-                                         {"role": "user", "content": content}], "max_tokens": 8,
-            "temperature": 0.0, "logprobs": True, "return_token_ids": True, **kw}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "You play ALFWorld."}, {"role": "user", "content": content}],
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "logprobs": True,
+        "return_token_ids": True,
+        **kw,
+    }
 
 
 def oai_kwargs(content: str, **kw) -> dict:
@@ -49,12 +54,17 @@ def test_64_concurrent_executions_get_their_own_records(gw_model_dir, serve):
         msgs = [{"role": "user", "content": f"You are in room {k}. You see a fridge {k % 7 + 1}."}]
         answers = []
         for turn in range(2):  # a second call re-sends the first answer: the tree's prefix case
-            r = await client.post(f"{srv.url}/chat/completions", headers={"X-Execution-Id": f"exec-{k}"},
-                                  json={**chat_body(""), "messages": msgs})
+            r = await client.post(
+                f"{srv.url}/chat/completions",
+                headers={"X-Execution-Id": f"exec-{k}"},
+                json={**chat_body(""), "messages": msgs},
+            )
             assert r.status_code == 200, r.text
             answers.append(r.json())
-            msgs = msgs + [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
-                           {"role": "user", "content": f"Nothing happens. (turn {turn})"}]
+            msgs = msgs + [
+                {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                {"role": "user", "content": f"Nothing happens. (turn {turn})"},
+            ]
         return answers
 
     async def main():
@@ -72,11 +82,13 @@ def test_64_concurrent_executions_get_their_own_records(gw_model_dir, serve):
         for rec, ans in zip(recs, answers[k]):
             assert rec.execution_id == f"exec-{k}" and rec.role == "main" and rec.retries == 0
             rendered = tok.apply_chat_template(rec.messages, add_generation_prompt=True, tokenize=False)
-            assert rec.prompt_token_ids == tok(rendered, add_special_tokens=False)["input_ids"] == ans["prompt_token_ids"]
+            assert (
+                rec.prompt_token_ids == tok(rendered, add_special_tokens=False)["input_ids"] == ans["prompt_token_ids"]
+            )
             assert f"room {k}." in rendered and rec.completion_token_ids == ans["choices"][0]["token_ids"]
             assert len(rec.logprobs) == len(rec.completion_token_ids) == ans["usage"]["completion_tokens"]
         # the second prompt extends the first prompt + the first completion's text
-        assert recs[1].prompt_token_ids[:len(recs[0].prompt_token_ids)] == recs[0].prompt_token_ids
+        assert recs[1].prompt_token_ids[: len(recs[0].prompt_token_ids)] == recs[0].prompt_token_ids
     # each execution's records fold into its own trajectory tree: the second call's prompt
     # shares the first call's path, only its new suffix is stored, only completions train
     from evoharness.rollout.tree import trees_from_records
@@ -163,8 +175,11 @@ def test_drain_mid_request_retries_elsewhere_and_resume(gw_model_dir, serve):
     a, b = LocalBackend(gated, tok, name="a"), local(gw_model_dir, name="b")
     srv = serve(Gateway([a, b], served_model=MODEL))
     box = {}
-    t = threading.Thread(target=lambda: box.setdefault("r", httpx.post(
-        f"{srv.url}/chat/completions", json=chat_body("open fridge 1", user="u1"), timeout=60)))
+    t = threading.Thread(
+        target=lambda: box.setdefault(
+            "r", httpx.post(f"{srv.url}/chat/completions", json=chat_body("open fridge 1", user="u1"), timeout=60)
+        )
+    )
     t.start()
     deadline = time.monotonic() + 30
     while a.in_flight == 0 and time.monotonic() < deadline:
@@ -220,15 +235,22 @@ def test_client_that_disconnects_mid_call_cancels_it_and_leaves_no_record(gw_mod
     srv = serve(Gateway([backend], served_model=MODEL))
     for i, stream in enumerate((False, True)):
         with pytest.raises(httpx.ReadTimeout):
-            with httpx.stream("POST", f"{srv.url}/chat/completions", json=chat_body("open fridge 1", stream=stream),
-                              headers={"X-Execution-Id": f"gone{i}"}, timeout=0.5) as r:
+            with httpx.stream(
+                "POST",
+                f"{srv.url}/chat/completions",
+                json=chat_body("open fridge 1", stream=stream),
+                headers={"X-Execution-Id": f"gone{i}"},
+                timeout=0.5,
+            ) as r:
                 r.read()
         deadline = time.monotonic() + 30
         while srv.gateway.stats["cancelled"] < i + 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert srv.gateway.stats["cancelled"] == i + 1 and backend.in_flight == 0
     gated.gate.set()  # the batch that was generating finishes; its answers go nowhere
-    r = httpx.post(f"{srv.url}/chat/completions", json=chat_body("look"), headers={"X-Execution-Id": "here"}, timeout=60)
+    r = httpx.post(
+        f"{srv.url}/chat/completions", json=chat_body("look"), headers={"X-Execution-Id": "here"}, timeout=60
+    )
     assert r.status_code == 200
     assert srv.gateway.records.executions() == {"here": 1} and srv.gateway.stats["calls"] == 1
 
@@ -276,7 +298,11 @@ def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
 
     ok = chat_body("x")
     cases = [
-        (dict(content=b'{"model": "micro", "messages": [', headers={"Content-Type": "application/json"}), 400, "invalid_json"),
+        (
+            dict(content=b'{"model": "micro", "messages": [', headers={"Content-Type": "application/json"}),
+            400,
+            "invalid_json",
+        ),
         (dict(content=b"\xff\xfe not json"), 400, "invalid_json"),
         (dict(json=[1, 2]), 400, "invalid_request"),
         (dict(json={**ok, "model": "gpt-9"}), 404, "model_not_found"),
@@ -287,8 +313,13 @@ def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
         (dict(json={**ok, "n": 129}), 400, "invalid_value"),
         (dict(json={k: v for k, v in ok.items() if k != "model"}), 400, "invalid_value"),
         (dict(json={**ok, "messages": [{"role": "user", "content": "x" * 5000}]}), 413, "request_too_large"),
-        (dict(content=iter([b'{"model": "micro", "messages": [{"role": "user", "content": "', b"y" * 5000, b'"}]}'])),
-         413, "request_too_large"),  # chunked: no Content-Length to check up front
+        (
+            dict(
+                content=iter([b'{"model": "micro", "messages": [{"role": "user", "content": "', b"y" * 5000, b'"}]}'])
+            ),
+            413,
+            "request_too_large",
+        ),  # chunked: no Content-Length to check up front
         (dict(json=ok, headers={"X-Agent-Role": "boss"}), 400, "invalid_value"),
         (dict(json={**ok, "max_tokens": 5000}), 400, "context_length_exceeded"),  # rejected by the engine
         # streamed: still the error status, not a 200 stream carrying an error event
@@ -299,8 +330,21 @@ def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
         (dict(json={**ok, "presence_penalty": 1.5}), 400, "unsupported_parameter"),
         (dict(json={**ok, "response_format": {"type": "json_object"}}), 400, "unsupported_parameter"),
         (dict(json={**ok, "top_logprobs": 3}), 400, "unsupported_parameter"),
-        (dict(json={**ok, "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}), 400, None),
+        (
+            dict(
+                json={
+                    **ok,
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
+                        }
+                    ],
+                }
+            ),
+            400,
+            None,
+        ),
     ]
     for kw, status, code in cases:
         got_status, err = post(**kw)
@@ -310,8 +354,17 @@ def test_malformed_requests_get_openai_4xx_and_no_record(gw_model_dir, serve):
     assert httpx.post(url, json=ok).status_code == 200  # and the server still serves
     # the same settings at their "off" values, and text content parts, are fine
     text_parts = [{"role": "user", "content": [{"type": "text", "text": "go to "}, {"type": "text", "text": "desk 1"}]}]
-    r = httpx.post(url, json={**ok, "presence_penalty": 0, "logit_bias": {}, "response_format": {"type": "text"},
-                              "top_logprobs": 0, "messages": text_parts})
+    r = httpx.post(
+        url,
+        json={
+            **ok,
+            "presence_penalty": 0,
+            "logit_bias": {},
+            "response_format": {"type": "text"},
+            "top_logprobs": 0,
+            "messages": text_parts,
+        },
+    )
     assert r.status_code == 200, r.text
 
 
@@ -320,8 +373,9 @@ def test_streaming_with_the_openai_client(gw_model_dir, serve):
     client = openai.OpenAI(base_url=srv.url, api_key="x")
     body = oai_kwargs("take apple 1 from countertop 2", max_tokens=12)
     full = client.chat.completions.create(**body, extra_headers={"X-Execution-Id": "plain"})
-    stream = client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True},
-                                            extra_headers={"X-Execution-Id": "streamed"})
+    stream = client.chat.completions.create(
+        **body, stream=True, stream_options={"include_usage": True}, extra_headers={"X-Execution-Id": "streamed"}
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content  # greedy: the same answer
@@ -352,15 +406,32 @@ class _ToolServer(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.bodies.append(body)
-        call = {"id": "call_abc", "type": "function",
-                "function": {"name": "run_tests", "arguments": '{"path":  "tests/",   "verbose": true}'}}
-        self._send({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "prompt_token_ids": [1, 2, 3],
-                    "choices": [{"index": 0, "finish_reason": "tool_calls", "token_ids": [7, 8, 9],
-                                 "logprobs": {"content": [{"token": t, "logprob": -0.5, "bytes": [], "top_logprobs": []}
-                                                          for t in "abc"]},
-                                 "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+        call = {
+            "id": "call_abc",
+            "type": "function",
+            "function": {"name": "run_tests", "arguments": '{"path":  "tests/",   "verbose": true}'},
+        }
+        self._send(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "prompt_token_ids": [1, 2, 3],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls",
+                        "token_ids": [7, 8, 9],
+                        "logprobs": {
+                            "content": [{"token": t, "logprob": -0.5, "bytes": [], "top_logprobs": []} for t in "abc"]
+                        },
+                        "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+            }
+        )
 
 
 def test_tool_calls_pass_through_and_raw_payloads_are_restored(serve):
@@ -370,9 +441,14 @@ def test_tool_calls_pass_through_and_raw_payloads_are_restored(serve):
         client = openai.OpenAI(base_url=srv.url, api_key="x")
         tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
         msgs = [{"role": "user", "content": "run the tests"}]
-        r = client.chat.completions.create(model=MODEL, messages=msgs, tools=tools, seed=11,
-                                           extra_headers={"X-Execution-Id": "repo-1", "X-Agent-Role": "subagent"},
-                                           extra_body={"action_grammar": {"commands": ["look"], "meta_verbs": ["note"]}})
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=msgs,
+            tools=tools,
+            seed=11,
+            extra_headers={"X-Execution-Id": "repo-1", "X-Agent-Role": "subagent"},
+            extra_body={"action_grammar": {"commands": ["look"], "meta_verbs": ["note"]}},
+        )
         tc = r.choices[0].message.tool_calls[0]
         assert r.choices[0].finish_reason == "tool_calls" and tc.id == "call_abc" and tc.function.name == "run_tests"
         sent = vllm.bodies[0]
@@ -381,14 +457,27 @@ def test_tool_calls_pass_through_and_raw_payloads_are_restored(serve):
         assert sent["structured_outputs"] == {"regex": action_regex(["look"], ["note"])}
         (rec,) = srv.gateway.records.read("repo-1")
         assert rec.role == "subagent" and rec.prompt_token_ids == [1, 2, 3] and rec.completion_token_ids == [7, 8, 9]
-        assert rec.logprobs == [-0.5] * 3 and rec.finish_reason == "tool_calls" and rec.tool_calls[0]["id"] == "call_abc"
+        assert (
+            rec.logprobs == [-0.5] * 3 and rec.finish_reason == "tool_calls" and rec.tool_calls[0]["id"] == "call_abc"
+        )
         # the harness re-serialises the arguments; the gateway sends the model its own payload back
-        history = msgs + [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_abc", "type": "function",
-             "function": {"name": "run_tests", "arguments": json.dumps(json.loads(tc.function.arguments))}}]},
-            {"role": "tool", "tool_call_id": "call_abc", "content": "3 passed"}]
-        client.chat.completions.create(model=MODEL, messages=history, tools=tools,
-                                       extra_headers={"X-Execution-Id": "repo-1"})
+        history = msgs + [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_abc",
+                        "type": "function",
+                        "function": {"name": "run_tests", "arguments": json.dumps(json.loads(tc.function.arguments))},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_abc", "content": "3 passed"},
+        ]
+        client.chat.completions.create(
+            model=MODEL, messages=history, tools=tools, extra_headers={"X-Execution-Id": "repo-1"}
+        )
         replay = vllm.bodies[1]["messages"][1]["tool_calls"][0]["function"]["arguments"]
         assert replay == '{"path":  "tests/",   "verbose": true}'
     finally:
@@ -402,18 +491,27 @@ def test_action_grammar_is_recorded_and_reaches_vllm_as_xargs(gw_model_dir, serv
     grammar = {"commands": ["look", "go to fridge 1"], "meta_verbs": ["note"]}
     try:
         srv = serve(Gateway([HTTPBackend(url, name="vllm", grammar="xargs")], served_model=MODEL))
-        httpx.post(f"{srv.url}/chat/completions", json=chat_body("x", user="v", action_grammar=grammar,
-                                                                    max_tokens=12), timeout=30).raise_for_status()
+        httpx.post(
+            f"{srv.url}/chat/completions",
+            json=chat_body("x", user="v", action_grammar=grammar, max_tokens=12),
+            timeout=30,
+        ).raise_for_status()
         sent = vllm.bodies[0]
         assert "structured_outputs" not in sent and "action_grammar" not in sent
-        assert sent["vllm_xargs"] == {"action_grammar_commands": grammar["commands"],
-                                      "action_grammar_meta_verbs": ["note"], "action_grammar_max_new_tokens": 12}
+        assert sent["vllm_xargs"] == {
+            "action_grammar_commands": grammar["commands"],
+            "action_grammar_meta_verbs": ["note"],
+            "action_grammar_max_new_tokens": 12,
+        }
         assert srv.gateway.records.read("v")[0].constraint == {**grammar, "max_new_tokens": 12}
     finally:
         vllm.shutdown()
     srv = serve(Gateway([local(gw_model_dir)], served_model=MODEL))
-    r = httpx.post(f"{srv.url}/chat/completions", json=chat_body("x", user="l", action_grammar=grammar,
-                                                                 temperature=1.0, seed=3, max_tokens=40), timeout=60)
+    r = httpx.post(
+        f"{srv.url}/chat/completions",
+        json=chat_body("x", user="l", action_grammar=grammar, temperature=1.0, seed=3, max_tokens=40),
+        timeout=60,
+    )
     (rec,) = srv.gateway.records.read("l")
     assert rec.constraint == {**grammar, "max_new_tokens": 40}
     assert r.json()["choices"][0]["message"]["content"].startswith("<think>")
@@ -448,7 +546,8 @@ def test_weight_reload_bumps_version_and_changes_answers(gw_model_dir, serve, tm
     recs = srv.gateway.records.read("w")
     assert [r.policy_version for r in recs] == [0, 1]
     assert httpx.post(f"{root}/admin/weights", json={"path": str(tmp_path / "new"), "version": 9}).json()["data"] == [
-        {"name": "local", "policy_version": 9}]
+        {"name": "local", "policy_version": 9}
+    ]
     bad = httpx.post(f"{root}/admin/backends/local/weights", json={"path": str(tmp_path / "missing")})
     assert bad.status_code == 400 and "safetensors" in bad.json()["error"]["message"]
 
@@ -473,11 +572,15 @@ def test_records_over_http_and_backends_admin(gw_model_dir, serve, tmp_path):
     assert got["execution_id"] == eid and len(got["data"]) == 2
     assert got["data"][0]["attempts"][0]["backend"] == "cell-0" and got["data"][0]["prompt_token_ids"]
     assert len(httpx.get(f"{outer.url}/executions/prefixed-exec/records", params={"offset": 0}).json()["data"]) == 1
-    assert len(httpx.get(f"{outer.url}/executions/{eid.replace('#', '%23')}/records",
-                         params={"offset": 1}).json()["data"]) == 1
+    assert (
+        len(httpx.get(f"{outer.url}/executions/{eid.replace('#', '%23')}/records", params={"offset": 1}).json()["data"])
+        == 1
+    )
     listed = {e["id"]: e["records"] for e in httpx.get(f"{outer.url}/executions").json()["data"]}
     assert listed == {eid: 2, "prefixed-exec": 1}
-    lines = [json.loads(ln) for f in sorted((tmp_path / "records").glob("*.jsonl")) for ln in f.read_text().splitlines()]
+    lines = [
+        json.loads(ln) for f in sorted((tmp_path / "records").glob("*.jsonl")) for ln in f.read_text().splitlines()
+    ]
     assert sorted(x["execution_id"] for x in lines) == sorted([eid, eid, "prefixed-exec"])
     assert httpx.delete(f"{root}/admin/backends/cell-0").json() == {"removed": "cell-0"}
     assert httpx.get(f"{root}/admin/backends").json() == {"data": []}
@@ -494,6 +597,8 @@ def test_serve_cli_needs_a_backend():
     res = CliRunner().invoke(app, ["serve", "--workers", "2"])
     assert res.exit_code == 2 and "--workers needs --model-path" in res.output
     # an unreachable --backend: one clear line after the wait (was an 80-line lifespan traceback)
-    res = CliRunner().invoke(app, ["serve", "--backend", "http://127.0.0.1:9/v1", "--wait-backends", "1", "--port", "0"])
+    res = CliRunner().invoke(
+        app, ["serve", "--backend", "http://127.0.0.1:9/v1", "--wait-backends", "1", "--port", "0"]
+    )
     assert res.exit_code == 2 and "http://127.0.0.1:9/v1 did not answer /models within 1 s" in res.output, res.output
     assert "Traceback" not in res.output

@@ -16,8 +16,9 @@ from evoharness.runtime.gateway import Gateway
 
 def play(policy, tasks, seed):
     specs = [EpisodeSpec(t, f"{t.task_id}#0", seed) for t in tasks]
-    return run_episodes(specs, lambda task: make_env(task, engine="fast"), lambda: BPEHarness(ExperienceStore()),
-                        policy, max_steps=4)
+    return run_episodes(
+        specs, lambda task: make_env(task, engine="fast"), lambda: BPEHarness(ExperienceStore()), policy, max_steps=4
+    )
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -55,8 +56,15 @@ def test_rl_rollouts_through_the_gateway_follow_live_weights(gw_model_dir, one_p
     from evoharness.runtime.gateway import served_policy
 
     tasks = one_per_type[3:5]
-    policy = LocalHFPolicy(gw_model_dir, temperature=1.0, max_new_tokens=24, max_prompt_tokens=1024,
-                           constrained=True, seed=3, num_threads=1)
+    policy = LocalHFPolicy(
+        gw_model_dir,
+        temperature=1.0,
+        max_new_tokens=24,
+        max_prompt_tokens=1024,
+        constrained=True,
+        seed=3,
+        num_threads=1,
+    )
     with served_policy(policy) as remote:
         for version in (0, 1):
             ref, got = play(policy, tasks, 3), play(remote, tasks, 3)
@@ -64,8 +72,11 @@ def test_rl_rollouts_through_the_gateway_follow_live_weights(gw_model_dir, one_p
                 assert [t.completion_token_ids for t in a.turns] == [t.completion_token_ids for t in b.turns]
                 assert [t.policy_version for t in b.turns] == [version] * b.steps
             if version == 0:  # a trainer's in-place update
-                sd = {k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) if v.ndim == 2
-                      else v for k, v in policy.model.state_dict().items() if k != "lm_head.weight"}
+                sd = {
+                    k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) if v.ndim == 2 else v
+                    for k, v in policy.model.state_dict().items()
+                    if k != "lm_head.weight"
+                }
                 assert policy.update_weights(sd) == 1
                 before = [t.completion_token_ids for tr in got for t in tr.turns]
     assert before != [t.completion_token_ids for tr in got for t in tr.turns]  # the new weights were used
@@ -83,14 +94,24 @@ def test_rl_steps_through_the_gateway_equal_in_process(gw_model_dir, tmp_path):
     from evoharness.recipes.rl import train_rl
 
     def run(out, via):
-        cfg = RLConfig(model_path=str(gw_model_dir), out_dir=str(out), steps=2, max_steps=3, max_new_tokens=12,
-                       max_prompt_tokens=512, decode_threads=1, seed=3)
+        cfg = RLConfig(
+            model_path=str(gw_model_dir),
+            out_dir=str(out),
+            steps=2,
+            max_steps=3,
+            max_new_tokens=12,
+            max_prompt_tokens=512,
+            decode_threads=1,
+            seed=3,
+        )
         cfg.runtime.via_gateway = via
         cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.grpo.lr = 2, 2, 1e-3
         cfg.grpo.temperature, cfg.grpo.micro_batch_size = 1.0, 8
         final = train_rl(cfg, progress=False)
-        metrics = [{k: v for k, v in json.loads(ln).items() if not k.startswith("timing_s")}
-                   for ln in (out / "metrics.jsonl").read_text().splitlines()]
+        metrics = [
+            {k: v for k, v in json.loads(ln).items() if not k.startswith("timing_s")}
+            for ln in (out / "metrics.jsonl").read_text().splitlines()
+        ]
         return metrics, load_file(str(final / "model.safetensors"))
 
     ref_m, ref_w = run(tmp_path / "local", False)
@@ -106,7 +127,8 @@ def test_rl_steps_through_the_gateway_equal_in_process(gw_model_dir, tmp_path):
     diff = sum(float((ref_w[k].float() - got_w[k].float()).norm() ** 2) for k in ref_w) ** 0.5
     update = sum(float((ref_w[k].float() - init[k].float()).norm() ** 2) for k in ref_w) ** 0.5
     assert update > 0 and diff < 1e-3 * update, (diff, update)  # measured: 0 to 1.1e-4
-    recs = [json.loads(ln) for f in (tmp_path / "served" / "gateway").glob("*.jsonl")
-            for ln in f.read_text().splitlines()]
+    recs = [
+        json.loads(ln) for f in (tmp_path / "served" / "gateway").glob("*.jsonl") for ln in f.read_text().splitlines()
+    ]
     assert {r["policy_version"] for r in recs} == {0, 1}
     assert len(recs) == sum(m["steps_per_episode"] * 4 for m in got_m)  # one record per turn

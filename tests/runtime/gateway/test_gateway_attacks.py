@@ -23,10 +23,15 @@ class EchoBackend(Backend):
         super().__init__("echo")
 
     async def _generate(self, params):
-        return GenOutput(prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.1], content="ok",
-                         tool_calls=[{"id": "call_1", "type": "function",
-                                      "function": {"name": "f", "arguments": "{}"}}],
-                         finish_reason="stop", policy_version=0)
+        return GenOutput(
+            prompt_ids=[1, 2],
+            completion_ids=[3],
+            logprobs=[-0.1],
+            content="ok",
+            tool_calls=[{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            finish_reason="stop",
+            policy_version=0,
+        )
 
 
 def body(**kw) -> dict:
@@ -61,8 +66,10 @@ def test_slowloris_connections_are_closed_and_health_keeps_answering(serve):
 def test_a_trickled_body_times_out_with_408(serve):
     srv = serve(Gateway([EchoBackend()], served_model=MODEL, body_timeout_s=1.0))
     s = socket.create_connection(("127.0.0.1", srv.port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: 1000\r\n\r\n{\"model\"")
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\n\r\n{"model"'
+    )
     s.settimeout(10)
     t0 = time.monotonic()
     head = s.recv(4096)
@@ -70,13 +77,16 @@ def test_a_trickled_body_times_out_with_408(serve):
     assert head.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 5, head[:200]
 
 
-@pytest.mark.parametrize("raw, what", [
-    (b"[" * 100_000 + b"]" * 100_000, "nested 100,000 deep"),
-    (b'{"model": "micro", "messages": [' * 40 + b"]}" * 40, "nested past the depth limit"),
-    (b'{"model": "micro", "user": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "lone surrogate"),
-    (b'{"model": "micro", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}', "encoded surrogate"),
-    (b'{"model": "micro", "messages": [{"role": "user", "content": "\xff"}]}', "invalid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "raw, what",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested 100,000 deep"),
+        (b'{"model": "micro", "messages": [' * 40 + b"]}" * 40, "nested past the depth limit"),
+        (b'{"model": "micro", "user": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "lone surrogate"),
+        (b'{"model": "micro", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}', "encoded surrogate"),
+        (b'{"model": "micro", "messages": [{"role": "user", "content": "\xff"}]}', "invalid UTF-8"),
+    ],
+)
 def test_parser_failures_are_4xx(serve, raw, what):
     srv = serve(Gateway([EchoBackend()], served_model=MODEL))
     r = httpx.post(f"{srv.url}/chat/completions", content=raw, headers={"Content-Type": "application/json"})
@@ -88,10 +98,15 @@ def test_unhashable_tool_call_ids_and_bad_execution_ids_are_4xx_or_ignored(serve
     srv = serve(Gateway([EchoBackend()], served_model=MODEL))
     url = f"{srv.url}/chat/completions"
     assert httpx.post(url, json=body(user="x")).status_code == 200  # the execution's tool-call cache is filled
-    msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": ["a", "list"], "type": "function",
-                                                                 "function": {"name": "f", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": ["a", "list"], "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+    ]
     r = httpx.post(url, json=body(user="x", messages=msgs))
     assert r.status_code < 500, r.text[:300]
     r = httpx.post(f"{srv.url.removesuffix('/v1')}/x/{'e' * 5000}/v1/chat/completions", json=body())
@@ -128,13 +143,23 @@ def test_admin_endpoints_need_the_token_json_and_no_browser(serve):
     assert httpx.get(f"{root}/admin/backends", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.post(f"{root}/admin/routes", json=route).status_code == 401
     # a page's simple (preflight-free) POST: text/plain body, the browser's Origin header
-    assert httpx.post(f"{root}/admin/routes", content=b'{"execution": "x", "backend": "echo"}',
-                      headers={**ok, "Content-Type": "text/plain"}).status_code == 415
+    assert (
+        httpx.post(
+            f"{root}/admin/routes",
+            content=b'{"execution": "x", "backend": "echo"}',
+            headers={**ok, "Content-Type": "text/plain"},
+        ).status_code
+        == 415
+    )
     assert httpx.post(f"{root}/admin/backends/echo/resume", headers=ok).status_code == 415
-    assert httpx.post(f"{root}/admin/routes", json=route,
-                      headers={**ok, "Origin": "http://evil.example"}).status_code == 403
-    assert httpx.post(f"{root}/admin/routes", json=route,
-                      headers={**ok, "Sec-Fetch-Site": "cross-site"}).status_code == 403
+    assert (
+        httpx.post(f"{root}/admin/routes", json=route, headers={**ok, "Origin": "http://evil.example"}).status_code
+        == 403
+    )
+    assert (
+        httpx.post(f"{root}/admin/routes", json=route, headers={**ok, "Sec-Fetch-Site": "cross-site"}).status_code
+        == 403
+    )
     assert "x" not in srv.gateway.routes  # none of the above changed anything
     assert httpx.post(f"{root}/admin/routes", json=route, headers=ok).status_code == 200
     assert srv.gateway.routes["x"] == "echo"

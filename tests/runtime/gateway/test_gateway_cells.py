@@ -33,16 +33,26 @@ def test_a_killed_rollout_cell_behind_the_gateway_loses_no_turn(model_dir, tmp_p
     completes and the run equals the in-process loop (~20 s)."""
     from evoharness.recipes.rl import RLJob
 
-    job = RLJob(rl_config(model_dir, tmp_path, schedule="elastic-async", cells=2, staleness=0, capacity=4,
-                          backend="local", via_gateway=True))
+    job = RLJob(
+        rl_config(
+            model_dir,
+            tmp_path,
+            schedule="elastic-async",
+            cells=2,
+            staleness=0,
+            capacity=4,
+            backend="local",
+            via_gateway=True,
+        )
+    )
     be = job.backend
     killed = []
 
-    def killer() -> None:      # a satellite (not the core) while gateway calls run on it, after 5 calls
+    def killer() -> None:  # a satellite (not the core) while gateway calls run on it, after 5 calls
         while True:
             try:
                 cells = {be._jobs[t][1] for t in list(be._gw_jobs)} - {0}
-            except (KeyError, RuntimeError):           # the driver thread moved on meanwhile
+            except (KeyError, RuntimeError):  # the driver thread moved on meanwhile
                 cells = set()
             if cells and be.counts["calls"] >= 5:
                 break
@@ -71,8 +81,12 @@ def test_http_calls_follow_the_execution_binding(gw_model_dir, serve):
 
     a, b = (LocalBackend.from_model_path(gw_model_dir, name=n) for n in ("a", "b"))
     srv = serve(Gateway([a, b], served_model="micro"))
-    body = {"model": "micro", "messages": [{"role": "user", "content": "You see a fridge 1."}], "max_tokens": 4,
-            "temperature": 0.0}
+    body = {
+        "model": "micro",
+        "messages": [{"role": "user", "content": "You see a fridge 1."}],
+        "max_tokens": 4,
+        "temperature": 0.0,
+    }
 
     def post(eid):
         return httpx.post(f"{srv.url}/chat/completions", headers={"X-Execution-Id": eid}, json=body, timeout=60)
@@ -81,12 +95,12 @@ def test_http_calls_follow_the_execution_binding(gw_model_dir, serve):
     for _ in range(3):
         assert post("x1").status_code == 200
     assert [r.attempts[-1].backend for r in srv.gateway.records.read("x1")] == ["b"] * 3
-    srv.gateway.bind("x1", None)                     # held (its cell drained, no new cell yet)
+    srv.gateway.bind("x1", None)  # held (its cell drained, no new cell yet)
     box = {}
     t = threading.Thread(target=lambda: box.update(r=post("x1")))
     t.start()
     time.sleep(0.5)
-    assert "r" not in box and len(srv.gateway.records.read("x1")) == 3     # still waiting
+    assert "r" not in box and len(srv.gateway.records.read("x1")) == 3  # still waiting
     admin = srv.url.removesuffix("/v1")
     assert httpx.post(f"{admin}/admin/routes", json={"execution": "x1", "backend": "zz"}).status_code == 404
     assert httpx.post(f"{admin}/admin/routes", json={"execution": "x1", "backend": "a"}).status_code == 200
@@ -94,5 +108,7 @@ def test_http_calls_follow_the_execution_binding(gw_model_dir, serve):
     assert box["r"].status_code == 200 and srv.gateway.records.read("x1")[-1].attempts[-1].backend == "a"
     srv.gateway.bind("x1", "b")
     assert post("x1").status_code == 200 and b.served == 4 and a.served == 1
-    assert httpx.delete(f"{admin}/admin/routes/x1").status_code == 200     # unbound: the least-loaded backend (fewest served) again
+    assert (
+        httpx.delete(f"{admin}/admin/routes/x1").status_code == 200
+    )  # unbound: the least-loaded backend (fewest served) again
     assert post("x1").status_code == 200 and srv.gateway.records.read("x1")[-1].attempts[-1].backend == "a"

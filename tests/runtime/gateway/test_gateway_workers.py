@@ -35,14 +35,34 @@ def wait_until(pred, timeout_s: float, what: str):
 def test_serve_workers_sigkill_mid_request(gw_model_dir, tmp_path):
     port = free_port()
     root = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "evoharness.cli", "serve", "--model-path", str(gw_model_dir), "--workers", "2",
-           "--port", str(port), "--records", str(tmp_path / "rec"), "--served-model-name", "micro", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "evoharness.cli",
+        "serve",
+        "--model-path",
+        str(gw_model_dir),
+        "--workers",
+        "2",
+        "--port",
+        str(port),
+        "--records",
+        str(tmp_path / "rec"),
+        "--served-model-name",
+        "micro",
+        "--threads",
+        "1",
+    ]
     admin = {"Authorization": "Bearer t0ken"}  # `serve` protects its admin endpoints
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "EVOHARNESS_ADMIN_TOKEN": "t0ken"},
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "EVOHARNESS_ADMIN_TOKEN": "t0ken"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     frozen = None
     try:
+
         def healthy():
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             try:
@@ -61,15 +81,23 @@ def test_serve_workers_sigkill_mid_request(gw_model_dir, tmp_path):
 
         def call():
             box["resp"] = client.chat.completions.create(
-                model="micro", messages=[{"role": "user", "content": "You see a fridge 1. Go."}], max_tokens=8,
-                temperature=0.0, logprobs=True, extra_body={"return_token_ids": True},
-                extra_headers={"X-Execution-Id": "killed-run"})
+                model="micro",
+                messages=[{"role": "user", "content": "You see a fridge 1. Go."}],
+                max_tokens=8,
+                temperature=0.0,
+                logprobs=True,
+                extra_body={"return_token_ids": True},
+                extra_headers={"X-Execution-Id": "killed-run"},
+            )
 
         t = threading.Thread(target=call)
         t.start()
         # equal load: least-loaded routing sends the first call to worker0, the frozen one
-        wait_until(lambda: httpx.get(f"{root}/admin/backends", headers=admin).json()["data"][0]["in_flight"] == 1, 30,
-                   "the call to reach worker0")
+        wait_until(
+            lambda: httpx.get(f"{root}/admin/backends", headers=admin).json()["data"][0]["in_flight"] == 1,
+            30,
+            "the call to reach worker0",
+        )
         os.kill(victim, signal.SIGKILL)
         frozen = None
         t.join(60)
@@ -84,13 +112,19 @@ def test_serve_workers_sigkill_mid_request(gw_model_dir, tmp_path):
         assert (tmp_path / "rec" / "killed-run.jsonl").is_file()
         # the dead worker is no longer routed to; later calls are answered by worker1
         for k in range(3):
-            r = httpx.post(f"{root}/v1/chat/completions", timeout=60, json={
-                "model": "micro", "messages": [{"role": "user", "content": f"again {k}"}], "max_tokens": 4},
-                headers={"X-Execution-Id": "after"})
+            r = httpx.post(
+                f"{root}/v1/chat/completions",
+                timeout=60,
+                json={"model": "micro", "messages": [{"role": "user", "content": f"again {k}"}], "max_tokens": 4},
+                headers={"X-Execution-Id": "after"},
+            )
             assert r.status_code == 200
         after = httpx.get(f"{root}/v1/executions/after/records").json()["data"]
         assert all(a["backend"] == "worker1" for r in after for a in r["attempts"])
-        states = {b["name"]: (b["state"], b["alive"]) for b in httpx.get(f"{root}/admin/backends", headers=admin).json()["data"]}
+        states = {
+            b["name"]: (b["state"], b["alive"])
+            for b in httpx.get(f"{root}/admin/backends", headers=admin).json()["data"]
+        }
         assert states["worker0"][1] is False and states["worker1"] == ("active", True)
     finally:
         if frozen:
@@ -118,9 +152,14 @@ def test_in_process_serve_adds_and_removes_worker_processes(gw_model_dir, tmp_pa
         r = httpx.post(f"{root}/admin/backends", json={"worker": True, "name": "w"}, timeout=240, headers=admin)
         assert r.status_code == 200 and r.json()["alive"], r.text
         worker = gw.backends["w"]
-        httpx.post(f"{root}/admin/backends/local/drain", json={"cancel_inflight": False}, headers=admin).raise_for_status()
-        r = httpx.post(f"{srv.url}/chat/completions", json={"model": "micro", "max_tokens": 4, "user": "e",
-                                                            "messages": [{"role": "user", "content": "go"}]}, timeout=60)
+        httpx.post(
+            f"{root}/admin/backends/local/drain", json={"cancel_inflight": False}, headers=admin
+        ).raise_for_status()
+        r = httpx.post(
+            f"{srv.url}/chat/completions",
+            json={"model": "micro", "max_tokens": 4, "user": "e", "messages": [{"role": "user", "content": "go"}]},
+            timeout=60,
+        )
         assert r.status_code == 200 and [a.backend for a in gw.records.read("e")[0].attempts] == ["w"]
         assert httpx.delete(f"{root}/admin/backends/w", timeout=60, headers=admin).json() == {"removed": "w"}
         assert worker.proc.poll() is not None and "w" not in gw.backends

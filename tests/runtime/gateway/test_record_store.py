@@ -7,10 +7,21 @@ from evoharness.runtime.record_store import RecordStore
 
 
 def rec(eid: str, k: int) -> CallRecord:
-    return CallRecord(execution_id=eid, call_id=f"c{k}", role="main", model="m", prompt_token_ids=[1, 2],
-                      completion_token_ids=[3], logprobs=[-0.5], policy_version=0, finish_reason="stop",
-                      t_start=0.0, t_end=1.0, attempts=[CallAttempt("b", 0.0, 1.0, None)],
-                      constraint={"commands": ["look"], "meta_verbs": [], "max_new_tokens": 8})
+    return CallRecord(
+        execution_id=eid,
+        call_id=f"c{k}",
+        role="main",
+        model="m",
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        logprobs=[-0.5],
+        policy_version=0,
+        finish_reason="stop",
+        t_start=0.0,
+        t_end=1.0,
+        attempts=[CallAttempt("b", 0.0, 1.0, None)],
+        constraint={"commands": ["look"], "meta_verbs": [], "max_new_tokens": 8},
+    )
 
 
 def test_reopened_store_lists_every_execution_and_skips_a_torn_line(tmp_path):

@@ -22,8 +22,8 @@ import tarfile
 from importlib import resources
 from pathlib import Path
 
-from evoharness.envs.base import TaskSpec
 from evoharness.config.env import TASK_TYPES
+from evoharness.envs.base import TaskSpec
 
 # Short names used in tables (the papers' Pick/Look/Clean/Heat/Cool/Pick2 columns).
 TASK_SHORT = dict(zip(TASK_TYPES, ("pick", "look", "clean", "heat", "cool", "pick2")))
@@ -87,7 +87,9 @@ def resolve_data_root(data_path: str | None) -> Path:
     return root
 
 
-def discover_games(split: str, data_path: str | None = None, task_types: tuple[str, ...] = TASK_TYPES) -> list[TaskSpec]:
+def discover_games(
+    split: str, data_path: str | None = None, task_types: tuple[str, ...] = TASK_TYPES
+) -> list[TaskSpec]:
     """All games of a split that pass ALFWorld's filter, sorted by task id.
 
     Args:

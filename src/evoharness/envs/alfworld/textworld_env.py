@@ -46,7 +46,9 @@ class TextWorldAlfredEnv:
         self.wording = wording
         self._path = game_file_for_wording(task.path, wording)
         infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=facts, feedback=True)
-        self._env = textworld.start(self._path, request_infos=infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+        self._env = textworld.start(
+            self._path, request_infos=infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos]
+        )
         self._state: Any = None
         self._goal = ""
 

@@ -18,6 +18,24 @@ from evoharness.envs.repo.scorer import score_workspace
 from evoharness.envs.repo.task import PACK_DIR, RepoTask, TaskFormatError, load_task, load_tasks
 from evoharness.envs.repo.tools import ToolBox, tool_schemas
 
-__all__ = ["EmptyPolicy", "Limits", "OpenAIChatPolicy", "PACK_DIR", "ReferencePolicy", "RepoEpisode",
-           "RepoTask", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable", "TaskFormatError", "ToolBox",
-           "load_task", "load_tasks", "make_chat_policy", "run_repo_episode", "score_workspace", "tool_schemas"]
+__all__ = [
+    "EmptyPolicy",
+    "Limits",
+    "OpenAIChatPolicy",
+    "PACK_DIR",
+    "ReferencePolicy",
+    "RepoEpisode",
+    "RepoTask",
+    "RunResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxUnavailable",
+    "TaskFormatError",
+    "ToolBox",
+    "load_task",
+    "load_tasks",
+    "make_chat_policy",
+    "run_repo_episode",
+    "score_workspace",
+    "tool_schemas",
+]

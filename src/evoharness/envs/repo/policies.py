@@ -59,16 +59,25 @@ class ChatReply:
         """The assistant message to append to the conversation (OpenAI format)."""
         msg: dict[str, Any] = {"role": "assistant", "content": self.content or None}
         if self.tool_calls:
-            msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in self.tool_calls]
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
         return msg
 
 
 class ChatPolicy(Protocol):
     name: str
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, execution_id: str,
-                 role: str, task: RepoTask) -> ChatReply:
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        execution_id: str,
+        role: str,
+        task: RepoTask,
+    ) -> ChatReply:
         """Answer one chat call. Must not raise: failures come back as ``error``."""
         ...
 
@@ -88,8 +97,12 @@ def messages_tokens(messages: list[dict[str, Any]]) -> int:
 def _scripted(calls: list[tuple[str, dict[str, Any]]], messages: list[dict[str, Any]], step: int) -> ChatReply:
     name, args = calls[min(step, len(calls) - 1)]
     text = json.dumps(args)
-    return ChatReply(tool_calls=[ToolCall(f"call_{step}", name, text)], prompt_tokens=messages_tokens(messages),
-                     completion_tokens=estimate_tokens(name + text), finish_reason="tool_calls")
+    return ChatReply(
+        tool_calls=[ToolCall(f"call_{step}", name, text)],
+        prompt_tokens=messages_tokens(messages),
+        completion_tokens=estimate_tokens(name + text),
+        finish_reason="tool_calls",
+    )
 
 
 class ReferencePolicy:
@@ -99,8 +112,11 @@ class ReferencePolicy:
 
     def complete(self, messages, tools, *, execution_id, role, task):
         if role != "main":
-            return ChatReply(content="Wrote the reference solution file by file.",
-                             prompt_tokens=messages_tokens(messages), completion_tokens=10)
+            return ChatReply(
+                content="Wrote the reference solution file by file.",
+                prompt_tokens=messages_tokens(messages),
+                completion_tokens=10,
+            )
         calls = [("write_file", {"path": p, "content": text}) for p, text in task.reference_files().items()]
         if calls:
             calls.append(("run_shell", {"command": "python -m compileall -q . && ls -R"}))
@@ -141,9 +157,19 @@ class OpenAIChatPolicy:
             the gateway records them itself either way).
     """
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 600.0,
-                 max_retries: int = 3, temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 4096,
-                 seed: int | None = 0, tito: bool = False) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_tokens: int = 4096,
+        seed: int | None = 0,
+        tito: bool = False,
+    ) -> None:
         import openai
 
         self.name = f"openai:{model}"
@@ -152,14 +178,22 @@ class OpenAIChatPolicy:
         if seed is not None:
             self.sampling["seed"] = seed
         self.extra_body = {"logprobs": True, "return_token_ids": True} if tito else None
-        self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
-                                    timeout=timeout_s, max_retries=max_retries)
+        self.client = openai.OpenAI(
+            base_url=base_url,
+            api_key=os.environ.get(api_key_env) or "EMPTY",
+            timeout=timeout_s,
+            max_retries=max_retries,
+        )
 
     def complete(self, messages, tools, *, execution_id, role, task):
         import openai
 
-        kwargs: dict[str, Any] = dict(model=self.model, messages=messages, **self.sampling,
-                                      extra_headers={"X-Execution-Id": execution_id, "X-Agent-Role": role})
+        kwargs: dict[str, Any] = dict(
+            model=self.model,
+            messages=messages,
+            **self.sampling,
+            extra_headers={"X-Execution-Id": execution_id, "X-Agent-Role": role},
+        )
         if tools:
             kwargs["tools"] = tools
         if self.extra_body:
@@ -168,20 +202,29 @@ class OpenAIChatPolicy:
             resp = self.client.chat.completions.create(**kwargs)
         except openai.BadRequestError as e:
             msg = str(e)
-            return ChatReply(finish_reason="error", error=f"BadRequestError: {msg}"[:500],
-                             context_overflow=any(h in msg.lower() for h in _OVERFLOW_HINTS))
+            return ChatReply(
+                finish_reason="error",
+                error=f"BadRequestError: {msg}"[:500],
+                context_overflow=any(h in msg.lower() for h in _OVERFLOW_HINTS),
+            )
         except Exception as e:  # network, HTTP status, timeout: recorded, never raised
             return ChatReply(finish_reason="error", error=f"{type(e).__name__}: {e}"[:500])
         if not resp.choices:
             return ChatReply(finish_reason="error", error="response has no choices")
         choice = resp.choices[0]
-        calls = [ToolCall(c.id or f"call_{i}", c.function.name, c.function.arguments or "")
-                 for i, c in enumerate(choice.message.tool_calls or []) if getattr(c, "function", None)]
+        calls = [
+            ToolCall(c.id or f"call_{i}", c.function.name, c.function.arguments or "")
+            for i, c in enumerate(choice.message.tool_calls or [])
+            if getattr(c, "function", None)
+        ]
         usage = resp.usage
-        return ChatReply(content=choice.message.content or "", tool_calls=calls,
-                         prompt_tokens=usage.prompt_tokens if usage else messages_tokens(messages),
-                         completion_tokens=usage.completion_tokens if usage else 0,
-                         finish_reason=choice.finish_reason or "stop")
+        return ChatReply(
+            content=choice.message.content or "",
+            tool_calls=calls,
+            prompt_tokens=usage.prompt_tokens if usage else messages_tokens(messages),
+            completion_tokens=usage.completion_tokens if usage else 0,
+            finish_reason=choice.finish_reason or "stop",
+        )
 
     def close(self) -> None:
         self.client.close()

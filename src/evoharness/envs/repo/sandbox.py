@@ -144,8 +144,9 @@ def truncate_middle(text: str, limit: int) -> str:
         return text
     head = limit * 2 // 3
     tail = limit - head
-    return (text[:head] + f"\n[... {len(text) - head - tail} characters truncated ...]\n"
-            + (text[-tail:] if tail else ""))
+    return (
+        text[:head] + f"\n[... {len(text) - head - tail} characters truncated ...]\n" + (text[-tail:] if tail else "")
+    )
 
 
 def require_bwrap() -> str:
@@ -158,7 +159,8 @@ def require_bwrap() -> str:
     if not exe:
         raise SandboxUnavailable(
             "bubblewrap (bwrap) is not installed; commands are never run unconfined. "
-            "Install it: apt-get install -y bubblewrap")
+            "Install it: apt-get install -y bubblewrap"
+        )
     return exe
 
 
@@ -251,15 +253,55 @@ def dir_size(path: Path, stop_at: int | None = None) -> int:
 # Denied with EPERM. Names the running kernel's libseccomp does not know are skipped (an old
 # libseccomp predates fsopen & co.; the kernel then rejects them as unknown anyway).
 SECCOMP_DENIED = (
-    "keyctl", "add_key", "request_key",                                  # the kernel keyring outlives the sandbox
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",          # other processes' memory
-    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns",     # mounts and namespaces
-    "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-    "name_to_handle_at", "open_by_handle_at",                          # file handles bypass the mount view
-    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
-    "swapon", "swapoff", "syslog", "acct", "quotactl", "quotactl_fd", "iopl", "ioperm", "lookup_dcookie",
-    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "vhangup", "uselib",
+    "keyctl",
+    "add_key",
+    "request_key",  # the kernel keyring outlives the sandbox
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",  # other processes' memory
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",  # mounts and namespaces
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "name_to_handle_at",
+    "open_by_handle_at",  # file handles bypass the mount view
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "syslog",
+    "acct",
+    "quotactl",
+    "quotactl_fd",
+    "iopl",
+    "ioperm",
+    "lookup_dcookie",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "vhangup",
+    "uselib",
 )
 # clone flags that create namespaces (CLONE_NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET)
 CLONE_NAMESPACE_FLAGS = (0x80, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
@@ -292,7 +334,8 @@ def seccomp_program() -> bytes:
             raise SandboxUnavailable(
                 f"cannot build the sandbox's seccomp filter ({type(e).__name__}: {e}); commands are never run "
                 "unfiltered. Install libseccomp (apt-get install -y libseccomp2) and pyseccomp "
-                "(pip install pyseccomp==0.1.2, a dependency of this package)") from e
+                "(pip install pyseccomp==0.1.2, a dependency of this package)"
+            ) from e
         try:
             f = sc.SyscallFilter(sc.ALLOW)
             eperm = sc.ERRNO(errno.EPERM)
@@ -415,8 +458,15 @@ def shown(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def copy_tree(src: Path, dst: Path, max_bytes: int, max_entries: int, max_depth: int = 64,
-              owner: int | None = None, skip: frozenset[str] = SKIP_NAMES) -> CopyReport:
+def copy_tree(
+    src: Path,
+    dst: Path,
+    max_bytes: int,
+    max_entries: int,
+    max_depth: int = 64,
+    owner: int | None = None,
+    skip: frozenset[str] = SKIP_NAMES,
+) -> CopyReport:
     """Copy the agent-controlled tree `src` into the existing directory `dst`, bounded.
 
     Every operation goes through directory descriptors with ``O_NOFOLLOW``:
@@ -509,8 +559,12 @@ def _copy_file(sfd: int, dfd: int, name: str, st: os.stat_result, owner: int | N
     try:
         if not stat.S_ISREG(os.fstat(fi).st_mode):  # replaced since the scan: nothing of the agent's should run now
             raise OSError(errno.EINVAL, "not a regular file")
-        fo = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     (st.st_mode & 0o755) | 0o600, dir_fd=dfd)
+        fo = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            (st.st_mode & 0o755) | 0o600,
+            dir_fd=dfd,
+        )
         try:
             left, off = st.st_size, 0
             while left > 0:
@@ -734,8 +788,10 @@ class Sandbox:
         self.privileged = os.geteuid() == 0
         self.uid = self._pick_uid() if self.privileged else os.getuid()
         self._etc = Path(tempfile.mkdtemp(prefix="evo-sbx-etc-"))
-        (self._etc / "passwd").write_text(f"root:x:0:0:root:/root:/bin/sh\nagent:x:{self.uid}:{self.uid}:agent:"
-                                          f"{WORKSPACE}:/bin/bash\nnobody:x:65534:65534:nobody:/:/bin/false\n")
+        (self._etc / "passwd").write_text(
+            f"root:x:0:0:root:/root:/bin/sh\nagent:x:{self.uid}:{self.uid}:agent:"
+            f"{WORKSPACE}:/bin/bash\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+        )
         (self._etc / "group").write_text(f"root:x:0:\nagent:x:{self.uid}:\nnogroup:x:65534:\n")
         self.own_tree()
 
@@ -771,11 +827,23 @@ class Sandbox:
                 args += ["--symlink", os.readlink(d), d]
             elif os.path.isdir(d):
                 args += ["--ro-bind", d, d]
-        for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/nsswitch.conf",
-                  "/etc/alternatives", "/etc/mime.types"):
+        for f in (
+            "/etc/ld.so.cache",
+            "/etc/ld.so.conf",
+            "/etc/localtime",
+            "/etc/nsswitch.conf",
+            "/etc/alternatives",
+            "/etc/mime.types",
+        ):
             args += ["--ro-bind-try", f, f]
-        args += ["--ro-bind", str(self._etc / "passwd"), "/etc/passwd",
-                 "--ro-bind", str(self._etc / "group"), "/etc/group"]
+        args += [
+            "--ro-bind",
+            str(self._etc / "passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            str(self._etc / "group"),
+            "/etc/group",
+        ]
         return args
 
     def _python_roots(self) -> list[str]:
@@ -784,14 +852,33 @@ class Sandbox:
         roots.add(sys.prefix)  # the venv as its scripts' shebangs name it
         return sorted(r for r in roots if not r.startswith("/usr/") and r != "/usr")
 
-    def _argv(self, limits: Limits, extra_ro: dict[str, str], extra_rw: dict[str, str], extra_env: dict[str, str],
-              seccomp_fd: int, ro_overlays: dict[str, str] | None = None) -> list[str]:
+    def _argv(
+        self,
+        limits: Limits,
+        extra_ro: dict[str, str],
+        extra_rw: dict[str, str],
+        extra_env: dict[str, str],
+        seccomp_fd: int,
+        ro_overlays: dict[str, str] | None = None,
+    ) -> list[str]:
         binds = {**{r: r for r in self._python_roots()}, **self.ro_binds, **extra_ro}
         dests = [WORKSPACE, *binds.values(), *extra_rw.values()]
-        parents = sorted({str(p) for d in dests for p in Path(d).parents
-                          if str(p) != "/" and not str(p).startswith("/usr")} | {"/etc"})
-        argv = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--seccomp", str(seccomp_fd)]
+        parents = sorted(
+            {str(p) for d in dests for p in Path(d).parents if str(p) != "/" and not str(p).startswith("/usr")}
+            | {"/etc"}
+        )
+        argv = [
+            self.bwrap,
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--seccomp",
+            str(seccomp_fd),
+        ]
         if self.privileged:
             argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
@@ -811,22 +898,45 @@ class Sandbox:
             argv += ["--ro-bind", src, dst]
         for h in self._hidden_paths(binds):
             argv += ["--tmpfs", h]
-        env = {"PATH": f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": WORKSPACE,
-               "USER": "agent", "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONPATH": WORKSPACE,
-               "PYTHONDONTWRITEBYTECODE": "1", "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-               **extra_env}
+        env = {
+            "PATH": f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": WORKSPACE,
+            "USER": "agent",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "PYTHONPATH": WORKSPACE,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PIP_NO_INDEX": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            **extra_env,
+        }
         argv += ["--chdir", WORKSPACE, "--clearenv"]
         for k, v in env.items():
             argv += ["--setenv", k, v]
         argv.append("--")
         if self.privileged:
-            argv += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                     "--inh-caps=-all", "--bounding-set=-all", "--"]
+            argv += [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.uid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ]
             nproc = limits.processes
         else:  # RLIMIT_NPROC counts every process of the real user: leave room for the others
             nproc = len(_proc_uid_stats(self.uid)[0]) + limits.processes
-        argv += ["prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * _MB}", f"--nproc={nproc}",
-                 f"--fsize={limits.file_size_mb * _MB}", f"--nofile={limits.open_files}", "--core=0", "--"]
+        argv += [
+            "prlimit",
+            f"--cpu={limits.cpu_s}",
+            f"--as={limits.memory_mb * _MB}",
+            f"--nproc={nproc}",
+            f"--fsize={limits.file_size_mb * _MB}",
+            f"--nofile={limits.open_files}",
+            "--core=0",
+            "--",
+        ]
         return argv
 
     def _hidden_paths(self, binds: dict[str, str]) -> list[str]:
@@ -839,14 +949,22 @@ class Sandbox:
             for src, dst in binds.items():
                 src = os.path.realpath(src)
                 if h == src or h.startswith(src + "/"):
-                    out.append(dst + h[len(src):])
+                    out.append(dst + h[len(src) :])
         return sorted(set(out))
 
     # ---- running ------------------------------------------------------------------
 
-    def run(self, command: str | list[str], limits: Limits | None = None, extra_ro: dict[str, str] | None = None,
-            extra_rw: dict[str, str] | None = None, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
-            ro_overlays: dict[str, str] | None = None, **overrides) -> RunResult:
+    def run(
+        self,
+        command: str | list[str],
+        limits: Limits | None = None,
+        extra_ro: dict[str, str] | None = None,
+        extra_rw: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
+        ro_overlays: dict[str, str] | None = None,
+        **overrides,
+    ) -> RunResult:
         """Run `command` confined (a string goes to ``bash -c``; cwd ``/workspace``).
 
         Args:
@@ -872,8 +990,9 @@ class Sandbox:
         # (RLIMIT_FSIZE 0) and any new entry or byte ends it at once, checked every 20 ms.
         used0, n0 = dir_usage(self.workspace)
         over = used0 > lim.disk_mb * _MB or n0 > lim.max_files
-        bound = (used0, min(n0, lim.max_files) if n0 == sys.maxsize else n0) if over else (lim.disk_mb * _MB,
-                                                                                         lim.max_files)
+        bound = (
+            (used0, min(n0, lim.max_files) if n0 == sys.maxsize else n0) if over else (lim.disk_mb * _MB, lim.max_files)
+        )
         if over:
             lim = replace(lim, file_size_mb=0)
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
@@ -886,14 +1005,23 @@ class Sandbox:
         finally:
             os.close(sc_write)
         full = self._argv(lim, extra_ro or {}, extra_rw or {}, env or {}, sc_read, ro_overlays) + argv
-        cg = (MemoryCgroup.create(f"evo-sbx-{self.uid}-{secrets.token_hex(4)}", lim.memory_mb * _MB)
-              if self.privileged else None)
+        cg = (
+            MemoryCgroup.create(f"evo-sbx-{self.uid}-{secrets.token_hex(4)}", lim.memory_mb * _MB)
+            if self.privileged
+            else None
+        )
         if cg is not None:  # the shell joins the group, then becomes bwrap: nothing forks outside it
             full = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs, *full]
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, pass_fds=(*pass_fds, sc_read))
+            proc = subprocess.Popen(
+                full,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(*pass_fds, sc_read),
+            )
         except OSError as e:
             if cg is not None:
                 cg.remove()
@@ -945,20 +1073,31 @@ class Sandbox:
         if dropped > 0:
             tail_bytes = tail_bytes[-keep_tail:] if keep_tail else b""
             dropped = total[0] - len(head) - len(tail_bytes)
-            out = (head.decode("utf-8", "replace") + f"\n[... {dropped} bytes of output truncated ...]\n"
-                   + tail_bytes.decode("utf-8", "replace"))
+            out = (
+                head.decode("utf-8", "replace")
+                + f"\n[... {dropped} bytes of output truncated ...]\n"
+                + tail_bytes.decode("utf-8", "replace")
+            )
         else:
             out = (bytes(head) + tail_bytes).decode("utf-8", "replace")
-        return RunResult(exit_code=-9 if killed else rc, output=out, output_total=total[0], killed=killed,
-                         wall_s=round(wall, 3))
+        return RunResult(
+            exit_code=-9 if killed else rc, output=out, output_total=total[0], killed=killed, wall_s=round(wall, 3)
+        )
 
     def _over(self, bound: tuple[int, int]) -> str | None:
         """``disk`` / ``files`` when the workspace passes `bound` (bytes, entries), else None."""
         used, n = dir_usage(self.workspace, stop_bytes=bound[0], stop_entries=bound[1])
         return "disk" if used > bound[0] else "files" if n > bound[1] else None
 
-    def _watch(self, proc: subprocess.Popen, lim: Limits, t0: float, cg: MemoryCgroup | None,
-               bound: tuple[int, int], every_s: float) -> str | None:
+    def _watch(
+        self,
+        proc: subprocess.Popen,
+        lim: Limits,
+        t0: float,
+        cg: MemoryCgroup | None,
+        bound: tuple[int, int],
+        every_s: float,
+    ) -> str | None:
         """Poll until `proc` exits; kill the sandbox at a limit and say which.
 
         Args:
@@ -973,8 +1112,9 @@ class Sandbox:
                 reason = "wall_time"
             elif now >= next_check:
                 next_check = now + every_s
-                if self.privileged and (_proc_uid_stats(self.uid)[1] > lim.memory_mb * _MB
-                                        or (cg is not None and cg.oom_kills())):
+                if self.privileged and (
+                    _proc_uid_stats(self.uid)[1] > lim.memory_mb * _MB or (cg is not None and cg.oom_kills())
+                ):
                     reason = "memory"
                 else:
                     reason = self._over(bound)

@@ -35,14 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-
+from evoharness.config.env import AgentConfig
 from evoharness.envs.repo.policies import ChatPolicy, ChatReply, messages_tokens
 from evoharness.envs.repo.sandbox import Limits, Sandbox, SandboxError, WorkspaceFS, copy_tree, walk_tree
 from evoharness.envs.repo.scorer import score_workspace
 from evoharness.envs.repo.task import RepoTask
 from evoharness.envs.repo.tools import ToolBox, shown_name, tool_schemas
 from evoharness.envs.repo.trace import TraceWriter
-from evoharness.config.env import AgentConfig
 
 SYSTEM_PROMPT = """\
 You are a software engineer working alone in a sandboxed Linux workspace at /workspace \
@@ -98,8 +97,11 @@ class RepoEpisode:
 
 
 def _first_user(task: RepoTask, workspace_files: list[str]) -> str:
-    start = ("The workspace starts with these files:\n" + "\n".join(f"- {f}" for f in workspace_files)
-             if workspace_files else "The workspace starts empty.")
+    start = (
+        "The workspace starts with these files:\n" + "\n".join(f"- {f}" for f in workspace_files)
+        if workspace_files
+        else "The workspace starts empty."
+    )
     return f"# Specification\n\n{task.spec.strip()}\n\n{start}"
 
 
@@ -121,8 +123,9 @@ def _files(root: Path, limit: int = 200) -> list[str]:
 class _Episode:
     """State of one execution; `run` is the loop."""
 
-    def __init__(self, task: RepoTask, policy: ChatPolicy, workdir: Path, cfg: AgentConfig, trace: TraceWriter,
-                 execution_id: str) -> None:
+    def __init__(
+        self, task: RepoTask, policy: ChatPolicy, workdir: Path, cfg: AgentConfig, trace: TraceWriter, execution_id: str
+    ) -> None:
         self.task, self.policy, self.cfg, self.trace, self.xid = task, policy, cfg, trace, execution_id
         self.workspace = Path(workdir) / "workspace"
         remove_workspace(self.workspace)  # a restarted execution's leftovers
@@ -130,12 +133,19 @@ class _Episode:
         # as root, the kernel bounds the workspace (size and inodes), not only the watchdog
         self.fs = WorkspaceFS(self.workspace, cfg.disk_mb, cfg.max_files).mount() if WorkspaceFS.available() else None
         if task.workspace_dir is not None:
-            shutil.copytree(task.workspace_dir, self.workspace, ignore=shutil.ignore_patterns("__pycache__"),
-                            dirs_exist_ok=True)
+            shutil.copytree(
+                task.workspace_dir, self.workspace, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
+            )
         self.tool_budget = cfg.max_tool_calls or task.max_tool_calls
         self.wall_budget = cfg.wall_time_s or task.wall_time_s
-        limits = Limits(wall_s=cfg.shell_timeout_s, cpu_s=int(cfg.shell_timeout_s) + 5, memory_mb=cfg.shell_memory_mb,
-                        processes=cfg.shell_processes, disk_mb=cfg.disk_mb, max_files=cfg.max_files)
+        limits = Limits(
+            wall_s=cfg.shell_timeout_s,
+            cpu_s=int(cfg.shell_timeout_s) + 5,
+            memory_mb=cfg.shell_memory_mb,
+            processes=cfg.shell_processes,
+            disk_mb=cfg.disk_mb,
+            max_files=cfg.max_files,
+        )
         try:
             self.sandbox = Sandbox(self.workspace, limits=limits, hidden=[str(task.root)])
         except BaseException:
@@ -144,9 +154,10 @@ class _Episode:
         self.tools = ToolBox(self.sandbox, output_chars=cfg.output_chars, max_shell_s=cfg.shell_timeout_s)
         self.schemas = tool_schemas()
         self.t0 = time.monotonic()
-        self.head = [{"role": "system", "content": SYSTEM_PROMPT.format(tool_calls=self.tool_budget,
-                                                                        wall=self.wall_budget)},
-                     {"role": "user", "content": _first_user(task, _files(self.workspace))}]
+        self.head = [
+            {"role": "system", "content": SYSTEM_PROMPT.format(tool_calls=self.tool_budget, wall=self.wall_budget)},
+            {"role": "user", "content": _first_user(task, _files(self.workspace))},
+        ]
         self.messages: list[dict[str, Any]] = list(self.head)
         self.n_tool = self.n_tool_err = self.n_model = self.n_compact = 0
         self.tool_counts: dict[str, int] = {}
@@ -179,8 +190,9 @@ class _Episode:
 
     def _call(self, messages: list[dict[str, Any]], role: str) -> tuple[ChatReply, float, float]:
         start = self._elapsed()
-        reply = self.policy.complete(messages, self.schemas if role == "main" else None, execution_id=self.xid,
-                                     role=role, task=self.task)
+        reply = self.policy.complete(
+            messages, self.schemas if role == "main" else None, execution_id=self.xid, role=role, task=self.task
+        )
         end = self._elapsed()
         self.n_model += 1
         self.model_s += end - start
@@ -205,21 +217,30 @@ class _Episode:
             request = convo + [{"role": "user", "content": SUMMARY_PROMPT}]
             if messages_tokens(request) <= limit or len(convo) <= len(self.head) + 1:
                 break
-            convo = self.head + _tail_from_assistant(convo[len(self.head):], keep=(len(convo) - len(self.head)) // 2)
+            convo = self.head + _tail_from_assistant(convo[len(self.head) :], keep=(len(convo) - len(self.head)) // 2)
         reply, start, end = self._call(request, "summary")
-        self.trace.model_call(self.xid, self.task.task_id, start, end, reply.prompt_tokens, reply.completion_tokens,
-                              "summary", [])
+        self.trace.model_call(
+            self.xid, self.task.task_id, start, end, reply.prompt_tokens, reply.completion_tokens, "summary", []
+        )
         if reply.error:
             self.error = reply.error
             return "context_overflow" if reply.context_overflow else "model_error"
         self.n_compact += 1
-        self.segments += [{"role": "main", "messages": self.messages},
-                          {"role": "summary", "dropped_messages": len(self.messages) - len(convo),
-                           "content": reply.content}]
-        self.messages = self.head[:1] + [{"role": "user", "content": (
-            f"{self.head[1]['content']}\n\n# Your progress so far (summary {self.n_compact})\n\n"
-            f"{reply.content.strip()}\n\nFiles now in the workspace:\n"
-            + "\n".join(f"- {f}" for f in _files(self.workspace)) + "\n\nContinue from here.")}]
+        self.segments += [
+            {"role": "main", "messages": self.messages},
+            {"role": "summary", "dropped_messages": len(self.messages) - len(convo), "content": reply.content},
+        ]
+        self.messages = self.head[:1] + [
+            {
+                "role": "user",
+                "content": (
+                    f"{self.head[1]['content']}\n\n# Your progress so far (summary {self.n_compact})\n\n"
+                    f"{reply.content.strip()}\n\nFiles now in the workspace:\n"
+                    + "\n".join(f"- {f}" for f in _files(self.workspace))
+                    + "\n\nContinue from here."
+                ),
+            }
+        ]
         self.known = (0, 0)
         if messages_tokens(self.messages) > limit:
             return "context_overflow"
@@ -262,8 +283,13 @@ class _Episode:
             for call in reply.tool_calls:
                 if stop is not None or self.n_tool >= self.tool_budget or self._elapsed() >= self.wall_budget:
                     stop = stop or ("tool_budget" if self.n_tool >= self.tool_budget else "wall_time")
-                    self.messages.append({"role": "tool", "tool_call_id": call.id,
-                                          "content": f"error: not run ({stop.replace('_', ' ')} reached)"})
+                    self.messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": call.id,
+                            "content": f"error: not run ({stop.replace('_', ' ')} reached)",
+                        }
+                    )
                     continue
                 # a command may not outlast the episode's wall budget
                 self.tools.max_shell_s = max(1.0, min(self.cfg.shell_timeout_s, self.wall_budget - self._elapsed()))
@@ -286,8 +312,16 @@ class _Episode:
                     except (json.JSONDecodeError, AttributeError):
                         pass
                     stop = "finish"
-            self.trace.model_call(self.xid, self.task.task_id, start, end, reply.prompt_tokens,
-                                  reply.completion_tokens, "main", tools_done)
+            self.trace.model_call(
+                self.xid,
+                self.task.task_id,
+                start,
+                end,
+                reply.prompt_tokens,
+                reply.completion_tokens,
+                "main",
+                tools_done,
+            )
             if stop is not None:
                 return stop
 
@@ -314,8 +348,14 @@ def remove_workspace(path: Path, fs: WorkspaceFS | None = None) -> None:
         shutil.rmtree(path)
 
 
-def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cfg: AgentConfig | None = None,
-                     trace: TraceWriter | None = None, execution_id: str | None = None) -> RepoEpisode:
+def run_repo_episode(
+    task: RepoTask,
+    policy: ChatPolicy,
+    workdir: str | Path,
+    cfg: AgentConfig | None = None,
+    trace: TraceWriter | None = None,
+    execution_id: str | None = None,
+) -> RepoEpisode:
     """Play one execution of `task` with `policy` in ``workdir/workspace`` and score it.
 
     After scoring (on a copy) the workspace is removed, unless
@@ -338,8 +378,11 @@ def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cf
         ep.sandbox.close()
         if stop is None:  # a harness fault: nothing will be scored, nothing may stay mounted
             ep.release(keep=False)
-        transcript = {"execution_id": xid, "task_id": task.task_id,
-                      "segments": ep.segments + [{"role": "main", "messages": ep.messages}]}
+        transcript = {
+            "execution_id": xid,
+            "task_id": task.task_id,
+            "segments": ep.segments + [{"role": "main", "messages": ep.messages}],
+        }
         tmp = Path(workdir) / ".transcript.json.tmp"
         tmp.write_text(json.dumps(transcript))
         os.replace(tmp, Path(workdir) / "transcript.json")
@@ -350,16 +393,47 @@ def run_repo_episode(task: RepoTask, policy: ChatPolicy, workdir: str | Path, cf
     finally:
         ep.release(keep=cfg.keep_workspace)
     score_s = time.monotonic() - t_score
-    detail = {k: outcome.detail[k] for k in ("passed", "collected", "collect_errors", "errors", "reason", "exit_code",
-                                             "killed", "abnormal", "tampered", "copy") if k in outcome.detail}
+    detail = {
+        k: outcome.detail[k]
+        for k in (
+            "passed",
+            "collected",
+            "collect_errors",
+            "errors",
+            "reason",
+            "exit_code",
+            "killed",
+            "abnormal",
+            "tampered",
+            "copy",
+        )
+        if k in outcome.detail
+    }
     episode = RepoEpisode(
-        task_id=task.task_id, execution_id=xid, policy=policy.name, difficulty=task.difficulty, stop_reason=stop,
-        reward=outcome.reward, score_status=outcome.status, passed=int(outcome.detail.get("passed", 0)),
-        n_tests=task.n_tests, score_attempts=outcome.attempts, tool_calls=ep.n_tool, tool_errors=ep.n_tool_err,
-        tool_counts=ep.tool_counts, model_calls=ep.n_model, compactions=ep.n_compact,
-        prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens, wall_s=round(wall, 3),
-        model_s=round(ep.model_s, 3), tool_s=round(ep.tool_s, 3), score_s=round(score_s, 3), error=ep.error,
-        finish_summary=ep.finish_summary, score_detail=detail,
+        task_id=task.task_id,
+        execution_id=xid,
+        policy=policy.name,
+        difficulty=task.difficulty,
+        stop_reason=stop,
+        reward=outcome.reward,
+        score_status=outcome.status,
+        passed=int(outcome.detail.get("passed", 0)),
+        n_tests=task.n_tests,
+        score_attempts=outcome.attempts,
+        tool_calls=ep.n_tool,
+        tool_errors=ep.n_tool_err,
+        tool_counts=ep.tool_counts,
+        model_calls=ep.n_model,
+        compactions=ep.n_compact,
+        prompt_tokens=ep.prompt_tokens,
+        completion_tokens=ep.completion_tokens,
+        wall_s=round(wall, 3),
+        model_s=round(ep.model_s, 3),
+        tool_s=round(ep.tool_s, 3),
+        score_s=round(score_s, 3),
+        error=ep.error,
+        finish_summary=ep.finish_summary,
+        score_detail=detail,
     )
     tmp = Path(workdir) / ".episode.json.tmp"
     tmp.write_text(json.dumps(episode.to_dict()))

@@ -68,10 +68,16 @@ from pathlib import Path
 from typing import Any
 
 from evoharness.envs.repo.sandbox import (
-    WORKSPACE, Limits, Sandbox, SandboxError, WorkspaceFS, copy_tree, has_regular_file,
+    WORKSPACE,
+    Limits,
+    Sandbox,
+    SandboxError,
+    WorkspaceFS,
+    copy_tree,
+    has_regular_file,
 )
-from evoharness.envs.repo.task import PACK_DIR, RepoTask
 from evoharness.envs.repo.scoring import EvaluationError, NothingToEvaluate, ScoreOutcome, score_with_retry
+from evoharness.envs.repo.task import PACK_DIR, RepoTask
 
 PLUGIN = '''\
 """evoharness scoring plugin: one signed JSON line per event, written to an inherited pipe."""
@@ -127,8 +133,8 @@ def _defs(path):
         try:
             with open(path, "rb") as f:
                 tree = ast.parse(f.read())
-            _DEFS[path] = {(n.name, ln) for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                           for ln in (n.lineno, *(d.lineno for d in n.decorator_list))}
+            funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            _DEFS[path] = {(n.name, ln) for n in funcs for ln in (n.lineno, *(d.lineno for d in n.decorator_list))}
         except (OSError, SyntaxError, ValueError):
             _DEFS[path] = set()
     return _DEFS[path]
@@ -148,7 +154,8 @@ def _genuine(item):
 def _impls(config):
     out = {}
     for name in _OUTCOME_HOOKS:
-        out[name] = tuple(getattr(i, "function", None) for i in getattr(config.pluginmanager.hook, name).get_hookimpls())
+        impls = getattr(config.pluginmanager.hook, name).get_hookimpls()
+        out[name] = tuple(getattr(i, "function", None) for i in impls)
     return out
 
 
@@ -278,19 +285,19 @@ def pytest_runtest_teardown(item):
 # and the plugin are imported (no shadowing ``pytest.py``) and while pytest loads entry-point
 # plugins; the plugin's ``pytest_configure`` then puts the workspace first on sys.path, where
 # the tests import the agent's code from.
-RUNNER = '''\
+RUNNER = """\
 import sys
 import pytest
 sys.path.insert(0, "/score")
 import evo_score_plugin
 sys.exit(pytest.main(sys.argv[1:], plugins=[evo_score_plugin]))
-'''
+"""
 
 
 # `real()` of the pack's hidden suites (exact, genuine values; issue 49), placed beside each pack suite
 STRICT_HELPER = PACK_DIR / "_strict.py"
-_MAX_RECORD = 1 << 20     # bytes of one signed line (the collected ids of a big suite); longer ones are not the plugin's
-_MAX_RECORDS = 200_000    # signed lines kept (a hidden suite reports 3 per test)
+_MAX_RECORD = 1 << 20  # bytes of one signed line (the collected ids of a big suite); longer ones are not the plugin's
+_MAX_RECORDS = 200_000  # signed lines kept (a hidden suite reports 3 per test)
 _ABNORMAL_CONTROL_S = 120.0  # a control run is bounded like the hidden run, at most this
 
 
@@ -320,7 +327,7 @@ class _Channel:
                 *lines, buf = buf.split(b"\n")
                 for ln in lines:
                     if ln.startswith(prefix) and len(self.records) < _MAX_RECORDS:
-                        self.records.append(ln[len(prefix):].decode("utf-8", "replace"))
+                        self.records.append(ln[len(prefix) :].decode("utf-8", "replace"))
                 if len(buf) > _MAX_RECORD:
                     buf = b"\xff"  # an endless line: drop it up to its newline (never a valid prefix)
 
@@ -453,13 +460,26 @@ def tally(records: Iterable[str], n_tests: int, suite: Iterable[str] = ()) -> di
         elif ev == "finish":
             finished, exitstatus = True, rec.get("exitstatus")
     ok = genuine or set()
-    passed = 0 if tampered else sum(1 for nid, p in phases.items()
-                                    if nid in ok and p.get("call") == "passed" and "failed" not in p.values())
-    return {"started": started, "session": session, "finished": finished, "exitstatus": exitstatus,
-            "inside": inside,
-            "collected": collected,
-            "passed": passed, "failed": len(phases) - passed, "collect_errors": collect_errors[:20],
-            "tampered": tampered[:5], "n_tests": n_tests}
+    passed = (
+        0
+        if tampered
+        else sum(
+            1 for nid, p in phases.items() if nid in ok and p.get("call") == "passed" and "failed" not in p.values()
+        )
+    )
+    return {
+        "started": started,
+        "session": session,
+        "finished": finished,
+        "exitstatus": exitstatus,
+        "inside": inside,
+        "collected": collected,
+        "passed": passed,
+        "failed": len(phases) - passed,
+        "collect_errors": collect_errors[:20],
+        "tampered": tampered[:5],
+        "n_tests": n_tests,
+    }
 
 
 def _run_suite(task: RepoTask, workspace: Path | None, lim: Limits, tmp: Path) -> tuple[Any, dict[str, Any], dict]:
@@ -480,8 +500,19 @@ def _run_suite(task: RepoTask, workspace: Path | None, lim: Limits, tmp: Path) -
         (score / "evo_score_plugin.py").write_text(PLUGIN)
         (score / "evo_run.py").write_text(RUNNER)
         (score / "pytest.ini").write_text("[pytest]\n")
-        args = ["python", "-I", "-B", "/score/evo_run.py", "-q", "-p", "no:cacheprovider",
-                "--continue-on-collection-errors", "-o", "addopts=", "--color=no"]
+        args = [
+            "python",
+            "-I",
+            "-B",
+            "/score/evo_run.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--continue-on-collection-errors",
+            "-o",
+            "addopts=",
+            "--color=no",
+        ]
         overlays: dict[str, str] = {}
         if task.layout == "pack":
             shutil.copytree(task.tests_dir, score / "tests", ignore=shutil.ignore_patterns("__pycache__"))
@@ -502,11 +533,18 @@ def _run_suite(task: RepoTask, workspace: Path | None, lim: Limits, tmp: Path) -
         channel = _Channel()
         try:
             try:
-                r = sandbox.run(args, extra_ro={str(score): "/score"}, ro_overlays=overlays, pass_fds=channel.fds,
-                                env={"EVO_SCORE_FD": str(channel.write_fd),
-                                     "EVO_SCORE_KEY_FD": str(channel.key_read_fd),
-                                     "EVO_PER_TEST_TIMEOUT": str(task.per_test_timeout_s),
-                                     "EVO_SUITE": json.dumps(suite_abs)})
+                r = sandbox.run(
+                    args,
+                    extra_ro={str(score): "/score"},
+                    ro_overlays=overlays,
+                    pass_fds=channel.fds,
+                    env={
+                        "EVO_SCORE_FD": str(channel.write_fd),
+                        "EVO_SCORE_KEY_FD": str(channel.key_read_fd),
+                        "EVO_PER_TEST_TIMEOUT": str(task.per_test_timeout_s),
+                        "EVO_SUITE": json.dumps(suite_abs),
+                    },
+                )
             except SandboxError as e:
                 raise EvaluationError(f"sandbox failed: {e}") from e
             finally:
@@ -568,19 +606,29 @@ def run_hidden_tests(task: RepoTask, workspace: Path, limits: Limits | None = No
             (tmp / "control").mkdir()
             clim = dataclasses.replace(lim, wall_s=min(lim.wall_s, _ABNORMAL_CONTROL_S))
             rc, tc, _ = _run_suite(task, None, clim, tmp / "control")
-            healthy = (tc["started"] and tc["session"] and tc["finished"] and not rc.killed
-                       and rc.exit_code not in (3, 4))
+            healthy = (
+                tc["started"] and tc["session"] and tc["finished"] and not rc.killed and rc.exit_code not in (3, 4)
+            )
             if not healthy:
                 kind = "scorer timeout" if r.timed_out else "pytest failed to run"
-                raise EvaluationError(f"{kind}: {why}; the control run over an empty workspace failed too "
-                                      f"({_abnormal(rc, tc)}, exit {rc.exit_code}): {r.output[-1000:]}")
+                raise EvaluationError(
+                    f"{kind}: {why}; the control run over an empty workspace failed too "
+                    f"({_abnormal(rc, tc)}, exit {rc.exit_code}): {r.output[-1000:]}"
+                )
         # n_tests is the denominator (a collection error must not shrink it). In the pack, a suite
         # that collects more than task.toml declares grows it, so a stale n_tests cannot give 1.0
         # early; NL2Repo keeps upstream's pass rate over test_case_count.txt.
         collected = t["collected"] if isinstance(t["collected"], int) and task.layout == "pack" else 0
         denominator = max(task.n_tests, collected)
-        t.update(reward=min(t["passed"], denominator) / denominator, denominator=denominator, exit_code=r.exit_code,
-                 killed=r.killed, wall_s=r.wall_s, abnormal=why, copy=copied)
+        t.update(
+            reward=min(t["passed"], denominator) / denominator,
+            denominator=denominator,
+            exit_code=r.exit_code,
+            killed=r.killed,
+            wall_s=r.wall_s,
+            abnormal=why,
+            copy=copied,
+        )
         return t
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

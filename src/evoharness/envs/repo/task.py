@@ -31,8 +31,15 @@ from typing import Literal
 
 PACK_DIR = Path(__file__).resolve().parents[2] / "data" / "repo_tasks"
 DIFFICULTIES = ("easy", "medium", "hard")
-_REQUIRED = {"id": str, "title": str, "difficulty": str, "n_tests": int, "max_tool_calls": int,
-             "wall_time_s": int, "test_timeout_s": int}
+_REQUIRED = {
+    "id": str,
+    "title": str,
+    "difficulty": str,
+    "n_tests": int,
+    "max_tool_calls": int,
+    "wall_time_s": int,
+    "test_timeout_s": int,
+}
 
 
 class TaskFormatError(ValueError):
@@ -88,8 +95,11 @@ class RepoTask:
         """The reference solution: relative path -> text, in path order (empty if none)."""
         if self.reference_dir is None:
             return {}
-        return {p.relative_to(self.reference_dir).as_posix(): p.read_text()
-                for p in sorted(self.reference_dir.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+        return {
+            p.relative_to(self.reference_dir).as_posix(): p.read_text()
+            for p in sorted(self.reference_dir.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts
+        }
 
 
 def _opt_dir(p: Path) -> Path | None:
@@ -116,17 +126,26 @@ def _load_pack_task(d: Path) -> RepoTask:
     if not spec.is_file():
         raise TaskFormatError(f"{d}: spec.md missing")
     return RepoTask(
-        task_id=meta["id"], title=meta["title"], difficulty=meta["difficulty"], spec=spec.read_text(),
-        n_tests=meta["n_tests"], max_tool_calls=meta["max_tool_calls"], wall_time_s=float(meta["wall_time_s"]),
-        test_timeout_s=float(meta["test_timeout_s"]), root=d, layout="pack",
+        task_id=meta["id"],
+        title=meta["title"],
+        difficulty=meta["difficulty"],
+        spec=spec.read_text(),
+        n_tests=meta["n_tests"],
+        max_tool_calls=meta["max_tool_calls"],
+        wall_time_s=float(meta["wall_time_s"]),
+        test_timeout_s=float(meta["test_timeout_s"]),
+        root=d,
+        layout="pack",
         per_test_timeout_s=float(meta.get("per_test_timeout_s", min(20.0, meta["test_timeout_s"]))),
-        reference_dir=_opt_dir(d / "reference"), workspace_dir=_opt_dir(d / "workspace"),
+        reference_dir=_opt_dir(d / "reference"),
+        workspace_dir=_opt_dir(d / "workspace"),
         tests_dir=_opt_dir(d / "tests"),
     )
 
 
-def _load_nl2repo_task(d: Path, max_tool_calls: int = 300, wall_time_s: float = 4 * 3600.0,
-                       test_timeout_s: float = 900.0) -> RepoTask:
+def _load_nl2repo_task(
+    d: Path, max_tool_calls: int = 300, wall_time_s: float = 4 * 3600.0, test_timeout_s: float = 900.0
+) -> RepoTask:
     try:
         n_tests = int((d / "test_case_count.txt").read_text().strip())
         test_paths = json.loads((d / "test_files.json").read_text())
@@ -140,10 +159,20 @@ def _load_nl2repo_task(d: Path, max_tool_calls: int = 300, wall_time_s: float = 
     spec = (d / "start.md").read_text()
     m = re.search(r"^#+\s*(.+)$", spec, re.M)
     return RepoTask(
-        task_id=d.name, title=m.group(1).strip() if m else d.name, difficulty="nl2repo", spec=spec,
-        n_tests=n_tests, max_tool_calls=max_tool_calls, wall_time_s=wall_time_s, test_timeout_s=test_timeout_s,
-        root=d, layout="nl2repo", per_test_timeout_s=60.0, workspace_dir=_opt_dir(d / "workspace"),
-        tests_dir=_opt_dir(d / "hidden"), test_paths=tuple(test_paths),
+        task_id=d.name,
+        title=m.group(1).strip() if m else d.name,
+        difficulty="nl2repo",
+        spec=spec,
+        n_tests=n_tests,
+        max_tool_calls=max_tool_calls,
+        wall_time_s=wall_time_s,
+        test_timeout_s=test_timeout_s,
+        root=d,
+        layout="nl2repo",
+        per_test_timeout_s=60.0,
+        workspace_dir=_opt_dir(d / "workspace"),
+        tests_dir=_opt_dir(d / "hidden"),
+        test_paths=tuple(test_paths),
     )
 
 

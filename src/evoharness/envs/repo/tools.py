@@ -82,8 +82,14 @@ class Finish(_Args):
     summary: str = Field("", description="One paragraph on what was built.")
 
 
-TOOLS: dict[str, type[_Args]] = {"run_shell": RunShell, "read_file": ReadFile, "write_file": WriteFile,
-                                 "edit_file": EditFile, "list_dir": ListDir, "finish": Finish}
+TOOLS: dict[str, type[_Args]] = {
+    "run_shell": RunShell,
+    "read_file": ReadFile,
+    "write_file": WriteFile,
+    "edit_file": EditFile,
+    "list_dir": ListDir,
+    "finish": Finish,
+}
 
 
 def _strip_titles(node: Any) -> Any:
@@ -99,8 +105,12 @@ def tool_schemas() -> list[dict[str, Any]]:
     out = []
     for name, model in TOOLS.items():
         params = _strip_titles(model.model_json_schema())
-        out.append({"type": "function", "function": {"name": name, "description": " ".join(model.__doc__.split()),
-                                                     "parameters": params}})
+        out.append(
+            {
+                "type": "function",
+                "function": {"name": name, "description": " ".join(model.__doc__.split()), "parameters": params},
+            }
+        )
     return out
 
 
@@ -184,8 +194,9 @@ class ToolBox:
                 try:
                     value.encode("utf-8")
                 except UnicodeEncodeError as e:
-                    raise ToolError(f"bad arguments for {name}: {key}: not valid Unicode ({e.reason} at "
-                                    f"character {e.start})") from None
+                    raise ToolError(
+                        f"bad arguments for {name}: {key}: not valid Unicode ({e.reason} at character {e.start})"
+                    ) from None
         return args
 
     def resolve(self, path: str) -> Path:
@@ -196,7 +207,7 @@ class ToolBox:
         """
         if not path or "\x00" in path:
             raise ToolError("path is empty or invalid")
-        rel = path[len(WORKSPACE):].lstrip("/") if path == WORKSPACE or path.startswith(WORKSPACE + "/") else path
+        rel = path[len(WORKSPACE) :].lstrip("/") if path == WORKSPACE or path.startswith(WORKSPACE + "/") else path
         if os.path.isabs(rel):
             raise ToolError(f"{path}: absolute paths must be under {WORKSPACE}")
         real = os.path.realpath(self.root / rel)
@@ -209,9 +220,12 @@ class ToolBox:
     def _run_shell(self, a: RunShell) -> ToolResult:
         wall = min(float(a.timeout_s or self.max_shell_s), self.max_shell_s)
         r = self.sandbox.run(a.command, wall_s=wall)
-        note = {"wall_time": f"[killed: wall-time limit of {wall:g} s]",
-                "memory": "[killed: memory limit]", "disk": "[killed: workspace disk limit]",
-                "files": "[killed: too many files in the workspace]"}.get(r.killed or "", "")
+        note = {
+            "wall_time": f"[killed: wall-time limit of {wall:g} s]",
+            "memory": "[killed: memory limit]",
+            "disk": "[killed: workspace disk limit]",
+            "files": "[killed: too many files in the workspace]",
+        }.get(r.killed or "", "")
         text = f"exit code: {r.exit_code}\n{note + chr(10) if note else ''}{r.output}"
         return ToolResult("run_shell", text, is_error=False, exit_code=r.exit_code)
 
@@ -224,7 +238,7 @@ class ToolBox:
         with open(p, "rb") as f:
             data = f.read(4 * MAX_WRITE_BYTES)
         lines = data.decode("utf-8", "replace").splitlines()
-        chunk = lines[a.offset - 1: a.offset - 1 + a.limit]
+        chunk = lines[a.offset - 1 : a.offset - 1 + a.limit]
         body = "\n".join(f"{i:6d}\t{ln}" for i, ln in enumerate(chunk, a.offset))
         more = len(lines) - (a.offset - 1 + len(chunk))
         if more > 0:
@@ -253,8 +267,10 @@ class ToolBox:
         text = p.read_text(errors="replace")
         n = text.count(a.old_str)
         if n != 1:
-            raise ToolError(f"old_str occurs {n} times in {a.path}; it must occur exactly once"
-                            + (" (add surrounding lines to make it unique)" if n else ""))
+            raise ToolError(
+                f"old_str occurs {n} times in {a.path}; it must occur exactly once"
+                + (" (add surrounding lines to make it unique)" if n else "")
+            )
         new = text.replace(a.old_str, a.new_str, 1)
         if len(new.encode()) > 4 * MAX_WRITE_BYTES:
             raise ToolError("the edited file would be too large")

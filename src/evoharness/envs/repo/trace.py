@@ -30,8 +30,17 @@ class TraceWriter:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def model_call(self, execution: str, group: str, start: float, end: float, prompt_tokens: int,
-                   completion_tokens: int, role: str, tools: list[tuple[str, float]]) -> dict[str, Any]:
+    def model_call(
+        self,
+        execution: str,
+        group: str,
+        start: float,
+        end: float,
+        prompt_tokens: int,
+        completion_tokens: int,
+        role: str,
+        tools: list[tuple[str, float]],
+    ) -> dict[str, Any]:
         """Append one model call and return its record.
 
         Args:
@@ -41,9 +50,17 @@ class TraceWriter:
             role: ``main`` or ``summary`` (a compaction call).
             tools: ``(tool name, seconds)`` of the calls this reply requested, in order.
         """
-        rec = {"execution": execution, "group": group, "start": round(start, 4), "end": round(end, 4),
-               "prompt_tokens": int(prompt_tokens), "completion_tokens": int(completion_tokens), "role": role,
-               "tools": [[n, round(s, 4)] for n, s in tools], "tool_s": round(sum(s for _, s in tools), 4)}
+        rec = {
+            "execution": execution,
+            "group": group,
+            "start": round(start, 4),
+            "end": round(end, 4),
+            "prompt_tokens": int(prompt_tokens),
+            "completion_tokens": int(completion_tokens),
+            "role": role,
+            "tools": [[n, round(s, 4)] for n, s in tools],
+            "tool_s": round(sum(s for _, s in tools), 4),
+        }
         if self.path is not None:
             with self._lock, open(self.path, "a") as f:
                 f.write(json.dumps(rec) + "\n")

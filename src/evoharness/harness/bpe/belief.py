@@ -222,7 +222,11 @@ class Belief:
         self._set(obj, "state", state)
 
     def _drop(self, subject: str, relation: str, value: str | None = None) -> None:
-        for k in [k for k, e in self._edges.items() if e.subject == subject and e.relation == relation and value in (None, e.value)]:
+        for k in [
+            k
+            for k, e in self._edges.items()
+            if e.subject == subject and e.relation == relation and value in (None, e.value)
+        ]:
             del self._edges[k]
 
     def _tier(self, e: Edge) -> int:
@@ -280,7 +284,9 @@ class Belief:
         return e.value if e else None
 
     def contents(self, rec: str) -> list[str]:
-        return sorted((e.subject for e in self._edges.values() if e.relation == "in" and e.value == rec), key=natural_key)
+        return sorted(
+            (e.subject for e in self._edges.values() if e.relation == "in" and e.value == rec), key=natural_key
+        )
 
     def objects(self) -> list[str]:
         """Every object the belief knows (located, held, or with a state)."""
@@ -351,14 +357,24 @@ class Belief:
             if e.relation == "in":
                 by_rec.setdefault(e.value, []).append(e.subject)
         if by_rec:
-            lines.append("seen: " + "; ".join(f"{r}: {', '.join(sorted(v, key=natural_key))}" for r, v in sorted(by_rec.items(), key=lambda kv: natural_key(kv[0]))))
+            lines.append(
+                "seen: "
+                + "; ".join(
+                    f"{r}: {', '.join(sorted(v, key=natural_key))}"
+                    for r, v in sorted(by_rec.items(), key=lambda kv: natural_key(kv[0]))
+                )
+            )
         states = [f"{o} {'/'.join(self.states(o))}" for o in self.objects() if self.states(o) and o not in self.holding]
         if states:
             lines.append("states: " + ", ".join(states))
-        opened = sorted((e.subject for e in self._edges.values() if e.relation == "open" and e.value == "open"), key=natural_key)
+        opened = sorted(
+            (e.subject for e in self._edges.values() if e.relation == "open" and e.value == "open"), key=natural_key
+        )
         if opened:
             lines.append("open: " + ", ".join(opened))
-        empty = sorted((e.subject for e in self._edges.values() if e.relation == "search" and e.value == "empty"), key=natural_key)
+        empty = sorted(
+            (e.subject for e in self._edges.values() if e.relation == "search" and e.value == "empty"), key=natural_key
+        )
         if empty:
             lines.append("empty: " + ", ".join(empty))
         if self.receptacles:

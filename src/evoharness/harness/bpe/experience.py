@@ -29,14 +29,20 @@ import os
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from evoharness.harness.bpe import seeds
 
 CATEGORIES = ("general", "task", "mistakes", "locations")
-TITLES = {"general": "General skills", "task": "Task skills", "mistakes": "Common mistakes", "locations": "Where to find"}
+TITLES = {
+    "general": "General skills",
+    "task": "Task skills",
+    "mistakes": "Common mistakes",
+    "locations": "Where to find",
+}
 MODES = {
     "where-to-find": ("locations",),
     "how-to-do": ("general", "task"),
@@ -55,23 +61,66 @@ _STOP = set(
     "often usually always sometimes found".split()
 )
 _SYNONYM = {
-    "hot": "heat", "warm": "heat", "heated": "heat", "heating": "heat", "microwaved": "heat",
-    "cold": "cool", "cooled": "cool", "cooling": "cool", "chill": "cool", "chilled": "cool",
-    "wash": "clean", "washed": "clean", "rinse": "clean", "cleaned": "clean", "cleaning": "clean",
-    "lamp": "desklamp", "light": "desklamp", "examine": "look", "sink": "sinkbasin",
-    "bathtub": "bathtubbasin", "pick": "take", "picked": "take", "took": "take", "taking": "take",
+    "hot": "heat",
+    "warm": "heat",
+    "heated": "heat",
+    "heating": "heat",
+    "microwaved": "heat",
+    "cold": "cool",
+    "cooled": "cool",
+    "cooling": "cool",
+    "chill": "cool",
+    "chilled": "cool",
+    "wash": "clean",
+    "washed": "clean",
+    "rinse": "clean",
+    "cleaned": "clean",
+    "cleaning": "clean",
+    "lamp": "desklamp",
+    "light": "desklamp",
+    "examine": "look",
+    "sink": "sinkbasin",
+    "bathtub": "bathtubbasin",
+    "pick": "take",
+    "picked": "take",
+    "took": "take",
+    "taking": "take",
 }
 _WHERE_WORDS = {"where", "find", "locate", "location", "located", "search", "prior", "priors"}
 _HOW_WORDS = {"how", "heat", "cool", "clean", "use", "skill", "skills", "steps", "do", "put", "hot", "cold"}
-_MISTAKE_WORDS = {"mistake", "mistakes", "avoid", "wrong", "error", "errors", "fail", "failed", "pitfall", "pitfalls", "dont"}
+_MISTAKE_WORDS = {
+    "mistake",
+    "mistakes",
+    "avoid",
+    "wrong",
+    "error",
+    "errors",
+    "fail",
+    "failed",
+    "pitfall",
+    "pitfalls",
+    "dont",
+}
 _PREFIXES = {
-    "where": "where-to-find", "where-to-find": "where-to-find", "location": "where-to-find",
-    "how": "how-to-do", "how-to-do": "how-to-do", "skill": "how-to-do",
-    "mistake": "mistakes", "mistakes": "mistakes", "all": "all",
+    "where": "where-to-find",
+    "where-to-find": "where-to-find",
+    "location": "where-to-find",
+    "how": "how-to-do",
+    "how-to-do": "how-to-do",
+    "skill": "how-to-do",
+    "mistake": "mistakes",
+    "mistakes": "mistakes",
+    "all": "all",
 }
 _NOTE_PREFIXES = {
-    "mistake": "mistakes", "mistakes": "mistakes", "avoid": "mistakes", "skill": "general", "general": "general",
-    "task": "task", "where": "locations", "location": "locations",
+    "mistake": "mistakes",
+    "mistakes": "mistakes",
+    "avoid": "mistakes",
+    "skill": "general",
+    "general": "general",
+    "task": "task",
+    "where": "locations",
+    "location": "locations",
 }
 _LOCATION_NOTE_RE = re.compile(
     r"^(?:the |an? |some )?([a-z]+) (?:is|are) (?:often |usually |always |sometimes |mostly )?(?:found )?"
@@ -120,7 +169,9 @@ class Entry:
 
     def render(self) -> str:
         if self.category == "locations":
-            return f"{self.obj}: look in {self.recep} (found {self.hits}x" + (f", missed {self.misses}x)" if self.misses else ")")
+            return f"{self.obj}: look in {self.recep} (found {self.hits}x" + (
+                f", missed {self.misses}x)" if self.misses else ")"
+            )
         return self.text
 
 
@@ -224,7 +275,7 @@ class NoConsolidation:
     """A consolidator that applies nothing: the batch's notes, pickups, misses and use counts
     are dropped and the store stays as it was (RL with a fixed store, `RLConfig.consolidate_experience`)."""
 
-    def __call__(self, store: "ExperienceStore", pending: list[Pending]) -> list[Op]:
+    def __call__(self, store: ExperienceStore, pending: list[Pending]) -> list[Op]:
         return []
 
 
@@ -246,7 +297,7 @@ class RuleConsolidator:
         self.min_misses = min_misses
         self.unused_epochs = unused_epochs
 
-    def __call__(self, store: "ExperienceStore", pending: list[Pending]) -> list[Op]:
+    def __call__(self, store: ExperienceStore, pending: list[Pending]) -> list[Op]:
         updates: dict[int, Op] = {}
         adds: list[Op] = []
         skips: list[Op] = []
@@ -287,22 +338,30 @@ class RuleConsolidator:
         removes = []
         for e in store.all_entries():
             op = updates.get(e.id)
-            uses, hits, misses = e.uses + (op.uses if op else 0), e.hits + (op.hits if op else 0), e.misses + (op.misses if op else 0)
+            uses, hits, misses = (
+                e.uses + (op.uses if op else 0),
+                e.hits + (op.hits if op else 0),
+                e.misses + (op.misses if op else 0),
+            )
             if e.category == "locations" and misses >= self.min_misses and misses >= 2 * hits:
                 removes.append(Op("REMOVE", e.category, e.id, reason=f"contradicted (found {hits}, missed {misses})"))
             elif e.source != "seed" and uses <= 1 and store.epoch - e.created_epoch >= self.unused_epochs:
-                removes.append(Op("REMOVE", e.category, e.id, reason=f"unused for {store.epoch - e.created_epoch} epochs"))
+                removes.append(
+                    Op("REMOVE", e.category, e.id, reason=f"unused for {store.epoch - e.created_epoch} epochs")
+                )
         removed = {r.entry_id for r in removes}
         return [u for u in updates.values() if u.entry_id not in removed] + removes + adds + skips
 
-    def _note(self, store: "ExperienceStore", p: Pending, adds: list[Op]) -> Op:
+    def _note(self, store: ExperienceStore, p: Pending, adds: list[Op]) -> Op:
         kw = keywords(p.text)
         if len(kw) < 2:
             return Op("SKIP", p.category, text=p.text, reason="too few keywords")
         norm = _norm_text(p.text)
 
         def dup(text: str, other: set[str]) -> bool:
-            return _norm_text(text) == norm or (len(kw | other) > 0 and len(kw & other) / len(kw | other) >= self.dup_jaccard)
+            return _norm_text(text) == norm or (
+                len(kw | other) > 0 and len(kw & other) / len(kw | other) >= self.dup_jaccard
+            )
 
         for e in (e for c in ("general", "task", "mistakes") for e in store.entries(c)):
             if dup(e.text, set(e.keywords)):
@@ -335,7 +394,11 @@ class ExperienceStore:
             self._seed()
 
     def _seed(self) -> None:
-        for cat, texts in (("general", seeds.GENERAL_SKILLS), ("task", seeds.TASK_SKILLS), ("mistakes", seeds.COMMON_MISTAKES)):
+        for cat, texts in (
+            ("general", seeds.GENERAL_SKILLS),
+            ("task", seeds.TASK_SKILLS),
+            ("mistakes", seeds.COMMON_MISTAKES),
+        ):
             for t in texts:
                 self._add(Op("ADD", cat, text=t), source="seed")
         for obj, receps in seeds.LOCATION_PRIORS.items():
@@ -368,7 +431,9 @@ class ExperienceStore:
         with self._lock:
             return list(self._pending)
 
-    def retrieve(self, query: str, categories: tuple[str, ...] = CATEGORIES, k: int | None = None, count_use: bool = True) -> dict[str, list[Entry]]:
+    def retrieve(
+        self, query: str, categories: tuple[str, ...] = CATEGORIES, k: int | None = None, count_use: bool = True
+    ) -> dict[str, list[Entry]]:
         """Top-`k` entries per category by keyword overlap with `query`.
 
         Ranking: overlap, then (for location priors) hits - misses, then
@@ -502,8 +567,18 @@ class ExperienceStore:
             kw = [op.obj, op.recep]
         else:
             text, kw = op.text, sorted(keywords(op.text))
-        entry = Entry(self._next_id, cat, text, kw, uses=1, created_epoch=self.epoch, source=source,
-                      obj=op.obj, recep=op.recep, hits=op.hits)
+        entry = Entry(
+            self._next_id,
+            cat,
+            text,
+            kw,
+            uses=1,
+            created_epoch=self.epoch,
+            source=source,
+            obj=op.obj,
+            recep=op.recep,
+            hits=op.hits,
+        )
         bucket[entry.id] = entry
         self._next_id += 1
         op.entry_id = entry.id
@@ -514,14 +589,18 @@ class ExperienceStore:
     def to_dict(self) -> dict:
         with self._lock:
             return {
-                "version": 1, "epoch": self.epoch, "capacity": self.capacity, "top_k": self.top_k,
-                "next_id": self._next_id, "frozen": self._frozen,
+                "version": 1,
+                "epoch": self.epoch,
+                "capacity": self.capacity,
+                "top_k": self.top_k,
+                "next_id": self._next_id,
+                "frozen": self._frozen,
                 "entries": [asdict(e) for e in self.all_entries()],
                 "pending": [asdict(p) for p in self._pending],
             }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ExperienceStore":
+    def from_dict(cls, d: dict) -> ExperienceStore:
         store = cls(capacity=d.get("capacity", CAPACITY), top_k=d.get("top_k", TOP_K), seed=False)
         store.epoch = d.get("epoch", 0)
         store._frozen = bool(d.get("frozen", False))
@@ -541,7 +620,7 @@ class ExperienceStore:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "ExperienceStore":
+    def load(cls, path: str | Path) -> ExperienceStore:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def stats(self) -> dict[str, int]:

@@ -24,8 +24,14 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("look", re.compile(r"^look at (?:an? |the |some )?(?P<obj>\w+) under the (?P<light>\w+)$")),
     ("look", re.compile(r"^examine the (?P<obj>\w+) with the (?P<light>\w+)$")),
     ("pick2", re.compile(r"^(?:put two (?P<obj>\w+)|find two (?P<obj2>\w+) and put them) (?:in|on) (?P<target>\w+)$")),
-    ("transform", re.compile(r"^put (?:an?|some|the) (?P<adj>clean|hot|cool|cold) (?P<obj>\w+) (?:in|on) (?P<target>\w+)$")),
-    ("transform", re.compile(r"^(?P<verb>clean|heat|cool) (?:an?|some|the) (?P<obj>\w+) and put it (?:in|on) (?P<target>\w+)$")),
+    (
+        "transform",
+        re.compile(r"^put (?:an?|some|the) (?P<adj>clean|hot|cool|cold) (?P<obj>\w+) (?:in|on) (?P<target>\w+)$"),
+    ),
+    (
+        "transform",
+        re.compile(r"^(?P<verb>clean|heat|cool) (?:an?|some|the) (?P<obj>\w+) and put it (?:in|on) (?P<target>\w+)$"),
+    ),
     ("pick", re.compile(r"^put (?:an?|some|the) (?P<obj>\w+) (?:in|on) (?P<target>\w+)$")),
 ]
 _TYPE_OF = {"pick": "pick_and_place_simple", "pick2": "pick_two_obj_and_place", "look": "look_at_obj_in_light"}

@@ -39,12 +39,12 @@ from dataclasses import dataclass
 
 from evoharness.envs.base import StepResult, TaskSpec
 from evoharness.harness.base import META_VERBS, Harness, ParsedAction
-from evoharness.harness.prompt import HISTORY_HEADER, history_entry, render_history
 from evoharness.harness.bpe.belief import BELIEF_CAPACITY, Belief, track_subject, type_of
 from evoharness.harness.bpe.experience import Entry, ExperienceStore, Recall
 from evoharness.harness.bpe.goal import Goal, parse_goal
 from evoharness.harness.bpe.progress import PLAN_CAPACITY, Progress
 from evoharness.harness.bpe.search import search_order
+from evoharness.harness.prompt import HISTORY_HEADER, history_entry, render_history
 
 SYSTEM_PROMPT = (
     "You are an agent in a text-based household environment. Each turn you see the OBJECTIVE, the latest "
@@ -64,8 +64,10 @@ SYSTEM_PROMPT = (
 # For small models trained from scratch: the same contract in one line (the
 # full prompt's ~230 tokens would be ~40% of every SFT row; EvoHarness-RL's
 # models read the full one).
-COMPACT_SYSTEM_PROMPT = ("Household agent. Act with one admissible command or a meta-action (track, commit, recall, "
-                         "note). Reply as: <think>reason</think><action>command</action>")
+COMPACT_SYSTEM_PROMPT = (
+    "Household agent. Act with one admissible command or a meta-action (track, commit, recall, "
+    "note). Reply as: <think>reason</think><action>command</action>"
+)
 FEEDBACK_CHARS = 200  # older PREVIOUS ACTIONS feedback is cut to this
 
 
@@ -169,7 +171,9 @@ class BPEHarness(Harness):
         elif self.hints:
             self._hints_text = "\n".join(f"- {e.render()}" for e in self.hints)
         else:
-            self._hints_text = f"(no prior for {self.goal.obj or 'this objective'}; search receptacles you have not searched)"
+            self._hints_text = (
+                f"(no prior for {self.goal.obj or 'this objective'}; search receptacles you have not searched)"
+            )
 
     @property
     def admissible(self) -> list[str]:
@@ -244,8 +248,10 @@ class BPEHarness(Harness):
     def _track_text(self, lookup: Lookup) -> str:
         """A track's result from the belief as it is now, unsearched receptacles likeliest first."""
         scene = self.belief.receptacles
-        return self.belief.track(lookup.query, order=lambda todo: search_order(
-            todo, lookup.prior_types, lookup.demote_types, counts_from=scene))
+        return self.belief.track(
+            lookup.query,
+            order=lambda todo: search_order(todo, lookup.prior_types, lookup.demote_types, counts_from=scene),
+        )
 
     # ----- rendering ---------------------------------------------------------
     def _ago(self, turn: int) -> str:
@@ -257,7 +263,9 @@ class BPEHarness(Harness):
         if self.last_track is not None:  # live: the belief as it is now, not when the track was made
             out["TRACK RESULT"] = f"(track {self.last_track.query}, live)\n{self._track_text(self.last_track)}"
         if self.last_recall is not None:
-            out["RECALL RESULT"] = f"(recall {self.last_recall.query}, {self._ago(self.last_recall.turn)})\n{self.last_recall.text}"
+            out["RECALL RESULT"] = (
+                f"(recall {self.last_recall.query}, {self._ago(self.last_recall.turn)})\n{self.last_recall.text}"
+            )
         return out
 
     def format_history(self) -> str:
@@ -266,7 +274,7 @@ class BPEHarness(Harness):
         Rendering with window w-1 equals dropping the oldest entry of the
         window-w rendering (`prompt.drop_oldest_history` relies on it).
         """
-        recent = self.history[-self.history_window:] if self.history_window > 0 else []
+        recent = self.history[-self.history_window :] if self.history_window > 0 else []
         entries = [history_entry(a, _short(f)) for a, f in recent[:-1]]
         entries += [history_entry(a, f) for a, f in recent[-1:]]
         return render_history(entries)

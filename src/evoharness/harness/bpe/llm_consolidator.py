@@ -27,11 +27,13 @@ import re
 from evoharness.harness.bpe.experience import CATEGORIES, TITLES, ExperienceStore, Op, Pending, RuleConsolidator
 
 _TEXT_CATEGORIES = tuple(c for c in CATEGORIES if c != "locations")
-SYSTEM = ("You maintain an agent's experience memory for household tasks. Given the current entries and new "
-          "notes, reply with a JSON list of operations only (no prose). Each operation: op (ADD, UPDATE, "
-          "REMOVE or SKIP), category (one of " + ", ".join(_TEXT_CATEGORIES) + "), entry_id (for UPDATE/REMOVE), "
-          "text (for ADD; optional new wording for UPDATE), reason. ADD a note only if it is new and useful; "
-          "UPDATE an entry a note repeats (its use count grows); REMOVE an entry a note shows is wrong; SKIP otherwise.")
+SYSTEM = (
+    "You maintain an agent's experience memory for household tasks. Given the current entries and new "
+    "notes, reply with a JSON list of operations only (no prose). Each operation: op (ADD, UPDATE, "
+    "REMOVE or SKIP), category (one of " + ", ".join(_TEXT_CATEGORIES) + "), entry_id (for UPDATE/REMOVE), "
+    "text (for ADD; optional new wording for UPDATE), reason. ADD a note only if it is new and useful; "
+    "UPDATE an entry a note repeats (its use count grows); REMOVE an entry a note shows is wrong; SKIP otherwise."
+)
 
 
 def render_prompt(store: ExperienceStore, notes: list[Pending]) -> str:
@@ -71,7 +73,9 @@ def parse_ops(reply: str, store: ExperienceStore) -> list[Op]:
         elif kind in ("UPDATE", "REMOVE"):
             e = store.get(it["entry_id"]) if isinstance(it.get("entry_id"), int) else None
             if e is None or e.category == "locations":
-                ops.append(Op("SKIP", str(it.get("category") or ""), reason=f"{reason} (unknown entry {it.get('entry_id')!r})"))
+                ops.append(
+                    Op("SKIP", str(it.get("category") or ""), reason=f"{reason} (unknown entry {it.get('entry_id')!r})")
+                )
             elif kind == "UPDATE":
                 ops.append(Op("UPDATE", e.category, e.id, text=text, uses=1, reason=reason))
             else:
@@ -92,14 +96,25 @@ class LLMConsolidator:
         rules: the consolidator for counters and the fallback (default rules).
     """
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60.0,
-                 max_retries: int = 2, rules: RuleConsolidator | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+        rules: RuleConsolidator | None = None,
+    ) -> None:
         import openai
 
         self.model = model
         self.rules = rules or RuleConsolidator()
-        self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
-                                    timeout=timeout_s, max_retries=max_retries)
+        self.client = openai.OpenAI(
+            base_url=base_url,
+            api_key=os.environ.get(api_key_env) or "EMPTY",
+            timeout=timeout_s,
+            max_retries=max_retries,
+        )
         self.last_error = ""
 
     def __call__(self, store: ExperienceStore, pending: list[Pending]) -> list[Op]:
@@ -109,8 +124,13 @@ class LLMConsolidator:
             return ops
         try:
             resp = self.client.chat.completions.create(
-                model=self.model, temperature=0.0,
-                messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": render_prompt(store, notes)}])
+                model=self.model,
+                temperature=0.0,
+                messages=[
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": render_prompt(store, notes)},
+                ],
+            )
             self.last_error = ""
             return ops + parse_ops(resp.choices[0].message.content or "", store)
         except Exception as e:  # endpoint down, HTTP error, garbage reply: the rules decide, and say why

@@ -26,10 +26,35 @@ from collections.abc import Iterable, Sequence
 from evoharness.harness.bpe.belief import natural_key, type_of
 
 GENERIC_ORDER = (
-    "diningtable", "desk", "tvstand", "dresser", "toilet", "countertop", "sidetable", "sofa", "coffeetable",
-    "bed", "bathtubbasin", "armchair", "ottoman", "garbagecan", "shelf", "fridge", "sinkbasin",
-    "handtowelholder", "coffeemachine", "microwave", "stoveburner", "safe", "toiletpaperhanger", "cabinet",
-    "drawer", "towelholder", "toaster", "laundryhamper", "cart",
+    "diningtable",
+    "desk",
+    "tvstand",
+    "dresser",
+    "toilet",
+    "countertop",
+    "sidetable",
+    "sofa",
+    "coffeetable",
+    "bed",
+    "bathtubbasin",
+    "armchair",
+    "ottoman",
+    "garbagecan",
+    "shelf",
+    "fridge",
+    "sinkbasin",
+    "handtowelholder",
+    "coffeemachine",
+    "microwave",
+    "stoveburner",
+    "safe",
+    "toiletpaperhanger",
+    "cabinet",
+    "drawer",
+    "towelholder",
+    "toaster",
+    "laundryhamper",
+    "cart",
 )
 _UNKNOWN_RANK = GENERIC_ORDER.index("safe")  # an unlisted type is searched before cabinets and drawers
 CLOSED_TYPES = ("fridge", "microwave", "safe", "cabinet", "drawer")  # a visit costs go + open
@@ -44,8 +69,12 @@ def receptacle_type(name: str) -> str:
     return _ALIAS.get(t, t)
 
 
-def search_order(receps: Iterable[str], prior_types: Sequence[str] = (),
-                 demote_types: Sequence[str] = (), counts_from: Iterable[str] | None = None) -> list[str]:
+def search_order(
+    receps: Iterable[str],
+    prior_types: Sequence[str] = (),
+    demote_types: Sequence[str] = (),
+    counts_from: Iterable[str] | None = None,
+) -> list[str]:
     """Receptacles in search order (module docstring).
 
     Args:

@@ -30,7 +30,8 @@ TASK_SKILLS = (
 )
 
 COMMON_MISTAKES = (
-    "do not put X inside the microwave or fridge to heat or cool it: use heat X with microwave 1 or cool X with fridge 1 while holding X",
+    "do not put X inside the microwave or fridge to heat or cool it: use heat X with microwave 1 or cool X "
+    "with fridge 1 while holding X",
     "you hold one object at a time: put it down before you take another",
     "take X from Y only works when you are at Y; go to Y first",
     "Nothing happens means the command failed: do not repeat it, try something else",

@@ -10,8 +10,13 @@ from evoharness.runtime.schedulers.colocate import Colocate
 from evoharness.runtime.schedulers.elastic import Elastic, ElasticGated
 from evoharness.runtime.schedulers.elastic_async import ElasticAsync
 
-SCHEDULERS: dict[str, type[Scheduler]] = {"colocate": Colocate, "async": Async, "elastic": Elastic,
-                                          "elastic-gated": ElasticGated, "elastic-async": ElasticAsync}
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    "colocate": Colocate,
+    "async": Async,
+    "elastic": Elastic,
+    "elastic-gated": ElasticGated,
+    "elastic-async": ElasticAsync,
+}
 
 
 def make_scheduler(name: str, **kwargs: Any) -> Scheduler:
@@ -21,5 +26,4 @@ def make_scheduler(name: str, **kwargs: Any) -> Scheduler:
     return SCHEDULERS[name](**kwargs)
 
 
-__all__ = ["SCHEDULERS", "Async", "Colocate", "Elastic", "ElasticAsync", "ElasticGated", "Scheduler",
-           "make_scheduler"]
+__all__ = ["SCHEDULERS", "Async", "Colocate", "Elastic", "ElasticAsync", "ElasticGated", "Scheduler", "make_scheduler"]

@@ -42,10 +42,21 @@ class Async(Scheduler):
 
     name = "async"
 
-    def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
-                 train_cells: int | None = None, staleness: int = 1, train_unit: str = "group",
-                 stream: bool = False, mb_size: int = 1, balance_micro_batches: bool = False,
-                 batch_order: str = "dispatch"):
+    def __init__(
+        self,
+        cells: int,
+        capacity: int,
+        groups_per_step: int,
+        group_size: int,
+        steps: int,
+        train_cells: int | None = None,
+        staleness: int = 1,
+        train_unit: str = "group",
+        stream: bool = False,
+        mb_size: int = 1,
+        balance_micro_batches: bool = False,
+        batch_order: str = "dispatch",
+    ):
         if cells < 2:
             raise ValueError("async needs at least 2 cells (one to train, one to generate)")
         self.train_cells = max(1, cells // 4) if train_cells is None else train_cells
@@ -58,19 +69,20 @@ class Async(Scheduler):
         self.eta = staleness
         self.stream = stream
         self.batch_order = batch_order
-        super().__init__(cells, capacity, groups_per_step, group_size, steps, train_unit, mb_size,
-                         balance_micro_batches)
+        super().__init__(
+            cells, capacity, groups_per_step, group_size, steps, train_unit, mb_size, balance_micro_batches
+        )
         if self.pool.rollout_capacity < group_size:
             raise ValueError("async: the rollout cells cannot host one whole group")
         self.next_group = 0
-        self.issued = 0            # executions dispatched (including not yet reported)
-        self.ready: dict[int, list[int]] = {}   # batch -> trainable executions waiting for its step
+        self.issued = 0  # executions dispatched (including not yet reported)
+        self.ready: dict[int, list[int]] = {}  # batch -> trainable executions waiting for its step
         self.mb_pending = self.N
         self.idle_train.extend(range(self.train_cells))
         self.unit = group_size if train_unit == "group" else 1
         self.batcher = StalenessBatcher(self.N // self.unit, staleness)
         self.group_version: dict[int, int] = {}
-        self.taken: list[int] = []         # completion order: executions of the batch being filled
+        self.taken: list[int] = []  # completion order: executions of the batch being filled
 
     def initial_roles(self) -> list[Role]:
         return [Role.TRAIN if i < self.train_cells else Role.ROLLOUT for i in range(self.K)]
@@ -82,8 +94,11 @@ class Async(Scheduler):
 
     def _maybe_dispatch(self, out: list[Command]) -> None:
         total = self.steps * self.G
-        while (self.next_group < total and self.next_group // self.G <= self.version + self.eta
-               and self.pool.rollout_capacity - (self.issued - self.counters.finished) >= self.group_size):
+        while (
+            self.next_group < total
+            and self.next_group // self.G <= self.version + self.eta
+            and self.pool.rollout_capacity - (self.issued - self.counters.finished) >= self.group_size
+        ):
             self.group_version[self.next_group] = self.version
             self.batcher.dispatched(self.version, self.group_size // self.unit)
             self.dispatch(self.next_group, out)
@@ -98,7 +113,7 @@ class Async(Scheduler):
         if self.batch_order == "completion":
             v = self.group_version[executions[0] // self.group_size]
             for i in range(0, len(executions), self.unit):
-                self.batcher.ready(v, tuple(executions[i:i + self.unit]))
+                self.batcher.ready(v, tuple(executions[i : i + self.unit]))
         else:
             self.ready.setdefault(executions[0] // self.N, []).extend(executions)
         self._release(out)

@@ -25,11 +25,25 @@ from __future__ import annotations
 from collections import deque
 
 from evoharness.runtime.cells import CellPool, Counters, Role
-from evoharness.runtime.events import (Bind, CellLost, Command, Dispatch, Event, ExecutionDispatched,
-                                       ExecutionFinished, ExecutionOrphaned, ExecutionStarted,
-                                       MicroBatchDone, ModelCallFinished, ModelCallStarted,
-                                       RoleSwitchDone, RunMicroBatch, SwitchRole, SyncWeights,
-                                       WeightSyncDone)
+from evoharness.runtime.events import (
+    Bind,
+    CellLost,
+    Command,
+    Dispatch,
+    Event,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ExecutionOrphaned,
+    ExecutionStarted,
+    MicroBatchDone,
+    ModelCallFinished,
+    ModelCallStarted,
+    RoleSwitchDone,
+    RunMicroBatch,
+    SwitchRole,
+    SyncWeights,
+    WeightSyncDone,
+)
 
 
 class Scheduler:
@@ -58,8 +72,17 @@ class Scheduler:
     name = "base"
     observes_model_calls = False
 
-    def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
-                 train_unit: str = "group", mb_size: int = 1, balance_micro_batches: bool = False):
+    def __init__(
+        self,
+        cells: int,
+        capacity: int,
+        groups_per_step: int,
+        group_size: int,
+        steps: int,
+        train_unit: str = "group",
+        mb_size: int = 1,
+        balance_micro_batches: bool = False,
+    ):
         if train_unit not in ("group", "execution"):
             raise ValueError(f"train_unit must be 'group' or 'execution', got {train_unit!r}")
         self.train_unit = train_unit
@@ -74,27 +97,32 @@ class Scheduler:
         self.N = groups_per_step * group_size  # executions per step
         self.pool = CellPool(capacity, self.initial_roles())
         self.counters = Counters()
-        self.version = 0          # policy version of the newest weights
+        self.version = 0  # policy version of the newest weights
         self.steps_done = 0
         self.done = False
-        self.queue: deque[int] = deque()          # dispatched, waiting for a cell
-        self.group_left: dict[int, int] = {}      # group -> members not finished
-        self.tokens: dict[int, int] = {}          # finished execution -> trajectory tokens
-        self.mb_queue: deque[int] = deque()       # executions ready to train this step
-        self.idle_train: deque[int] = deque()     # train cells waiting for a micro-batch
-        self.mb_pending = 0                       # micro-batches of this step not yet done
-        self.running_mb: dict[int, tuple[int, ...]] = {}   # train cell -> executions it is training
+        self.queue: deque[int] = deque()  # dispatched, waiting for a cell
+        self.group_left: dict[int, int] = {}  # group -> members not finished
+        self.tokens: dict[int, int] = {}  # finished execution -> trajectory tokens
+        self.mb_queue: deque[int] = deque()  # executions ready to train this step
+        self.idle_train: deque[int] = deque()  # train cells waiting for a micro-batch
+        self.mb_pending = 0  # micro-batches of this step not yet done
+        self.running_mb: dict[int, tuple[int, ...]] = {}  # train cell -> executions it is training
         self.cells_lost = 0
-        self.replacing: set[int] = set()          # lost cells whose replacement has not reported yet
-        self.rejoining: set[int] = set()          # ... or has not landed in the role it is sent to
-        self.sync_held = False                    # a weight sync waits for them (`sync_weights`)
-        self._resume_switch: list[int] = []       # restored: replacements to switch to train (`__setstate__`)
+        self.replacing: set[int] = set()  # lost cells whose replacement has not reported yet
+        self.rejoining: set[int] = set()  # ... or has not landed in the role it is sent to
+        self.sync_held = False  # a weight sync waits for them (`sync_weights`)
+        self._resume_switch: list[int] = []  # restored: replacements to switch to train (`__setstate__`)
         self._handlers = {
-            ExecutionDispatched: self.on_dispatched, ExecutionStarted: self.on_started,
-            ExecutionFinished: self.on_finished, ExecutionOrphaned: self.on_orphaned,
-            ModelCallStarted: self.on_model_call, ModelCallFinished: self.on_model_call,
-            MicroBatchDone: self.on_micro_batch_done, RoleSwitchDone: self._role_switch_done,
-            WeightSyncDone: self.on_weight_sync_done, CellLost: self.on_cell_lost,
+            ExecutionDispatched: self.on_dispatched,
+            ExecutionStarted: self.on_started,
+            ExecutionFinished: self.on_finished,
+            ExecutionOrphaned: self.on_orphaned,
+            ModelCallStarted: self.on_model_call,
+            ModelCallFinished: self.on_model_call,
+            MicroBatchDone: self.on_micro_batch_done,
+            RoleSwitchDone: self._role_switch_done,
+            WeightSyncDone: self.on_weight_sync_done,
+            CellLost: self.on_cell_lost,
         }
 
     def __setstate__(self, state: dict) -> None:
@@ -179,7 +207,7 @@ class Scheduler:
         self.counters.finished += 1
         self.tokens[ev.execution] = ev.tokens
         if self.pool.unbind(ev.execution) is None and ev.execution in self.queue:
-            self.queue.remove(ev.execution)   # an orphan that finished its last tool call unbound
+            self.queue.remove(ev.execution)  # an orphan that finished its last tool call unbound
         g = ev.execution // self.group_size
         self.group_left[g] -= 1
         if self.train_unit == "execution":
@@ -255,8 +283,10 @@ class Scheduler:
                 state); the job resumes from its last checkpoint.
         """
         if ev.cell == 0:
-            raise RuntimeError(f"{self.name}: the core cell 0 failed (it holds the only optimizer state); "
-                               "resume the job from its last checkpoint")
+            raise RuntimeError(
+                f"{self.name}: the core cell 0 failed (it holds the only optimizer state); "
+                "resume the job from its last checkpoint"
+            )
         role = self.lose_cell(ev.cell)
         self.replacing.add(ev.cell)
         self.rejoining.add(ev.cell)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from typing import Hashable
+from collections.abc import Hashable
 
 
 class StalenessBatcher:
@@ -37,10 +37,10 @@ class StalenessBatcher:
         if units_per_batch < 1 or eta < 0:
             raise ValueError(f"need units_per_batch >= 1 and eta >= 0, got {units_per_batch}, {eta}")
         self.B, self.eta = units_per_batch, eta
-        self.batch = 0                     # j: the batch being filled (= the trainer's version)
-        self.assigned = 0                  # units already in batch j
-        self.unassigned: Counter[int] = Counter()   # behaviour version -> units dispatched, in no batch yet
-        self._ready: list[tuple[int, int, Hashable]] = []   # (version, arrival, unit)
+        self.batch = 0  # j: the batch being filled (= the trainer's version)
+        self.assigned = 0  # units already in batch j
+        self.unassigned: Counter[int] = Counter()  # behaviour version -> units dispatched, in no batch yet
+        self._ready: list[tuple[int, int, Hashable]] = []  # (version, arrival, unit)
         self._seq = 0
 
     def dispatched(self, version: int, units: int = 1) -> None:
@@ -88,7 +88,7 @@ class StalenessBatcher:
             if v + self.eta < self.batch:
                 raise RuntimeError(f"unit of version {v} is past its staleness bound at batch {self.batch}")
             if not (self._due(v) or self._fits(v)):
-                break   # younger units fit no better: their deadlines are later
+                break  # younger units fit no better: their deadlines are later
             _, _, unit = heapq.heappop(r)
             self.unassigned[v] -= 1
             self.assigned += 1

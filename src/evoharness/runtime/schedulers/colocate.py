@@ -16,15 +16,14 @@ train after the step's weight sync goes back to rollout.
 from __future__ import annotations
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Command, ExecutionFinished, RoleSwitchDone, SwitchRole,
-                                       WeightSyncDone)
+from evoharness.runtime.events import Command, ExecutionFinished, RoleSwitchDone, SwitchRole, WeightSyncDone
 from evoharness.runtime.schedulers.base import Scheduler
 
 
 class Colocate(Scheduler):
     name = "colocate"
 
-    def resume_at(self, step: int) -> "Colocate":
+    def resume_at(self, step: int) -> Colocate:
         """Start at step `step` (0 <= step <= steps) as if steps 0..step-1 had run: a
         synchronous schedule has nothing in flight at a weight sync, so its whole
         state is the step count (the in-process runtime resumes from a checkpoint so)."""
@@ -54,7 +53,7 @@ class Colocate(Scheduler):
         super().on_finished(ev, out)
         if self.counters.finished == (self.steps_done + 1) * self.N:
             for c in self.pool.cells:
-                if c.role == Role.ROLLOUT:      # (not a lost cell's replacement still on its way)
+                if c.role == Role.ROLLOUT:  # (not a lost cell's replacement still on its way)
                     self.pool.set_role(c, Role.TO_TRAIN)
                     out.append(SwitchRole(c.id, Role.TRAIN))
 
@@ -88,7 +87,7 @@ class Colocate(Scheduler):
             self.done = True
             return
         for c in self.pool.cells:
-            if c.role == Role.TRAIN:            # (a replacement on its way or already in rollout stays)
+            if c.role == Role.TRAIN:  # (a replacement on its way or already in rollout stays)
                 self.pool.set_role(c, Role.TO_ROLLOUT)
                 out.append(SwitchRole(c.id, Role.ROLLOUT))
         self._begin_step(out)

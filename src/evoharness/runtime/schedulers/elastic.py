@@ -39,8 +39,15 @@ replacement joins rollout, from where the waterlevel rule may move it again.
 from __future__ import annotations
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Command, ExecutionFinished, ExecutionStarted, Migrate, RoleSwitchDone,
-                                       SwitchRole, WeightSyncDone)
+from evoharness.runtime.events import (
+    Command,
+    ExecutionFinished,
+    ExecutionStarted,
+    Migrate,
+    RoleSwitchDone,
+    SwitchRole,
+    WeightSyncDone,
+)
 from evoharness.runtime.schedulers.base import Scheduler
 
 
@@ -54,20 +61,32 @@ class Elastic(Scheduler):
 
     name = "elastic"
 
-    def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
-                 train_unit: str = "group", reissue: bool = True, gate_on_ready_work: bool = False,
-                 gate_ready_per_cell: float = 1.0, mb_size: int = 1, balance_micro_batches: bool = False):
-        super().__init__(cells, capacity, groups_per_step, group_size, steps, train_unit, mb_size,
-                         balance_micro_batches)
+    def __init__(
+        self,
+        cells: int,
+        capacity: int,
+        groups_per_step: int,
+        group_size: int,
+        steps: int,
+        train_unit: str = "group",
+        reissue: bool = True,
+        gate_on_ready_work: bool = False,
+        gate_ready_per_cell: float = 1.0,
+        mb_size: int = 1,
+        balance_micro_batches: bool = False,
+    ):
+        super().__init__(
+            cells, capacity, groups_per_step, group_size, steps, train_unit, mb_size, balance_micro_batches
+        )
         if gate_ready_per_cell <= 0:
             raise ValueError(f"gate_ready_per_cell must be > 0, got {gate_ready_per_cell}")
         self.reissue = reissue
         self.gate_on_ready_work = gate_on_ready_work
         self.gate_ready_per_cell = gate_ready_per_cell
-        self.transferring: int | None = None   # the cell in rollout -> train transfer
+        self.transferring: int | None = None  # the cell in rollout -> train transfer
         self.sync_waiting = False
         self.transfers = 0
-        self.train_cells = 0                   # cells now in TRAIN
+        self.train_cells = 0  # cells now in TRAIN
 
     def start(self) -> list[Command]:
         out: list[Command] = []
@@ -97,7 +116,7 @@ class Elastic(Scheduler):
         cell = core if core.role == Role.ROLLOUT else pool.least_loaded(need_free=False)
         if cell is None:
             return
-        pool.set_role(cell, Role.TO_TRAIN)    # stops taking new requests
+        pool.set_role(cell, Role.TO_TRAIN)  # stops taking new requests
         for e in sorted(cell.bound):
             pool.unbind(e)
             if self.reissue:
@@ -116,7 +135,7 @@ class Elastic(Scheduler):
 
     def on_started(self, ev: ExecutionStarted, out: list[Command]) -> None:
         super().on_started(ev, out)
-        self.maybe_transfer(out)   # a small batch may not need every cell
+        self.maybe_transfer(out)  # a small batch may not need every cell
 
     def on_finished(self, ev: ExecutionFinished, out: list[Command]) -> None:
         super().on_finished(ev, out)
@@ -158,7 +177,7 @@ class Elastic(Scheduler):
 
     def on_step_trained(self, out: list[Command]) -> None:
         if self.transferring is not None:
-            self.sync_waiting = True   # sync once the cell in transfer has landed
+            self.sync_waiting = True  # sync once the cell in transfer has landed
         else:
             self._sync(out)
 

@@ -34,8 +34,15 @@ fixed, and training is never held to one step's rollout.
 from __future__ import annotations
 
 from evoharness.runtime.cells import Role
-from evoharness.runtime.events import (Command, ExecutionFinished, MicroBatchDone, Migrate,
-                                       RoleSwitchDone, SwitchRole, WeightSyncDone)
+from evoharness.runtime.events import (
+    Command,
+    ExecutionFinished,
+    MicroBatchDone,
+    Migrate,
+    RoleSwitchDone,
+    SwitchRole,
+    WeightSyncDone,
+)
 from evoharness.runtime.schedulers.base import Scheduler
 from evoharness.runtime.schedulers.batching import StalenessBatcher
 
@@ -47,30 +54,41 @@ class ElasticAsync(Scheduler):
 
     name = "elastic-async"
 
-    def __init__(self, cells: int, capacity: int, groups_per_step: int, group_size: int, steps: int,
-                 train_unit: str = "group", staleness: int = 1, gate_ready_per_cell: float = 1.0,
-                 mb_size: int = 1, balance_micro_batches: bool = False):
+    def __init__(
+        self,
+        cells: int,
+        capacity: int,
+        groups_per_step: int,
+        group_size: int,
+        steps: int,
+        train_unit: str = "group",
+        staleness: int = 1,
+        gate_ready_per_cell: float = 1.0,
+        mb_size: int = 1,
+        balance_micro_batches: bool = False,
+    ):
         if cells < 2:
             raise ValueError("elastic-async needs at least 2 cells (the core trains, one generates)")
         if staleness < 0:
             raise ValueError("staleness bound η must be >= 0")
         if gate_ready_per_cell <= 0:
             raise ValueError(f"gate_ready_per_cell must be > 0, got {gate_ready_per_cell}")
-        super().__init__(cells, capacity, groups_per_step, group_size, steps, train_unit, mb_size,
-                         balance_micro_batches)
+        super().__init__(
+            cells, capacity, groups_per_step, group_size, steps, train_unit, mb_size, balance_micro_batches
+        )
         if self.pool.rollout_capacity < group_size:
             raise ValueError("elastic-async: the rollout cells cannot host one whole group")
         self.eta = staleness
         self.gate_ready_per_cell = gate_ready_per_cell
-        self.unit = group_size if train_unit == "group" else 1     # executions per unit
+        self.unit = group_size if train_unit == "group" else 1  # executions per unit
         self.batcher = StalenessBatcher(self.N // self.unit, staleness)
         self.group_version: dict[int, int] = {}
         self.next_group = 0
-        self.issued = 0                    # executions dispatched, reported or not
+        self.issued = 0  # executions dispatched, reported or not
         self.transferring: int | None = None
         self.syncing = False
         self.sync_waiting = False
-        self.train_cells = 1               # cells in TRAIN (the core from the start)
+        self.train_cells = 1  # cells in TRAIN (the core from the start)
         self.transfers = 0
         self.mb_pending = self.N
         self.idle_train.append(0)
@@ -86,8 +104,7 @@ class ElasticAsync(Scheduler):
     # ---- rollout side ------------------------------------------------------
     def _gate_open(self) -> bool:
         """AReaL's staleness gate: another group may start under this version."""
-        return (self.next_group < self.steps * self.G
-                and self.next_group < (self.version + self.eta + 1) * self.G)
+        return self.next_group < self.steps * self.G and self.next_group < (self.version + self.eta + 1) * self.G
 
     def _room(self) -> bool:
         return self.pool.rollout_capacity - (self.issued - self.counters.finished) >= self.group_size
@@ -110,7 +127,7 @@ class ElasticAsync(Scheduler):
     def on_trainable(self, executions: list[int], out: list[Command]) -> None:
         v = self.group_version[executions[0] // self.group_size]
         for i in range(0, len(executions), self.unit):
-            self.batcher.ready(v, tuple(executions[i:i + self.unit]))
+            self.batcher.ready(v, tuple(executions[i : i + self.unit]))
         self._take(out)
 
     def _take(self, out: list[Command]) -> None:
@@ -124,7 +141,7 @@ class ElasticAsync(Scheduler):
         self.idle_train.append(ev.cell)
         if self.mb_pending == 0:
             if self.transferring is not None:
-                self.sync_waiting = True      # sync once the cell in transfer has landed
+                self.sync_waiting = True  # sync once the cell in transfer has landed
             else:
                 self._sync(out)
             return
@@ -132,7 +149,7 @@ class ElasticAsync(Scheduler):
         self._balance(out)
 
     def _sync(self, out: list[Command]) -> None:
-        self.syncing = True       # (no transfer starts while a sync waits or runs)
+        self.syncing = True  # (no transfer starts while a sync waits or runs)
         self.sync_weights(out)
 
     def sync_cells(self) -> tuple[int, ...]:
@@ -170,7 +187,7 @@ class ElasticAsync(Scheduler):
         cell = pool.least_loaded(need_free=False)
         if cell is None:
             return False
-        pool.set_role(cell, Role.TO_TRAIN)    # takes no new requests
+        pool.set_role(cell, Role.TO_TRAIN)  # takes no new requests
         for e in sorted(cell.bound):
             pool.unbind(e)
             target = pool.least_loaded()
@@ -205,7 +222,7 @@ class ElasticAsync(Scheduler):
         if role == Role.TRAIN:
             self.train_cells -= 1
         if self.transferring == cell:
-            self.transferring = None    # a sync waiting for it waits for its replacement instead
+            self.transferring = None  # a sync waiting for it waits for its replacement instead
 
     def on_role_switch_done(self, ev: RoleSwitchDone, out: list[Command]) -> None:
         cell = self.pool.cells[ev.cell]
@@ -216,7 +233,7 @@ class ElasticAsync(Scheduler):
             self.train_cells += 1
             self.idle_train.append(ev.cell)
             self.claim(out)
-        else:   # back in rollout, with the newest weights (the world loads them on the way)
+        else:  # back in rollout, with the newest weights (the world loads them on the way)
             self.route(out)
             self._dispatch_more(out)
         if self.sync_waiting:

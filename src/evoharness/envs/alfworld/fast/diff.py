@@ -25,7 +25,18 @@ from dataclasses import dataclass, field
 
 from evoharness.envs.base import StepResult, TaskSpec
 
-INVALID = ("jump", "take nothing", "help", "look", "inventory", "", "LOOK", "  inventory  ", "go to nowhere", "open the door")
+INVALID = (
+    "jump",
+    "take nothing",
+    "help",
+    "look",
+    "inventory",
+    "",
+    "LOOK",
+    "  inventory  ",
+    "go to nowhere",
+    "open the door",
+)
 
 
 @dataclass
@@ -82,7 +93,9 @@ def memoized_stock_engine():
 
     saved = (fast_downward.pddl2sas, textgen._parse_and_convert, logic.Rule.__dict__["parse_conjunctive_query"])
     parse = textgen._parse_and_convert
-    cached = functools.lru_cache(maxsize=8192)(lambda text, rule_name, trace: parse(text, rule_name=rule_name, trace=trace))
+    cached = functools.lru_cache(maxsize=8192)(
+        lambda text, rule_name, trace: parse(text, rule_name=rule_name, trace=trace)
+    )
     fast_downward.pddl2sas = functools.lru_cache(maxsize=4)(saved[0])
     textgen._parse_and_convert = lambda text, rule_name, trace=False: copy.deepcopy(cached(text, rule_name, trace))
     logic.Rule.parse_conjunctive_query = classmethod(functools.lru_cache(maxsize=8192)(saved[2].__func__))
@@ -145,7 +158,9 @@ def choose(rng: random.Random, mix: Mix, expert, facts, admissible: list[str]) -
     return _goal_directed(rng, admissible)
 
 
-def run_game(task: TaskSpec, seed: int = 0, mix: Mix | None = None, wording: str = "native", stock=None, check_reset: bool = True) -> GameReport:
+def run_game(
+    task: TaskSpec, seed: int = 0, mix: Mix | None = None, wording: str = "native", stock=None, check_reset: bool = True
+) -> GameReport:
     """Play one trajectory on both engines and compare every state."""
     from evoharness.envs.alfworld.fast import FastAlfredEnv
     from evoharness.envs.alfworld.textworld_env import TextWorldAlfredEnv
@@ -171,7 +186,14 @@ def run_game(task: TaskSpec, seed: int = 0, mix: Mix | None = None, wording: str
             diffs = compare(a, b, fa, fast.facts())
             rep.steps += 1
             if diffs:
-                rep.mismatches.append({"step": i, "command": cmd, "fields": [d[0] for d in diffs], "diff": [(d[0], d[1], d[2]) for d in diffs]})
+                rep.mismatches.append(
+                    {
+                        "step": i,
+                        "command": cmd,
+                        "fields": [d[0] for d in diffs],
+                        "diff": [(d[0], d[1], d[2]) for d in diffs],
+                    }
+                )
             if a.won:
                 rep.won = True
                 after += 1
@@ -179,7 +201,11 @@ def run_game(task: TaskSpec, seed: int = 0, mix: Mix | None = None, wording: str
                     break
         if check_reset:
             again = fast.reset()
-            if (again.observation, again.admissible_commands, again.won) != (first.observation, first.admissible_commands, first.won):
+            if (again.observation, again.admissible_commands, again.won) != (
+                first.observation,
+                first.admissible_commands,
+                first.won,
+            ):
                 rep.mismatches.append({"step": -1, "command": "<second reset>", "fields": ["reset"]})
     except Exception as e:  # noqa: BLE001 - reported, counted as a mismatch
         rep.error = f"{type(e).__name__}: {e}"

@@ -29,7 +29,7 @@ class FactStore:
         for a in atoms:
             self.add(a)
 
-    def clone(self) -> "FactStore":
+    def clone(self) -> FactStore:
         new = FactStore.__new__(FactStore)
         new.by_pred = {p: set(s) for p, s in self.by_pred.items()}
         new._idx = {}
@@ -109,13 +109,15 @@ class TextFacts:
 
     __slots__ = ("static", "dyn", "obj_type", "_static_cache")
 
-    def __init__(self, static: dict[str, frozenset], dynamic: dict[str, set], obj_type: dict[str, str], cache: dict) -> None:
+    def __init__(
+        self, static: dict[str, frozenset], dynamic: dict[str, set], obj_type: dict[str, str], cache: dict
+    ) -> None:
         self.static = static
         self.dyn = dynamic
         self.obj_type = obj_type
         self._static_cache = cache
 
-    def clone_dynamic(self) -> "TextFacts":
+    def clone_dynamic(self) -> TextFacts:
         return TextFacts(self.static, {p: set(s) for p, s in self.dyn.items()}, self.obj_type, self._static_cache)
 
     def add(self, pred: str, args: tuple) -> None:

@@ -24,7 +24,15 @@ from evoharness.envs.alfworld.fast.grammar import ActionText, Entity, Grammar, T
 from evoharness.envs.alfworld.fast.joins import JoinSpec, compile_join, plan_order
 from evoharness.envs.alfworld.fast.names import demangle
 from evoharness.envs.alfworld.fast.pddl import Domain, Literal, Problem, parse_domain, parse_problem
-from evoharness.envs.alfworld.fast.reach import Op, RelaxedRule, build_relaxed_rules, make_op, relaxed_model, surely_kept, translate_op
+from evoharness.envs.alfworld.fast.reach import (
+    Op,
+    RelaxedRule,
+    build_relaxed_rules,
+    make_op,
+    relaxed_model,
+    surely_kept,
+    translate_op,
+)
 
 GAME_CACHE_SIZE = 64
 
@@ -58,7 +66,9 @@ def compile_domain(text: str) -> CompiledDomain:
     specs = [JoinSpec(tuple(c.params), tuple(c.precondition)) for c in domain.copies]
     # textworld's type tree: FD's types in order, the first declaration of a name wins
     types = [("object", [])] + [(n, domain.supertypes.get(n, [])) for n in domain.types if n != "object"]
-    return CompiledDomain(domain, frozenset(domain.fluent_predicates), build_relaxed_rules(domain), specs, TypeTree(types))
+    return CompiledDomain(
+        domain, frozenset(domain.fluent_predicates), build_relaxed_rules(domain), specs, TypeTree(types)
+    )
 
 
 def _estimator(static: FactStore, init_fluent: FactStore, fluent):
@@ -274,7 +284,25 @@ def compile_game(data: dict, key: str = "") -> Game:
     if not solvable:
         # Fast Downward then emits an empty task and the stock engine fails to
         # load it (KeyError: 'val1'); say what is wrong instead.
-        raise ValueError("the goal cannot be reached from the initial state, even ignoring negative conditions "
-                         "(the stock engine fails to load such a game)")
-    game = Game(key, cd, problem, types, static, init_fluent, init_atoms, model, copy_joins, goal_joins, actions, grammar, names, text_init, static_template=static_template)
+        raise ValueError(
+            "the goal cannot be reached from the initial state, even ignoring negative conditions "
+            "(the stock engine fails to load such a game)"
+        )
+    game = Game(
+        key,
+        cd,
+        problem,
+        types,
+        static,
+        init_fluent,
+        init_atoms,
+        model,
+        copy_joins,
+        goal_joins,
+        actions,
+        grammar,
+        names,
+        text_init,
+        static_template=static_template,
+    )
     return game

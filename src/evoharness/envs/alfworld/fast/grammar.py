@@ -37,7 +37,7 @@ import re
 import textwrap
 from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 # ---------------------------------------------------------------- entities
 
@@ -141,7 +141,7 @@ def _skip_tabs(s: str, i: int) -> int:
     return i
 
 
-@lru_cache(maxsize=None)
+@cache
 def parse_rhs(s: str) -> tuple:
     """Parse a right-hand side (or a template / start string) into symbols."""
     i = 0
@@ -227,7 +227,7 @@ def _parse_symbol(s: str, i: int):
 _PRED = re.compile(r"\s*(\$?)\s*(!?[\w/]+)\s*\(([^)]*)\)\s*")
 
 
-@lru_cache(maxsize=None)
+@cache
 def parse_query(expr: str) -> tuple:
     """``p(a:t, b:u) & q(...)`` -> ((pred, ((name, type), ...)), ...)."""
     out = []
@@ -305,10 +305,14 @@ class Grammar:
     bound)`` (see ``engine.TextFacts``).
     """
 
-    def __init__(self, table: dict[str, list[dict]], types: TypeTree, entities: dict[str, Entity], obj_type: dict[str, str]) -> None:
+    def __init__(
+        self, table: dict[str, list[dict]], types: TypeTree, entities: dict[str, Entity], obj_type: dict[str, str]
+    ) -> None:
         self.rules: dict[str, list[tuple[tuple, tuple | None]]] = {}
         for name, alts in table.items():
-            self.rules[name] = [(parse_rhs(a["rhs"]), parse_query(a["condition"]) if a.get("condition") else None) for a in alts]
+            self.rules[name] = [
+                (parse_rhs(a["rhs"]), parse_query(a["condition"]) if a.get("condition") else None) for a in alts
+            ]
         self.types = types
         self.entities = entities
         self.obj_type = obj_type

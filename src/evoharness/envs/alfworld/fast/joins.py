@@ -19,9 +19,9 @@ head atoms), with repeats where a binding is reached twice.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Callable
+from functools import cache
 
 from evoharness.envs.alfworld.fast.pddl import Literal
 
@@ -70,8 +70,10 @@ def plan_order(spec: JoinSpec, estimate: Callable[[str, tuple[int, ...]], float]
     return tuple(order)
 
 
-@lru_cache(maxsize=None)
-def compile_join(spec: JoinSpec, order: tuple[int, ...], fluent: frozenset, universal_types: frozenset = frozenset({"object"})) -> Callable:
+@cache
+def compile_join(
+    spec: JoinSpec, order: tuple[int, ...], fluent: frozenset, universal_types: frozenset = frozenset({"object"})
+) -> Callable:
     """Return ``f(F, S, D, T, *bound_values) -> list[tuple]``.
 
     F: fluent store, S: static store, D: delta store (for `spec.seed`), T: type

@@ -31,7 +31,13 @@ def demangle(ids) -> dict[str, str]:
     num_ids = {name: list(range(1, n + 1)) for name, n in count.most_common()}
     out: dict[str, str] = {}
     for id_ in ids:
-        text = id_.replace("_bar_", "|").replace("_minus_", "-").replace("_plus_", "+").replace("_dot_", ".").replace("_comma_", ",")
+        text = (
+            id_.replace("_bar_", "|")
+            .replace("_minus_", "-")
+            .replace("_plus_", "+")
+            .replace("_dot_", ".")
+            .replace("_comma_", ",")
+        )
         parts = text.split("|", 1)
         if len(parts) == 1:
             out[id_] = f"{text} "

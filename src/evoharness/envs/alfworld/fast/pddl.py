@@ -98,7 +98,7 @@ class Literal:
     args: tuple[str, ...]
     negated: bool = False
 
-    def negate(self) -> "Literal":
+    def negate(self) -> Literal:
         return Literal(self.pred, self.args, not self.negated)
 
 
@@ -114,7 +114,10 @@ def _parse_condition(alist: list, negated: bool, preds: dict[str, int], types: d
     if tag in ("and", "or", "imply"):
         args = alist[1:]
         if tag == "imply":
-            parts = [_parse_condition(args[0], not negated, preds, types), _parse_condition(args[1], negated, preds, types)]
+            parts = [
+                _parse_condition(args[0], not negated, preds, types),
+                _parse_condition(args[1], negated, preds, types),
+            ]
             tag = "or"
         else:
             parts = [_parse_condition(a, negated, preds, types) for a in args]

@@ -140,8 +140,16 @@ def surely_kept(copy: ActionCopy, binding: tuple) -> bool:
         def ref(args):
             return tuple((pos[a], None) if a in pos else (None, a) for a in args)
 
-        adds = tuple((e.literal.pred, ref(e.literal.args)) for e in copy.effects if not e.literal.negated and not e.params and not e.condition)
-        pres = tuple((lit.pred, ref(lit.args)) for lit in copy.precondition if not lit.negated and lit.pred != "=" and not lit.pred.startswith("type@"))
+        adds = tuple(
+            (e.literal.pred, ref(e.literal.args))
+            for e in copy.effects
+            if not e.literal.negated and not e.params and not e.condition
+        )
+        pres = tuple(
+            (lit.pred, ref(lit.args))
+            for lit in copy.precondition
+            if not lit.negated and lit.pred != "=" and not lit.pred.startswith("type@")
+        )
         plan = copy.memo["quick"] = (adds, pres)
     adds, pres = plan
     if not adds:
@@ -237,7 +245,10 @@ def translate_op(copy: ActionCopy, binding: tuple, is_fluent, init: set, types) 
     for eff in copy.effects:
         groundings = [{}]
         if eff.params:
-            groundings = [dict(zip((v for v, _ in eff.params), objs)) for objs in product(*(sorted(types[t]) for _, t in eff.params))]
+            groundings = [
+                dict(zip((v for v, _ in eff.params), objs))
+                for objs in product(*(sorted(types[t]) for _, t in eff.params))
+            ]
         for extra in groundings:
             v2 = {**var, **extra} if extra else var
             econd: list = []

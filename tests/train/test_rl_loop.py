@@ -13,6 +13,7 @@ from evoharness.config.rl import RLConfig
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.recipes import alfworld as rl_mod
 from evoharness.recipes.rl import train_rl
+from evoharness.train import step as train_step
 
 
 def _cfg(model_dir, out, steps):
@@ -63,7 +64,7 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
     assert "3 steps. Training success" in report and (tmp_path / "a" / "rl_curves.png").stat().st_size > 1000
 
     # Crash inside step 3, after its rollout and before its update.
-    real_step, calls = rl_mod.run_updates, []
+    real_step, calls = train_step.run_updates, []
 
     def crashing(*a, **kw):
         calls.append(1)
@@ -71,12 +72,12 @@ def test_rl_runs_logs_and_resumes_exactly(model_dir, tmp_path, monkeypatch):
             raise RuntimeError("killed mid-step")
         return real_step(*a, **kw)
 
-    monkeypatch.setattr(rl_mod, "run_updates", crashing)
+    monkeypatch.setattr(train_step, "run_updates", crashing)
     with pytest.raises(RuntimeError, match="killed mid-step"):
         train_rl(_cfg(model_dir, tmp_path / "b", 3), progress=False)
     before = [json.loads(ln) for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in before] == [1, 2]  # completed steps are kept
-    monkeypatch.setattr(rl_mod, "run_updates", real_step)
+    monkeypatch.setattr(train_step, "run_updates", real_step)
     resumed = train_rl(_cfg(model_dir, tmp_path / "b", 3), progress=False)
 
     after = [json.loads(ln) for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]

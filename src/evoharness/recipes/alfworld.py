@@ -38,6 +38,7 @@ from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.factory import make_harness
 from evoharness.policies.base import Completion, PolicyRequest
+from evoharness.recipes.trained_cell import TrainedCell
 from evoharness.rollout.episode import (
     EpisodeSpec,
     LiveEpisode,
@@ -50,7 +51,7 @@ from evoharness.rollout.episode import (
     time_limit,
 )
 from evoharness.rollout.records import Trajectory
-from evoharness.train.checkpoint import get_rng_state, load_trainer_state, set_rng_state
+from evoharness.train.checkpoint import get_rng_state, set_rng_state
 from evoharness.train.step import (
     GroupScore,
     group_metrics,
@@ -58,7 +59,6 @@ from evoharness.train.step import (
     merged_update_metrics,
     plan_updates,
     rollout_metrics,
-    run_updates,
     score_group,
     stream_scale,
     streamed_rows,
@@ -532,10 +532,9 @@ class PolicyCellFactory:
         return PolicyCell(self.cfg, init_dir)
 
 
-class PolicyCell:
+class PolicyCell(TrainedCell):
     """A cell's parts (`runtime.cell.CellParts`): the policy that answers calls, and the trainer
-    of the same weights (built on the first training job: a rollout-only cell never loads the
-    KL reference or the anchor's data).
+    of the same weights (`recipes.trained_cell.TrainedCell`, with the run's SFT anchor).
 
     Args:
         cfg: the run's config.
@@ -545,11 +544,7 @@ class PolicyCell:
 
     def __init__(self, cfg: RLConfig, init_dir: str | None = None):
         from evoharness.policies.local import LocalHFPolicy
-        from evoharness.train.precision import autocast, compute_dtype
 
-        self.cfg, self.grpo, self.init_dir = cfg, train_grpo(cfg), init_dir
-        dtype = compute_dtype(cfg.dtype, cfg.device)
-        self.amp = lambda: autocast(cfg.device, dtype)
         # fp32 master weights; low precision only as autocast compute
         self.policy = LocalHFPolicy(
             init_dir or cfg.model_path,
@@ -562,42 +557,18 @@ class PolicyCell:
             seed=cfg.seed,
             num_threads=cfg.decode_threads,
         )
-        self.model = self.policy.model
-        self._trainer: Any = None
-        self._reducer: Any = None
-
-    @property
-    def trainer(self) -> Any:
-        if self._trainer is None:
-            from evoharness.models.init import load_model
-            from evoharness.train.precision import compute_dtype
-            from evoharness.train.trainer import Trainer
-
-            cfg, ref, anchor = self.cfg, None, None
-            if self.grpo.kl_beta > 0:
-                ref = load_model(cfg.model_path, cfg.ref_device or cfg.device, compute_dtype(cfg.dtype, cfg.device))
-                ref.eval().requires_grad_(False)
-            if cfg.sft_anchor is not None:
-                from evoharness.train.sft_anchor import SFTAnchor
-
-                anchor = SFTAnchor(
-                    cfg.sft_anchor, self.policy.tokenizer, cfg.seed, self.grpo.epochs * self.grpo.mini_batches
-                )
-            self._trainer = Trainer(
-                self.model,
-                self.policy.tokenizer,
-                self.grpo,
-                ref_model=ref,
-                amp=self.amp,
-                anchor=anchor,
-                reducer=self._reducer,
-            )
-            state = Path(self.init_dir or "", "trainer_state.pt")
-            if self.init_dir and state.is_file():  # a resumed run: the optimizer's moments and the RNGs
-                saved = load_trainer_state(state)
-                self._trainer.load_state_dict(saved["optimizer"])
-                set_rng_state(saved["rng"])
-        return self._trainer
+        super().__init__(
+            self.policy.model,
+            self.policy.tokenizer,
+            train_grpo(cfg),
+            cfg.model_path,
+            init_dir,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            ref_device=cfg.ref_device,
+            anchor=cfg.sft_anchor,
+            seed=cfg.seed,
+        )
 
     def serve(self, payloads: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
         self.policy.policy_version = version
@@ -614,40 +585,6 @@ class PolicyCell:
         self.model.eval()
         with self.amp():
             return [dataclasses.asdict(c) for c in self.policy.act(reqs)]
-
-    def accumulate(self, rows: list) -> dict[str, float]:
-        return self.trainer.accumulate(rows)
-
-    def step(self, plan: dict[str, Any]) -> list[dict[str, float]]:
-        return run_updates(self.trainer, plan["updates"], plan["lr"], plan["step"], plan["scale"])
-
-    def gradients(self) -> dict[str, torch.Tensor]:
-        return self.trainer.gradients()
-
-    def add_gradients(self, grads: dict[str, torch.Tensor]) -> None:
-        self.trainer.add_gradients(grads)
-
-    def join_group(self, rank: int, world: int, init_method: str) -> None:
-        from evoharness.train.distributed import AllReduce
-
-        self._reducer = AllReduce(rank, world, init_method)
-        if self._trainer is not None:
-            self._trainer.reducer = self._reducer
-
-    def save(self, directory: str, optimizer: bool, export: bool = False) -> None:
-        """An HF directory of the weights (fp32 masters; with `export`, in the SFT model's dtype)
-        and tokenizer; with `optimizer` also ``trainer_state.pt`` (AdamW moments, RNG states)."""
-        from evoharness.train.precision import export_dtype, save_exported
-
-        if export:
-            save_exported(self.model, directory, export_dtype(self.cfg.model_path))
-        else:
-            self.model.save_pretrained(directory, safe_serialization=True)
-        self.policy.tokenizer.save_pretrained(directory)
-        if optimizer:
-            torch.save(
-                {"optimizer": self.trainer.state_dict(), "rng": get_rng_state()}, Path(directory) / "trainer_state.pt"
-            )
 
 
 def shuffled_order(n: int, seed: int) -> list[int]:

@@ -18,12 +18,12 @@ the cell builds its parts where it runs (``factory(cell, init_dir)``).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from evoharness.config.rl import GRPOConfig
+from evoharness.recipes.trained_cell import TrainedCell
 
 
 @dataclasses.dataclass
@@ -55,7 +55,7 @@ class EngineCellFactory:
         )
 
 
-class EngineCell:
+class EngineCell(TrainedCell):
     """A cell's parts with the bare engine (module docstring; `runtime.cell.CellParts`).
 
     Args:
@@ -77,42 +77,14 @@ class EngineCell:
     ):
         from evoharness.engines.hf import Engine
         from evoharness.models.init import load_model, load_tokenizer
-        from evoharness.train.precision import autocast, compute_dtype
 
-        self.model_path, self.grpo, self.init_dir = str(model_path), grpo, init_dir
-        self.device, self.dtype, self.ref_device = device, dtype, ref_device
-        compute = compute_dtype(dtype, device)
-        self.amp = lambda: autocast(device, compute)
-        self.tokenizer = load_tokenizer(init_dir or model_path)
         # fp32 master weights; low precision only as autocast compute
-        self.model = load_model(init_dir or model_path, device, torch.float32)
+        tokenizer = load_tokenizer(init_dir or model_path)
+        model = load_model(init_dir or model_path, device, torch.float32)
+        super().__init__(
+            model, tokenizer, grpo, model_path, init_dir, device=device, dtype=dtype, ref_device=ref_device
+        )
         self.engine = Engine(self.model, self.tokenizer)
-        self._trainer: Any = None
-        self._reducer: Any = None
-
-    @property
-    def trainer(self) -> Any:
-        """The trainer, built on the first training job (a rollout-only cell never loads the reference)."""
-        if self._trainer is None:
-            from evoharness.models.init import load_model
-            from evoharness.train.checkpoint import load_trainer_state, set_rng_state
-            from evoharness.train.precision import compute_dtype
-            from evoharness.train.trainer import Trainer
-
-            ref = None
-            if self.grpo.kl_beta > 0:
-                dev = self.ref_device or self.device
-                ref = load_model(self.model_path, dev, compute_dtype(self.dtype, self.device)).eval()
-                ref.requires_grad_(False)
-            self._trainer = Trainer(
-                self.model, self.tokenizer, self.grpo, ref_model=ref, amp=self.amp, reducer=self._reducer
-            )
-            state = Path(self.init_dir or "", "trainer_state.pt")
-            if self.init_dir and state.is_file():  # a resumed run: the optimizer's moments and the RNGs
-                saved = load_trainer_state(state)
-                self._trainer.load_state_dict(saved["optimizer"])
-                set_rng_state(saved["rng"])
-        return self._trainer
 
     def serve(self, payloads: list[tuple], version: int) -> list[tuple[list[int], list[float], int]]:
         """Decode a batch of calls ``(prompt_ids, max_new_tokens, seed[, temperature])``; calls
@@ -131,40 +103,3 @@ class EngineCell:
             for i, r in zip(idx, res, strict=True):
                 out[i] = (list(r.token_ids), list(r.logprobs), version)
         return out
-
-    def accumulate(self, rows: list) -> dict[str, float]:
-        return self.trainer.accumulate(rows)
-
-    def step(self, plan: dict[str, Any]) -> list[dict[str, float]]:
-        from evoharness.train.step import run_updates
-
-        return run_updates(self.trainer, plan["updates"], plan["lr"], plan["step"], plan["scale"])
-
-    def gradients(self) -> dict[str, torch.Tensor]:
-        return self.trainer.gradients()
-
-    def add_gradients(self, grads: dict[str, torch.Tensor]) -> None:
-        self.trainer.add_gradients(grads)
-
-    def join_group(self, rank: int, world: int, init_method: str) -> None:
-        from evoharness.train.distributed import AllReduce
-
-        self._reducer = AllReduce(rank, world, init_method)
-        if self._trainer is not None:
-            self._trainer.reducer = self._reducer
-
-    def save(self, directory: str, optimizer: bool, export: bool = False) -> None:
-        """An HF directory of the weights (fp32 masters; with `export`, in `model_path`'s dtype)
-        and the tokenizer; with `optimizer` also ``trainer_state.pt`` (AdamW moments, RNG states)."""
-        from evoharness.train.checkpoint import get_rng_state
-        from evoharness.train.precision import export_dtype, save_exported
-
-        if export:
-            save_exported(self.model, directory, export_dtype(self.model_path))
-        else:
-            self.model.save_pretrained(directory, safe_serialization=True)
-        self.tokenizer.save_pretrained(directory)
-        if optimizer:
-            torch.save(
-                {"optimizer": self.trainer.state_dict(), "rng": get_rng_state()}, Path(directory) / "trainer_state.pt"
-            )

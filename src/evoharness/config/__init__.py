@@ -8,6 +8,7 @@ overridden from the command line (`load_config`). One module per area:
 - `policy`: `PolicyConfig` (who plays an evaluation or a collection);
 - `env`: ALFWorld's `EnvConfig` and task types, the repository agent's `AgentConfig`;
 - `eval`: `EvalConfig` (the fixed panel), `RepoEvalConfig`;
+- `scale`: `LoRAConfig`, `ShardConfig` (LoRA, FSDP2 ranks; shared by sft and rl);
 - `sft`: `SFTConfig`, `SFTAnchorConfig`;
 - `rl`: `RewardConfig`, `AdvantageConfig`, `GRPOConfig`, `RuntimeConfig`, `RLConfig`;
 - `sim`: the simulator's `SimConfig` (workload, cluster, schedule knobs);

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from evoharness.config.base import Strict
 from evoharness.config.env import AgentConfig
 from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS, HarnessConfig
+from evoharness.config.scale import LAYOUT_DESCRIPTION, LoRAConfig, ShardConfig
 from evoharness.config.sft import SFTAnchorConfig
 
 
@@ -143,7 +144,14 @@ class RuntimeConfig(Strict):
     # how train cells combine a step's gradient: "allreduce" (a fixed torch.distributed group of replicas,
     # DDP-style), "single" (the core holds the only optimizer and adds the gradients other train cells send
     # it: QwenGyre's dynamic membership), "auto": allreduce where the train cells are fixed (colocate, async)
-    trainer: Literal["auto", "single", "allreduce"] = "auto"
+    # "fsdp": a fixed group of train cells, each one FSDP2 rank of one sharded model (`shard`)
+    trainer: Literal["auto", "single", "allreduce", "fsdp"] = "auto"
+    # accelerators each cell reserves and runs on (0: CPU cells); Ray actors reserve them as GPUs,
+    # local cell processes get CUDA_VISIBLE_DEVICES slices of this machine's GPUs
+    gpus_per_cell: int = Field(0, ge=0)
+    # who answers a rollout cell's model calls: "hf" (the project's policy on the cell's torch model)
+    # or "vllm" (`vllm.LLM` in the cell; weights synced in place after each update)
+    rollout_engine: Literal["hf", "vllm"] = "hf"
 
     @model_validator(mode="after")
     def _one_process_one_cell(self) -> RuntimeConfig:
@@ -154,9 +162,9 @@ class RuntimeConfig(Strict):
                 f"runtime.backend = 'inprocess' is one cell (this process); for {self.cells} cells "
                 "set runtime.backend = 'local' (processes) or 'ray'"
             )
-        if self.trainer == "allreduce" and self.schedule.startswith("elastic"):
+        if self.trainer in ("allreduce", "fsdp") and self.schedule.startswith("elastic"):
             raise ValueError(
-                "runtime.trainer = 'allreduce' needs a fixed set of train cells; elastic schedules move "
+                f"runtime.trainer = {self.trainer!r} needs a fixed set of train cells; elastic schedules move "
                 "cells in and out of training within a step (use 'single' or 'auto')"
             )
         return self
@@ -243,6 +251,10 @@ class RLConfig(Strict):
     # (`train.precision`); the frozen reference model is held in this dtype.
     dtype: str = "auto"
     ref_device: str | None = None  # the reference model's device (None: `device`), e.g. "cuda:1"
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)  # adapters only (r > 0) or full fine-tuning
+    # runtime.trainer = "fsdp": the train cells' sharding options (ranks = the train cells)
+    shard: ShardConfig = Field(default_factory=ShardConfig)
+    layout: str | None = Field(None, description=LAYOUT_DESCRIPTION)
     # Default on: the policy acts through the action grammar, and the trainer scores that
     # masked distribution (forced tokens carry no gradient). Off: free decoding, where the
     # reward's invalid-action term does the work of the grammar.

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from evoharness.config.base import Strict
 from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS
+from evoharness.config.scale import LAYOUT_DESCRIPTION, LoRAConfig, ShardConfig
 
 
 class SFTConfig(Strict):
@@ -43,6 +44,9 @@ class SFTConfig(Strict):
     keep_checkpoints: int = 2
     eval_every: int = 0  # steps; 0: only at the end (when eval examples are given)
     progress: bool = True
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)  # adapters only (r > 0) or full fine-tuning
+    shard: ShardConfig = Field(default_factory=ShardConfig)  # FSDP2 ranks (1: one unsharded trainer)
+    layout: str | None = Field(None, description=LAYOUT_DESCRIPTION)
 
 
 class SFTAnchorConfig(Strict):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from evoharness.config.base import Strict
 from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS
 
@@ -28,6 +30,9 @@ class PolicyConfig(Strict):
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 120.0
     max_retries: int = 3
+    # this many errored calls in a row stop an evaluation (`policies.guard.ErrorGuard`): a dead server
+    # fails fast instead of scoring every turn as an invalid action; 0: never stop
+    max_consecutive_errors: int = Field(8, ge=0)
     concurrency: int = 16
     constraint_format: Literal["gateway", "vllm", "vllm_xargs"] = (
         "gateway"  # how `constrained` is sent (policies.openai_policy)

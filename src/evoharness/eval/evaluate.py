@@ -34,6 +34,7 @@ from evoharness.eval.panel import build_episodes
 from evoharness.files import read_jsonl
 from evoharness.harness.factory import make_harness
 from evoharness.policies.factory import make_policy
+from evoharness.policies.guard import ErrorGuard, PolicyFailure, probe_policy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.records import Trajectory
 
@@ -81,7 +82,7 @@ def _init_worker(cfg_json: str, finished=None) -> None:
     cfg = EvalConfig.model_validate_json(cfg_json)
     _WORKER["cfg"] = cfg
     _WORKER["finished"] = finished  # a queue (pool workers) or a callable (in-process): each episode as it ends
-    _WORKER["policy"] = make_policy(cfg.policy)
+    _WORKER["policy"] = ErrorGuard(make_policy(cfg.policy), cfg.policy.max_consecutive_errors)
 
 
 def _init_pool_worker(cfg_json: str, finished=None) -> None:
@@ -129,6 +130,8 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> dict:
         GameDataError: missing data path or unknown split.
         ValueError: bad protocol or policy config.
         RuntimeError: a worker process died (the episodes finished before it are kept).
+        PolicyFailure: the policy's endpoint does not answer before the first episode, or
+            ``policy.max_consecutive_errors`` calls in a row failed (finished episodes are kept).
         Any error a worker raised (e.g. FileNotFoundError for a missing model directory).
     """
     return evaluate_many([cfg], progress)[0]
@@ -201,6 +204,12 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
         for s in specs:
             if seeds.setdefault(s.episode_id, s.seed) != s.seed:
                 raise ValueError(f"episode {s.episode_id} is in two of the evaluations with different seeds")
+    if base.policy.kind == "openai":  # a dead endpoint fails here, before any episode or file
+        probe = make_policy(base.policy)
+        try:
+            probe_policy(probe)
+        finally:
+            probe.close()
     for c in cfgs:  # every check before anything is written
         if c.resume:
             check_resumable(Path(c.out_dir), c)
@@ -260,6 +269,9 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
                 _WORKER["policy"].close()
         elif chunks:
             _play_pool(base, chunks, record, ", ".join(str(jsonl) for *_, jsonl in panels))
+    except PolicyFailure as e:
+        kept = sum(len(have) for _, _, have, _ in panels)
+        raise PolicyFailure(f"{e}; stopped with {kept} finished episodes kept (a rerun resumes)") from e
     finally:
         for f in files:
             f.close()

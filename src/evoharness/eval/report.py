@@ -14,10 +14,18 @@ from evoharness.harness.base import META_VERBS
 from evoharness.rollout.records import Trajectory
 
 
+def unreached(t: Trajectory) -> bool:
+    """Whether no call of `t` reached the model (every turn a policy error): not a failure of the
+    model, so no evaluation counts it (a rerun plays it again)."""
+    return bool(t.turns) and all(turn.error for turn in t.turns)
+
+
 def _row(trajs: list[Trajectory]) -> dict[str, Any]:
+    lost = [t for t in trajs if unreached(t)]
+    trajs = [t for t in trajs if not unreached(t)]
     n = len(trajs)
     if n == 0:
-        return {"n": 0, "won": 0, "success": 0.0}
+        return {"n": 0, "won": 0, "success": 0.0, "unreached": len(lost)}
     meta = Counter()
     for t in trajs:
         meta.update(t.meta_calls)
@@ -30,7 +38,9 @@ def _row(trajs: list[Trajectory]) -> dict[str, Any]:
         "completion_tokens_per_ep": round(sum(t.completion_tokens for t in trajs) / n, 1),
         "invalid_per_ep": round(sum(t.invalid_actions for t in trajs) / n, 2),
         "meta_per_ep": {v: round(meta[v] / n, 2) for v in META_VERBS},
-        "errors": sum(t.stop_reason == "error" for t in trajs),
+        "errors": sum(t.stop_reason == "error" for t in trajs),  # episodes an environment error ended
+        "policy_errors": sum(turn.error is not None for t in trajs for turn in t.turns),  # calls that failed
+        "unreached": len(lost),  # episodes no call of which reached the model (not in n)
         "stopped_early": sum(t.stop_reason == "hopeless" for t in trajs),  # repeated-state loops (failures)
         # turns whose prompt exceeded the policy's budget (history dropped / tokens cut; harness.prompt)
         "prompt_fit": {
@@ -55,7 +65,8 @@ def summarize(trajs: list[Trajectory], cfg: EvalConfig | None = None) -> dict[st
             wording=cfg.env.wording,
             seed=cfg.seed,
         )
-    out["failed_episodes"] = [t.episode_id for t in trajs if not t.won]
+    out["failed_episodes"] = [t.episode_id for t in trajs if not t.won and not unreached(t)]
+    out["unreached_episodes"] = [t.episode_id for t in trajs if unreached(t)]
     return out
 
 
@@ -133,6 +144,12 @@ def write_report(summary: dict[str, Any], out: Path) -> None:
         md += [
             f"Prompts over the policy's token budget: {fit['turns']} turns shortened ({fit['history_dropped']} "
             f"history entries dropped; {fit['tokens_cut']} tokens cut after the OBJECTIVE as a last resort).",
+            "",
+        ]
+    if o.get("policy_errors") or o.get("unreached"):
+        md += [
+            f"Policy errors: {o.get('policy_errors', 0)} calls failed (each an invalid turn); "
+            f"{o.get('unreached', 0)} episodes never reached the model and are not counted above.",
             "",
         ]
     if summary["failed_episodes"]:

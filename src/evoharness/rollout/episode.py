@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from evoharness.envs.base import Env, StepResult, TaskSpec
 from evoharness.harness.base import Harness, ParsedAction
 from evoharness.policies.base import Completion, Policy, PolicyRequest
+from evoharness.policies.guard import PolicyFailure
 from evoharness.rollout.records import Trajectory, TurnRecord
 
 
@@ -175,6 +176,8 @@ def run_episodes(
         asked = [i for i, c in enumerate(completions) if c is None]
         try:
             answers = policy.act([requests[i] for i in asked]) if asked else []
+        except PolicyFailure:
+            raise  # the run stops (`policies.guard`): a policy that cannot answer scores nothing
         except Exception as e:  # the policy's own failure: every live episode it was asking for records it
             answers = [Completion(text="", finish_reason="error", error=describe_error(e)) for _ in asked]
         for i, c in zip(asked, answers, strict=True):

@@ -1,6 +1,8 @@
 """The main job's report on real evaluations: the paired comparison of a GRPO checkpoint
 chosen on the curve's dev games also excludes those games."""
 
+import pytest
+
 from evoharness.config.eval import EvalConfig
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.eval.evaluate import evaluate
@@ -60,3 +62,16 @@ def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_
     md = write_run_report(tmp_path / "run3", vs, systems, [], None, [], curve=curve).read_text()
     assert "| SFT + GRPO vs SFT | dev (chose the checkpoint) | 4 |" in md
     assert "that chose it" not in md and "valid_seen + dev" not in md
+
+
+def test_wilson_interval_known_values():
+    from evoharness.eval.report import wilson_interval
+
+    lo, hi = wilson_interval(133, 140)  # the main job's SFT on valid_seen
+    assert 90.0 < lo < 95.0 < hi < 98.5
+    assert wilson_interval(0, 10)[0] == 0.0 and 0 < wilson_interval(0, 10)[1] < 35
+    assert wilson_interval(10, 10)[1] == 100.0 and wilson_interval(10, 10)[0] > 65
+    lo, hi = wilson_interval(50, 100)
+    assert abs((lo + hi) / 2 - 50) < 1e-9 and abs(hi - lo - 2 * 9.61) < 0.1  # ±1.96·sqrt(.25/100) shrunk
+    with pytest.raises(ValueError):
+        wilson_interval(11, 10)

@@ -75,3 +75,15 @@ def test_wilson_interval_known_values():
     assert abs((lo + hi) / 2 - 50) < 1e-9 and abs(hi - lo - 2 * 9.61) < 0.1  # ±1.96·sqrt(.25/100) shrunk
     with pytest.raises(ValueError):
         wilson_interval(11, 10)
+
+
+def test_success_plot_with_perfect_and_empty_rows(tmp_path):
+    from evoharness.envs.alfworld.games import TASK_TYPES
+    from evoharness.eval.report import plot_success
+
+    rows = {t: {"n": 0, "won": 0, "success": 0.0} for t in TASK_TYPES}
+    rows[TASK_TYPES[0]] = {"n": 6, "won": 6, "success": 100.0}  # 6 of 6: Wilson's upper end rounds below 1
+    rows[TASK_TYPES[1]] = {"n": 11, "won": 0, "success": 0.0}  # 0 of 11: its lower end rounds above 0
+    summary = {"by_type": rows, "overall": {"n": 17, "won": 6, "success": 35.3}}
+    plot_success({"all won": summary}, tmp_path / "s.png", "t")
+    assert (tmp_path / "s.png").stat().st_size > 0

@@ -106,7 +106,8 @@ def wilson_interval(won: int, n: int, z: float = 1.96) -> tuple[float, float]:
     p, z2 = won / n, z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * ((p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5) / (1 + z2 / n)
-    return 100 * max(0.0, centre - half), 100 * min(1.0, centre + half)
+    # the exact interval holds p; min/max undo rounding at 0 and n wins
+    return 100 * min(p, max(0.0, centre - half)), 100 * max(p, min(1.0, centre + half))
 
 
 def plot_success(series: dict[str, dict[str, Any]], path: Path, title: str) -> None:
@@ -124,7 +125,8 @@ def plot_success(series: dict[str, dict[str, Any]], path: Path, title: str) -> N
         rows = [s["by_type"][t] for t in TASK_TYPES] + [s["overall"]]
         vals = [100 * r["won"] / r["n"] if r["n"] else 0.0 for r in rows]
         cis = [wilson_interval(r["won"], r["n"]) if r["n"] else (0.0, 0.0) for r in rows]
-        err = [[v - lo for v, (lo, _) in zip(vals, cis)], [hi - v for v, (_, hi) in zip(vals, cis)]]
+        # the interval holds the rate; max() absorbs rounding at 0% and 100%
+        err = [[max(0.0, v - lo) for v, (lo, _) in zip(vals, cis)], [max(0.0, hi - v) for v, (_, hi) in zip(vals, cis)]]
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(labels))]
         ax.bar(xs, vals, width, label=name, yerr=err, capsize=2, error_kw={"lw": 0.8})
     ax.set_xticks(range(len(labels)), labels)

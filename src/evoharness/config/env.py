@@ -22,10 +22,12 @@ TASK_TYPES = (
 class EnvConfig(Strict):
     """Where games come from and which engine plays them."""
 
-    data_path: str | None = None  # None/"bundled": the pack inside the project; "env": $ALFWORLD_DATA
-    engine: Literal["textworld", "fast"] = "fast"  # the project's byte-identical engine; "textworld" = stock
+    # ALFWorld data: a directory holding json_2.1.1/; None/"bundled": the pack inside the project; "env": $ALFWORLD_DATA
+    data_path: str | None = None
+    engine: Literal["textworld", "fast"] = "fast"  # "fast": the project's byte-identical engine; "textworld" = stock
+    # placing command (envs/alfworld/wording.py): the game's own, put X in/on Y, or move X to Y
     wording: Literal["native", "put", "move"] = "native"
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0  # seconds a game reset or step may take; longer ends the episode as an error
 
 
 class AgentConfig(Strict):
@@ -33,15 +35,19 @@ class AgentConfig(Strict):
 
     context_window: int = Field(32_768, ge=1024)  # the model's window, tokens
     compact_at: float = Field(0.85, gt=0.1, le=1.0)  # compact when the next prompt would pass this fraction
-    max_tool_calls: int | None = Field(None, ge=1)
-    wall_time_s: float | None = Field(None, gt=0)
-    max_model_calls: int = Field(2000, ge=1)
+    max_tool_calls: int | None = Field(None, ge=1)  # tool calls per execution (None: the task's max_tool_calls)
+    wall_time_s: float | None = Field(None, gt=0)  # seconds per execution (None: the task's wall_time_s)
+    max_model_calls: int = Field(2000, ge=1)  # model calls per execution, summaries included (then stop: model_calls)
+    # context compactions (summarise and restart) per execution; past it the execution stops (context_overflow)
     max_compactions: int = Field(50, ge=0)
+    # replies in a row without a tool call that end the execution (no_tool_call)
     max_no_tool_replies: int = Field(3, ge=1)
     output_chars: int = Field(8000, ge=200)  # tool result shown to the model, characters
+    # wall seconds per shell command (CPU limit + 5 s; never past wall_time_s)
     shell_timeout_s: float = Field(120.0, gt=0)
+    # sandbox memory, MiB: each process's address space (RLIMIT_AS) and the summed RSS of its processes
     shell_memory_mb: int = Field(2048, ge=64)
-    shell_processes: int = Field(64, ge=4)
+    shell_processes: int = Field(64, ge=4)  # processes + threads of the sandbox's user (RLIMIT_NPROC)
     score_budget: int = Field(3, ge=1)  # scoring attempts (retries on evaluation faults)
     disk_mb: int = Field(512, ge=1)  # workspace size (a tmpfs of this size as root), MiB
     max_files: int = Field(20_000, ge=16)  # workspace entries (the tmpfs's inodes)

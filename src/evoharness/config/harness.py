@@ -27,7 +27,11 @@ class HarnessConfig(Strict):
             from-scratch models whose training cost is dominated by prompt tokens).
     """
 
+    # react (history window, admissible commands) or bpe (Belief / Progress / Experience + meta-actions)
     kind: Literal["react", "bpe"] = "bpe"
-    history_window: int | None = None  # None: the harness's own default (react 8, bpe 4)
+    # previous (action, feedback) pairs shown each turn; None: the harness's own default (react 8, bpe 4)
+    history_window: int | None = None
+    # bpe: a saved experience store (JSON) to start from; None: the built-in seed entries
     experience_path: str | None = None
+    # bpe: full, or compact (one line, for small from-scratch models)
     system_prompt: Literal["full", "compact"] = "full"

@@ -21,31 +21,34 @@ class PolicyConfig(Strict):
     model directory served by the project's engine.
     """
 
-    kind: PolicyKind = "expert"
-    seed: int = 0
-    epsilon: float = 0.2
-    # openai-compatible endpoint
-    base_url: str | None = None
-    model: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    timeout_s: float = 120.0
-    max_retries: int = 3
+    kind: PolicyKind = "expert"  # expert (PDDL planner), noisy_expert, random, teacher (scripted BPE), openai, hf
+    seed: int = 0  # scripted policies' RNG; openai / hf: each request's seed from (seed, episode, turn)
+    epsilon: float = 0.2  # noisy_expert: probability of a random admissible command instead of the expert's
+    # openai-compatible endpoint:
+    base_url: str | None = None  # its base URL, e.g. http://localhost:8000/v1 (policy openai)
+    model: str | None = None  # openai: the served model name
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the API key (a placeholder is sent when unset)
+    timeout_s: float = 120.0  # openai: per-request timeout, seconds
+    max_retries: int = 3  # openai: client retries of a request (connection errors, 408/409/429/5xx)
     # this many errored calls in a row stop an evaluation (`policies.guard.ErrorGuard`): a dead server
     # fails fast instead of scoring every turn as an invalid action; 0: never stop
     max_consecutive_errors: int = Field(8, ge=0)
-    concurrency: int = 16
+    concurrency: int = 16  # openai: requests in flight at once (per worker process)
     constraint_format: Literal["gateway", "vllm", "vllm_xargs"] = (
         "gateway"  # how `constrained` is sent (policies.openai_policy)
     )
-    # sampling (openai and hf)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    # local hf model
-    model_path: str | None = None
-    device: str = "cpu"
-    dtype: str = "auto"
-    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS  # shared with sft and rl (harness.prompt)
-    constrained: bool = False
+    # sampling (openai and hf):
+    temperature: float = 0.0  # temperature (0: greedy)
+    top_p: float = 1.0  # nucleus sampling mass (1.0: off)
+    max_tokens: int = 256  # completion tokens per turn
+    # local hf model:
+    model_path: str | None = None  # its directory (config, weights, tokenizer; policy hf)
+    device: str = "cpu"  # hf: torch device (cpu, cuda, cuda:1, ...)
+    dtype: str = "auto"  # hf: weights dtype: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16
+    # prompt budget, tokens (oldest history dropped to fit; harness.prompt); shared with sft and rl
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    constrained: bool = False  # decode only admissible commands / meta-actions (openai: as constraint_format says)
     num_threads: int | None = None  # torch CPU threads while decoding (1 suits tiny models)
-    decoder: Literal["auto", "static", "hf"] = "auto"  # in-process engine (evoharness.engines.make_engine)
+    # hf: the in-process engine (evoharness.engines): "static" (pre-allocated KV cache, Qwen3 family), "hf" (any
+    # HF causal LM), "auto" (static where the model is supported, else hf)
+    decoder: Literal["auto", "static", "hf"] = "auto"

@@ -84,8 +84,8 @@ class RunConfig(Strict):
         "curve_games",
     )
 
-    out_dir: str = "runs/main"
-    seed: int = 0
+    out_dir: str = "runs/main"  # the job's directory (every stage's outputs, report.md); a rerun resumes the job there
+    seed: int = 0  # dev-set draw, collection, model init, RL (rl.seed) and evaluations; SFT uses sft.seed
     budget_minutes: float | None = None  # wall-clock cap (minutes) on SFT, DAgger, RL; None: the step budgets only
     dev_games: int = 60  # train games held out as the development set (seeded; never trained on)
     dagger_rounds: int = 0  # student rollouts labelled by the teacher, then more SFT (train/dagger.py)
@@ -100,30 +100,37 @@ class RunConfig(Strict):
     rl_branches: bool = True  # every other GRPO group starts where a lost screened game began to loop
     rl_branch_cycles: bool = False  # branches also from lost screened episodes that cycle through states
     select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint best on the dev games (SFT if strictly better)
+    # game data, engine and wording of every stage (the job sets rl's from it)
     env: EnvConfig = Field(default_factory=lambda: EnvConfig(engine="fast"))
+    # the one prompt harness of every stage: collect, SFT, DAgger, RL, evaluation (leave rl.harness unset)
     harness: HarnessConfig = Field(default_factory=lambda: HarnessConfig(kind="bpe", system_prompt="compact"))
+    # the policy whose traces SFT trains on; it also labels DAgger states and is evaluated
     teacher: PolicyConfig = Field(default_factory=lambda: PolicyConfig(kind="teacher"))
-    train_split: str = "train"
-    train_games: int | None = None  # None: every train game available
-    teacher_samples: int = 1
-    max_steps: int = 50
+    train_split: str = "train"  # ALFWorld split of the training and development games (collection, DAgger, RL)
+    train_games: int | None = None  # first N non-development train games trained on; None: every one available
+    teacher_samples: int = 1  # teacher episodes collected per training game (episode ids <task_id>#k)
+    max_steps: int = 50  # step cap of collection, DAgger and evaluation episodes (RL's: rl.max_steps)
     model_path: str | None = None  # an existing HF model directory; None: a new one from scratch
+    # the new model's size (models/init.py PRESETS: mini ~1.1M, tiny ~1.8M, small ~10M, base ~32M params)
     model_preset: Literal["mini", "tiny", "small", "base"] = "mini"
     # Qwen3Config fields over the preset's, e.g. --set model_overrides.head_dim=64 (misspelt fields are refused)
     model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)
+    # upper bound on the new tokenizer's ids (trained on the teacher's examples); unused with model_path
     vocab_size: int = 2048
+    # stage 1 (and each DAgger round's SFT, at dagger_sft_steps / dagger_lr)
     sft: SFTConfig = Field(default_factory=_default_sft)
+    # stage 2; the job sets its model_path, out_dir, split, engine, data_path, wording, harness, constrained, seed
     rl: RLConfig = Field(default_factory=_default_rl)
-    skip_rl: bool = False
+    skip_rl: bool = False  # stop after SFT (and DAgger): no RL screen, no GRPO, no SFT+GRPO evaluation
     eval_teacher_only_sft: bool = False  # also evaluate the SFT model before DAgger (the DAgger comparison)
-    eval_split: str = "valid_seen"
+    eval_split: str = "valid_seen"  # ALFWorld split of the final evaluations (the development set is evaluated too)
     eval_limit: int | None = None  # N eval_split games, round-robin across task types (smoke runs); None: all
     dev_eval_limit: int | None = None  # first N development games for the dev evaluations (None: all)
     eval_batch: int = 100  # episodes per lock-step batch: valid_seen + dev (200) in one batch per worker
     eval_workers: int = 2  # evaluation processes (1 thread each): both cores of a quiet machine
-    constrained: bool = True
+    constrained: bool = True  # decode only admissible commands / meta-actions (the student in RL, DAgger, evaluations)
     sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)
-    rl_budget_share: float = 0.12
+    rl_budget_share: float = 0.12  # of budget_minutes, as rl.max_minutes when set (and rl.max_minutes is unset)
     threads: int | None = 2  # torch CPU threads for the whole job (set 1 on a shared box)
 
     @model_validator(mode="after")

@@ -80,3 +80,20 @@ def test_each_tracker_reads_back_what_was_logged(tmp_path, monkeypatch):
     assert run.data.params["grpo.lr"] == "0.0001" and run.info.status == "FINISHED"
     hist = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss")}
     assert hist == loss_want
+
+
+@need
+def test_evaluation_mirrors_its_summary(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from evoharness.config.eval import EvalConfig
+    from evoharness.eval.evaluate import evaluate
+
+    cfg = EvalConfig.model_validate(
+        {"limit": 2, "out_dir": str(tmp_path), "policy": {"kind": "teacher"}, "tracking": "tensorboard"}
+    )
+    summary = evaluate(cfg, progress=False)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    (point,) = acc.Scalars("overall/success")
+    assert point.value == pytest.approx(summary["overall"]["success"]) and point.step == 0

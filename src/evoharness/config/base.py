@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -27,6 +27,14 @@ class Strict(BaseModel):
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; the message says why."""
+
+
+def _tracker_list(v: Any) -> Any:
+    return [t.strip() for t in v.replace("|", ",").split(",") if t.strip()] if isinstance(v, str) else v
+
+
+# experiment trackers beside metrics.jsonl (`evoharness.tracking`): a list, or "tensorboard,wandb" from --set
+Trackers = Annotated[list[Literal["tensorboard", "wandb", "mlflow"]], BeforeValidator(_tracker_list)]
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

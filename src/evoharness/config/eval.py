@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from evoharness.config.base import Strict
+from evoharness.config.base import Strict, Trackers
 from evoharness.config.env import TASK_TYPES, AgentConfig, EnvConfig
 from evoharness.config.harness import HarnessConfig
 from evoharness.config.policy import PolicyConfig
@@ -38,6 +38,8 @@ class EvalConfig(Strict):
     out_dir: str = "runs/eval"  # output directory: config.json, episodes.jsonl, summary.json, report.md, success.png
     # keep out_dir's finished episodes and play the rest (another evaluation's out_dir is refused); false: replay all
     resume: bool = True
+    # experiment trackers mirroring the metrics (tensorboard, wandb, mlflow; evoharness.tracking); []: JSONL only
+    tracking: Trackers = []
     env: EnvConfig = EnvConfig()  # game data, engine and wording
     harness: HarnessConfig = HarnessConfig()  # the prompt harness
     policy: PolicyConfig = PolicyConfig()  # who plays

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from evoharness.config.base import Strict
+from evoharness.config.base import Strict, Trackers
 from evoharness.config.env import AgentConfig
 from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS, HarnessConfig
 from evoharness.config.scale import LAYOUT_DESCRIPTION, LoRAConfig, ShardConfig
@@ -229,6 +229,8 @@ class RLConfig(Strict):
 
     model_path: str = ""  # the SFT model directory (policy init and KL reference)
     out_dir: str = "runs/rl"  # the run's directory (checkpoints/, metrics.jsonl, final/, report.md); a rerun resumes it
+    # experiment trackers mirroring the metrics (tensorboard, wandb, mlflow; evoharness.tracking); []: JSONL only
+    tracking: Trackers = []
     steps: int = 150  # RL steps (policy versions): P × G episodes, then mini_batches × epochs updates each
     split: str = "train"  # ALFWorld split of the training games (and of branches' task ids)
     task_types: list[str] | None = None  # train (and evaluate) on these ALFWorld task types only; None: all six
@@ -319,6 +321,7 @@ class RLConfig(Strict):
         "eval_limit",
         "runtime.stall_s",
         "runtime.ray_address",
+        "tracking",
         "runtime.vllm_gpu_memory_utilization",
         "runtime.vllm_cpu_kv_cache_gib",
     )

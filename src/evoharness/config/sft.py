@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from evoharness.config.base import Strict
+from evoharness.config.base import Strict, Trackers
 from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS
 from evoharness.config.scale import LAYOUT_DESCRIPTION, LoRAConfig, ShardConfig
 
@@ -45,6 +45,8 @@ class SFTConfig(Strict):
     keep_checkpoints: int = 2  # step checkpoints kept in out_dir/checkpoints (older ones pruned; at least 1)
     eval_every: int = 0  # held-out loss every N steps; 0: only at the end (when eval examples are given)
     progress: bool = True  # show a progress bar
+    # experiment trackers mirroring the metrics (tensorboard, wandb, mlflow; evoharness.tracking); []: JSONL only
+    tracking: Trackers = []
     lora: LoRAConfig = Field(default_factory=LoRAConfig)  # adapters only (r > 0) or full fine-tuning
     shard: ShardConfig = Field(default_factory=ShardConfig)  # FSDP2 ranks (1: one unsharded trainer)
     layout: str | None = Field(None, description=LAYOUT_DESCRIPTION)

@@ -37,6 +37,7 @@ from evoharness.policies.factory import make_policy
 from evoharness.policies.guard import ErrorGuard, PolicyFailure, probe_policy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from evoharness.rollout.records import Trajectory
+from evoharness.tracking import Tracker, check_trackers
 
 # settings a resumed evaluation may change: they do not change what an episode records
 _RESUME_FREE = {
@@ -44,8 +45,16 @@ _RESUME_FREE = {
     "batch_size": True,
     "limit": True,
     "resume": True,
+    "tracking": True,
     "out_dir": True,
-    "policy": {"concurrency": True, "timeout_s": True, "max_retries": True, "num_threads": True, "api_key_env": True},
+    "policy": {
+        "concurrency": True,
+        "timeout_s": True,
+        "max_retries": True,
+        "num_threads": True,
+        "api_key_env": True,
+        "max_consecutive_errors": True,
+    },
 }
 
 
@@ -204,6 +213,8 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
         for s in specs:
             if seeds.setdefault(s.episode_id, s.seed) != s.seed:
                 raise ValueError(f"episode {s.episode_id} is in two of the evaluations with different seeds")
+    for c in cfgs:
+        check_trackers(c.tracking)  # a tracker without its package fails before any episode
     if base.policy.kind == "openai":  # a dead endpoint fails here, before any episode or file
         probe = make_policy(base.policy)
         try:
@@ -287,6 +298,8 @@ def evaluate_many(cfgs: list[EvalConfig], progress: bool = True) -> list[dict]:
         summary = summarize([Trajectory.from_dict(d) for d in episodes], c)
         summary["wall_s"] = wall  # of the whole pool when panels were played together
         write_report(summary, out=jsonl.parent)
+        with Tracker(c.tracking, jsonl.parent, f"eval-{c.split}", json.loads(c.model_dump_json())) as tracker:
+            tracker.log({"overall": summary["overall"], "by_type": summary["by_type"]}, step=0)
         summaries.append(summary)
     return summaries
 

@@ -86,6 +86,7 @@ def eval_cmd(
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.eval.evaluate import evaluate
     from evoharness.eval.report import markdown_table
+    from evoharness.policies.guard import PolicyFailure
 
     flags = {
         "split": split,
@@ -106,7 +107,7 @@ def eval_cmd(
     try:
         cfg = load_config(EvalConfig, config, overrides)
         summary = evaluate(cfg)
-    except (ConfigError, GameDataError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, GameDataError, ValueError, FileNotFoundError, PolicyFailure) as e:
         fail(str(e))
     typer.echo(markdown_table(summary))
     typer.echo(f"report: {Path(cfg.out_dir) / 'report.md'}")
@@ -120,6 +121,9 @@ def run_cmd(
         "-c",
         help="TOML file (RunConfig); default: the main job, configs/main_job.toml of this checkout.",
     ),
+    preset: str | None = typer.Option(
+        None, help="A shipped config by name: smoke (the pipeline in about a minute), main_job (the default)."
+    ),
     budget_minutes: float | None = typer.Option(
         None,
         help=(
@@ -132,10 +136,17 @@ def run_cmd(
 ) -> None:
     """The main job: teacher traces, tokenizer + model, SFT, GRPO, evaluation, report."""
     from evoharness.config.base import ConfigError
-    from evoharness.config.run import load_run_config
+    from evoharness.config.run import load_run_config, preset_path
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.pipeline import run_pipeline
 
+    if preset is not None:
+        if config is not None:
+            fail("--preset and --config both name a config: give one")
+        try:
+            config = preset_path(preset)
+        except ConfigError as e:
+            fail(str(e))
     flags = {"budget_minutes": budget_minutes, "out_dir": out and str(out)}
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
     try:
@@ -154,16 +165,25 @@ def sft_cmd(
     out: Path = typer.Option(Path("runs/sft"), help="Output directory (resumes from its checkpoints)."),
     config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (SFTConfig)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key: --set lr=1e-4"),
+    no_plan_check: bool = typer.Option(
+        False, "--no-plan-check", help="Start even when the memory planner says the run does not fit."
+    ),
 ) -> None:
     """Stage 1 alone: supervised harness fine-tuning of any HF model directory."""
     from evoharness.config.base import ConfigError, load_config
     from evoharness.config.sft import SFTConfig
-    from evoharness.train.sft import train_sft
 
     try:
         cfg = load_config(SFTConfig, config, list(set_))
         if not examples.is_file():
             raise FileNotFoundError(f"examples file not found: {examples}")
+    except (ConfigError, FileNotFoundError) as e:
+        fail(str(e))
+    if not no_plan_check:
+        _plan_check(cfg, str(model_path))
+    from evoharness.train.sft import train_sft
+
+    try:
         final = train_sft(cfg, examples, model_path, out)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         fail(str(e))
@@ -173,7 +193,7 @@ def sft_cmd(
 @app.command("rl")
 def rl_cmd(
     config: Path | None = typer.Option(
-        None, "--config", "-c", help="TOML file (RLConfig), e.g. configs/rl_qwen3_8b.toml."
+        None, "--config", "-c", help="TOML file (RLConfig), e.g. configs/rl_qwen3_0.6b_1gpu.toml."
     ),
     model_path: Path | None = typer.Option(None, help="The SFT model directory (policy init and KL reference)."),
     out: Path | None = typer.Option(None, help="Output directory (resumes from its checkpoints)."),
@@ -191,6 +211,9 @@ def rl_cmd(
     ),
     env: str | None = typer.Option(None, "--env", help="alfworld (default) | repo (repository tasks)."),
     tasks: str | None = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
+    no_plan_check: bool = typer.Option(
+        False, "--no-plan-check", help="Start even when the memory planner says the run does not fit."
+    ),
 ) -> None:
     """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
     from evoharness.config.base import ConfigError, load_config
@@ -217,10 +240,99 @@ def rl_cmd(
 
     try:
         cfg = load_config(RLConfig, config, overrides)
+    except ConfigError as e:
+        fail(str(e))
+    if not no_plan_check:
+        _plan_check(cfg)
+    try:
         final = train_rl(cfg)
     except (ConfigError, GameDataError, ValueError, FileNotFoundError, SandboxUnavailable) as e:
         fail(str(e))
     typer.secho(f"model: {final}", bold=True)
+
+
+def _plan_check(cfg, model_path: str | None = None) -> None:
+    """Refuse (exit 2) a run the memory planner says does not fit on this machine's devices,
+    printing the plan; a one-line summary otherwise (`plan.host.preflight`)."""
+    from evoharness.plan.host import preflight
+    from evoharness.plan.memory import GIB
+    from evoharness.plan.render import render
+
+    check = preflight(cfg, model_path)
+    if check.plan is None:
+        typer.echo(f"memory plan: not checked ({check.skipped})", err=True)
+        return
+    if check.refused:
+        typer.echo(render(check.plan), err=True)
+        fail(
+            f"refused before loading anything: the memory plan above {check.plan.verdict}. Change the settings it "
+            "names (micro_batch_size, capacity, max_prompt_tokens, lora, shard, runtime), or start anyway with "
+            "--no-plan-check"
+        )
+    worst = max(check.plan.devices, key=lambda d: d.total / d.capacity)
+    typer.echo(
+        f"memory plan: fits ({worst.total / GIB:.1f} of {worst.capacity / GIB:.1f} GiB on {worst.label}; "
+        "`evoharness plan` prints the table)",
+        err=True,
+    )
+
+
+@app.command("plan")
+def plan_cmd(
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="An RL or SFT TOML file (which one is read from its keys, or --stage)."
+    ),
+    stage: str | None = typer.Option(None, help="rl | sft (default: detected from the config's keys)."),
+    model_path: Path | None = typer.Option(
+        None, help="Model directory whose config.json gives the architecture (default: the config's model_path)."
+    ),
+    devices: int | None = typer.Option(
+        None, min=1, help="Devices to plan on (default: as many as the config places processes on)."
+    ),
+    device_memory: float | None = typer.Option(
+        None, min=0.001, help="GiB per device, host RAM for a CPU run (default: this machine's)."
+    ),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, min=0.01, max=1.0, help="vLLM's share of each GPU (default: the engine sized to its need)."
+    ),
+    list_layouts: bool = typer.Option(False, "--list-layouts", help="List the named model layouts and exit."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set grpo.micro_batch_size=1"),
+) -> None:
+    """Memory plan of an RL or SFT run per device and role; exit 0 if it fits, 1 if not."""
+    from evoharness.config.base import ConfigError
+    from evoharness.plan.host import cuda_memory_gib, host_available_gib, wants_cuda
+    from evoharness.plan.layouts import LAYOUTS
+    from evoharness.plan.planner import plan_run
+    from evoharness.plan.render import render
+    from evoharness.plan.stage import load_stage_config
+
+    if list_layouts:
+        typer.echo(f"{'layout':<12} {'params':>8} {'hidden':>6} {'layers':>6} {'heads':>5} {'kv':>3} {'head_dim':>8} "
+                   f"{'mlp':>6} {'vocab':>7} tied")  # fmt: skip
+        for name, lay in LAYOUTS.items():
+            typer.echo(
+                f"{name:<12} {lay.params() / 1e9:>7.3f}B {lay.hidden:>6} {lay.layers:>6} {lay.heads:>5} "
+                f"{lay.kv_heads:>3} {lay.head_dim:>8} {lay.intermediate:>6} {lay.vocab:>7} "
+                + ("yes" if lay.tied else "no")
+            )
+        return
+    try:
+        cfg = load_stage_config(config, list(set_), stage)
+        if device_memory is not None:
+            memory: float | list[float] = device_memory
+        elif wants_cuda(cfg):
+            memory = cuda_memory_gib()
+            if not memory:
+                raise ValueError("the config runs on CUDA and no CUDA device is visible here: pass --device-memory GiB")
+            devices = devices or len(memory)
+            memory = memory[:devices] if len(memory) >= devices else memory + [memory[-1]] * (devices - len(memory))
+        else:
+            memory = host_available_gib()
+        plan = plan_run(cfg, memory, devices, model_path and str(model_path), gpu_memory_utilization)
+    except (ConfigError, ValueError) as e:
+        fail(str(e))
+    typer.echo(render(plan))
+    raise typer.Exit(0 if plan.fits else 1)
 
 
 def _toml(v) -> str:
@@ -286,7 +398,7 @@ def serve_cmd(
         None, help="Directory of per-execution call records (JSONL); default: in memory."
     ),
     served_model_name: str | None = typer.Option(
-        None, help="Model name clients use (default: the model directory's name)."
+        None, help="Model name clients use (default: from the model path, e.g. runs/smoke/rl/final -> smoke-rl-final)."
     ),
     max_prompt_tokens: int | None = typer.Option(
         None,

@@ -1,7 +1,7 @@
-"""`VLLMEngine` (vLLM in-process) against the shared contracts. Skipped without vllm
-(CI does not install it); here run with the vLLM environment:
+"""`VLLMEngine` (vLLM in-process) against the shared contracts. Skipped without vllm;
+`make test-vllm` (part of `make test`) runs it in the vLLM environment, .venv-vllm:
 
-    PYTHONPATH=src .venv-vllm/bin/python -m pytest -q tests/engines/test_vllm_engine.py
+    .venv-vllm/bin/pytest -q tests/engines/test_vllm_engine.py
 
 One engine is started for the module (~20-30 s, ~4 GB): the tests share it.
 """

@@ -246,3 +246,15 @@ def test_sft_overfits_and_policy_reproduces_the_actions(tmp_path, model_dir):
     assert [c.text for c in outs] == [e["completion"] for e in EXAMPLES]
     assert all(c.finish_reason == "stop" for c in outs)
     assert load_examples(path) == EXAMPLES
+
+
+def test_sft_mirrors_its_metrics_to_tensorboard(tmp_path, model_dir):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = SFTConfig(lr=1e-2, max_steps=3, warmup_steps=1, ckpt_every=0, progress=False, tracking="tensorboard")
+    train_sft(cfg, EXAMPLES, model_dir, tmp_path / "run")
+    recs = [json.loads(ln) for ln in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    assert {e.step: e.value for e in acc.Scalars("loss")} == pytest.approx({r["step"]: r["loss"] for r in recs})

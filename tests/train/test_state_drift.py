@@ -161,7 +161,7 @@ def test_unread_config_fields_are_rejected(key):
         load_config(RLConfig, overrides=[key])
 
 
-@pytest.mark.parametrize("name", ["rl_cpu.toml", "rl_qwen3_8b.toml"])
+@pytest.mark.parametrize("name", ["rl_cpu.toml", "rl_qwen3_8b_fsdp_8gpu.toml"])
 def test_shipped_rl_configs_load(name):
     from pathlib import Path
 

@@ -11,7 +11,7 @@ DEFAULT_MAX_PROMPT_TOKENS = 2048
 one: ``SFTConfig``, ``RLConfig`` and ``PolicyConfig`` (eval's ``hf`` / ``openai`` policies)
 all default to it, so standalone ``sft``, ``rl`` and ``eval`` fit prompts alike (issue 10,
 fault 4). A run that changes it sets the same value for each stage it runs (the main
-job's ``RunConfig`` checks this; configs/rl_qwen3_8b.toml uses the paper's 12,288)."""
+job's ``RunConfig`` checks this; configs/rl_qwen3_8b_fsdp_8gpu.toml uses the paper's 12,288)."""
 
 
 class HarnessConfig(Strict):

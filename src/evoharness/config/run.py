@@ -21,6 +21,22 @@ from evoharness.config.sft import SFTAnchorConfig, SFTConfig
 
 # configs/main_job.toml of this checkout (src/evoharness/config/run.py -> the repository root)
 MAIN_JOB_TOML = Path(__file__).resolve().parents[3] / "configs" / "main_job.toml"
+# `evoharness run --preset NAME`: configs/NAME.toml beside the main job's
+RUN_PRESETS = ("main_job", "smoke")
+
+
+def preset_path(name: str) -> Path:
+    """The shipped RunConfig TOML of preset `name` (`RUN_PRESETS`).
+
+    Raises:
+        ConfigError: an unknown name (with the known ones), or its file missing from this checkout.
+    """
+    if name not in RUN_PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(RUN_PRESETS)}")
+    path = MAIN_JOB_TOML.with_name(f"{name}.toml")
+    if not path.is_file():
+        raise ConfigError(f"preset {name!r}: {path} is missing (presets ship with the repository checkout)")
+    return path
 
 
 def _default_sft() -> SFTConfig:

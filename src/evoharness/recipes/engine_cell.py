@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from evoharness.config.rl import GRPOConfig
-from evoharness.recipes.trained_cell import TrainedCell
+from evoharness.config.scale import LoRAConfig
+from evoharness.recipes.trained_cell import TrainedCell, adapt, base_weights
 
 
 @dataclasses.dataclass
@@ -38,6 +39,8 @@ class EngineCellFactory:
         device: where the model runs.
         dtype: the compute dtype (autocast over fp32 master weights; None: ``auto``).
         ref_device: where the KL reference runs (None: `device`).
+        lora: LoRA adapters (``r > 0``: only they train and sync, `recipes.trained_cell`); r = 0: full weights.
+        seed: the adapters' initialisation (the same in every cell).
     """
 
     model_path: str
@@ -46,12 +49,21 @@ class EngineCellFactory:
     device: str = "cpu"
     dtype: str | None = None
     ref_device: str | None = None
+    lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+    seed: int = 0
 
     def __call__(self, cell: int, init_dir: str | None) -> EngineCell:
         if self.threads:
             torch.set_num_threads(self.threads)
         return EngineCell(
-            self.model_path, self.grpo, init_dir, device=self.device, dtype=self.dtype, ref_device=self.ref_device
+            self.model_path,
+            self.grpo,
+            init_dir,
+            device=self.device,
+            dtype=self.dtype,
+            ref_device=self.ref_device,
+            lora=self.lora,
+            seed=self.seed,
         )
 
 
@@ -62,8 +74,8 @@ class EngineCell(TrainedCell):
         model_path: the initial weights and tokenizer; the KL reference when ``grpo.kl_beta > 0``.
         grpo: the trainer's settings.
         init_dir: a checkpoint directory to start from (`save`'s: weights, tokenizer and
-            ``trainer_state.pt``); None: `model_path`.
-        device / dtype / ref_device: as `EngineCellFactory`'s.
+            ``trainer_state.pt``; with LoRA ``adapter/``); None: `model_path`.
+        device / dtype / ref_device / lora / seed: as `EngineCellFactory`'s.
     """
 
     def __init__(
@@ -74,15 +86,28 @@ class EngineCell(TrainedCell):
         device: str = "cpu",
         dtype: str | None = None,
         ref_device: str | None = None,
+        lora: LoRAConfig | None = None,
+        seed: int = 0,
     ):
         from evoharness.engines.hf import Engine
         from evoharness.models.init import load_model, load_tokenizer
+        from evoharness.train.precision import compute_dtype
 
-        # fp32 master weights; low precision only as autocast compute
+        lora = lora or LoRAConfig()
+        # fp32 master weights (with LoRA: the adapters); low precision only as autocast compute
         tokenizer = load_tokenizer(init_dir or model_path)
-        model = load_model(init_dir or model_path, device, torch.float32)
+        source, weights_dtype = base_weights(model_path, init_dir, lora, compute_dtype(dtype, device))
+        model = load_model(source, device, weights_dtype)
         super().__init__(
-            model, tokenizer, grpo, model_path, init_dir, device=device, dtype=dtype, ref_device=ref_device
+            model,
+            tokenizer,
+            grpo,
+            model_path,
+            init_dir,
+            device=device,
+            dtype=dtype,
+            ref_device=ref_device,
+            lora=adapt(model, lora, seed, init_dir),
         )
         self.engine = Engine(self.model, self.tokenizer)
 

@@ -616,7 +616,14 @@ def repo_recipe(cfg: RLConfig) -> Any:
 
     def cell(threads: int | None = None) -> EngineCellFactory:
         return EngineCellFactory(
-            cfg.model_path, grpo, threads, device=cfg.device, dtype=cfg.dtype, ref_device=cfg.ref_device
+            cfg.model_path,
+            grpo,
+            threads,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            ref_device=cfg.ref_device,
+            lora=cfg.lora,
+            seed=cfg.seed,
         )
 
     return Recipe(workload, cell, None)

@@ -43,12 +43,14 @@ from evoharness.config.rl import RLConfig
 from evoharness.config.sim import SimConfig
 from evoharness.files import append_jsonl, atomic_dir, atomic_write_text, failpoint, truncate_jsonl
 from evoharness.recipes.base import Recipe
+from evoharness.recipes.vllm_cell import check_rollout_engine
 from evoharness.runtime.cell import ModelCell, WeightStore
 from evoharness.runtime.cell_backend import CellBackend, ModelTraining
 from evoharness.runtime.cells import Role
 from evoharness.runtime.driver import Driver
 from evoharness.runtime.sim import build_scheduler
 from evoharness.runtime.transport import make_transport
+from evoharness.tracking import Tracker
 from evoharness.train.checkpoint import check_resume_config, load_checkpoint, restore_metrics, snapshot_metrics
 
 
@@ -105,9 +107,15 @@ class RLJob:
         atomic_write_text(out / "rl_config.json", cfg.model_dump_json(indent=2))
         self.work = out / "runtime"
         found = load_checkpoint(out, _read_checkpoint)
+        if cfg.runtime.trainer == "fsdp":  # before anything starts
+            raise ValueError(
+                "runtime.trainer = 'fsdp' is planned (`evoharness plan`) and trains in `evoharness sft` "
+                "(shard.ranks), but rl's cells do not run FSDP ranks yet; use runtime.trainer = 'allreduce' or "
+                "'single', or LoRA (lora.r > 0) for a model whose full optimizer state does not fit one device"
+            )
+        check_rollout_engine(cfg)  # before any cell starts: vllm importable, a setting it serves
         self.recipe = WORKLOADS[cfg.env](cfg)
         sim = sim_config(cfg)
-        self.weights = WeightStore(self.work / "weights")
         self.step, init_dir = 0, None
         if found:
             ckpt, (state, job) = found
@@ -115,9 +123,6 @@ class RLJob:
             restore_metrics(out / "metrics.jsonl", ckpt, self.step)
             truncate_jsonl(self.work / "trace.jsonl", self.step)  # steps past the checkpoint redo
         threads = cfg.threads if rt.backend == "inprocess" else 1
-        make_worker = functools.partial(
-            ModelCell, factory=self.recipe.cell(threads), weights=self.weights, version=self.step, init_dir=init_dir
-        )
 
         def make_backend(sched: Any, state: dict[str, Any] | None = None) -> CellBackend:
             roles = [c.role for c in sched.pool.cells] if state else sched.initial_roles()
@@ -131,7 +136,12 @@ class RLJob:
                 from evoharness.runtime.gateway_cells import CellGateway
 
                 gateway = CellGateway(rt.cells, records=out / "gateway")
-            transport = make_transport(rt.backend, address=rt.ray_address, num_cpus=rt.ray_num_cpus)
+            transport = make_transport(rt.backend, rt.gpus_per_cell, address=rt.ray_address, num_cpus=rt.ray_num_cpus)
+            # weights and gradients travel as the transport says: files here, Ray's object store on a cluster
+            self.weights = WeightStore(self.work / "weights", transport.exchange(self.work / "weights"))
+            make_worker = functools.partial(
+                ModelCell, factory=self.recipe.cell(threads), weights=self.weights, version=self.step, init_dir=init_dir
+            )
             return CellBackend(
                 sim,
                 roles,
@@ -269,6 +279,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
     metrics_path = out / "metrics.jsonl"
     job = RLJob(cfg)
     rt = cfg.runtime
+    tracker = Tracker(cfg.tracking, out, "rl", json.loads(cfg.model_dump_json()))
     bar = tqdm(
         total=cfg.steps,
         initial=job.step,
@@ -284,6 +295,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
                 rec.update(job.evaluate())
             failpoint("before_metrics", step)
             append_jsonl(metrics_path, rec, step=step)
+            tracker.log(rec, step)
             failpoint("after_metrics", step)
             late = bool(cfg.max_minutes) and (time.perf_counter() - t_start) / 60 > cfg.max_minutes
             if step % cfg.ckpt_every == 0 or step == cfg.steps or late:
@@ -295,6 +307,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> Path:
         final = job.export(out / "final")
     finally:
         bar.close()
+        tracker.close()
         job.close()
     write_rl_report(out, metrics_path)
     return final

@@ -12,19 +12,24 @@ process of its own, a Ray actor, or inline in the driver process, and feeds it j
 
     ``call``    a model call (payload: the workload's request); consecutive calls are one batch
     ``train``   forward/backward of a streamed micro-batch's rows at weights ``version``; with
-                ``to_file`` the gradient goes to a file for the core (dynamic membership)
-    ``step``    the step's updates (the parts' ``step``: the streamed gradient plus any gradient
-                files of other cells, or the whole batch's updates; a data-parallel group
-                all-reduces inside); then weights ``version + 1`` are published when asked
+                ``grad_key`` the gradient goes to the exchange for the core (dynamic membership)
+    ``step``    the step's updates (the parts' ``step``: the streamed gradient plus the gradients
+                other cells left under ``grad_keys``, or the whole batch's updates; a data-parallel
+                group all-reduces inside); then weights ``version + 1`` are published when asked
     ``load``    load published weights ``version``; ``switch``: change role (into rollout: newest weights)
     ``save``    write the model (and the optimizer state) into a directory (checkpoints, export)
-    ``publish`` write the current weights to the `WeightStore` (e.g. for an evaluation)
+    ``publish`` publish the current weights to the `WeightStore` (e.g. for an evaluation)
+    ``rendezvous`` the core: a free ``tcp://`` address on its host for its trainer group
+
+Weights and gradients travel through the transport's `runtime.exchange.Exchange` (files on one
+machine, Ray's object store on a cluster), so nothing here depends on where the cells run.
 
 - `TimedCell`: the synthetic replay (`runtime.synthetic`): every job completes after its
   ``seconds``, concurrently, and returns its payload.
 
 `serve` is the loop a process or an actor runs: it drains the inbox before each job so that a
-cancel catches a job not started yet, and exits when the driver process is gone.
+cancel catches a job not started yet, and exits on ``stop`` (closing its worker) or when the
+driver process is gone.
 """
 
 from __future__ import annotations
@@ -32,11 +37,15 @@ from __future__ import annotations
 import heapq
 import os
 import queue
+import re
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+from evoharness.runtime.exchange import Exchange, FileExchange, unique_tensors
+from evoharness.runtime.rendezvous import free_tcp_address
 
 MAX_CALL_BATCH = 64  # model calls a cell answers together
 
@@ -83,32 +92,85 @@ class CellParts(Protocol):
 
 
 class WeightStore:
-    """Published weights versions, ``<root>/v<version>.safetensors`` (atomic writes).
+    """Published weights versions: key ``v<version>`` of the transport's `runtime.exchange.Exchange`.
 
-    The core publishes ``v + 1`` after each update; another cell loads it on a sync or a switch.
-    A directory every cell can read (one machine, or a shared mount)."""
+    The core publishes ``v + 1`` after each update (dropping all but the newest two: cells only
+    ever load those); another cell loads it on a sync or a switch. A model with LoRA adapters
+    publishes and loads its adapter tensors alone (`sync_tensors`).
 
-    def __init__(self, root: str | Path):
+    Args:
+        root: the directory of the default exchange (`FileExchange`: ``<root>/v<version>.safetensors``);
+            with another `exchange`, where `path` writes a version for a reader in this process.
+        exchange: where the versions travel (None: files under `root`).
+    """
+
+    def __init__(self, root: str | Path, exchange: Exchange | None = None):
         self.root = Path(root)
+        self.exchange: Exchange = exchange if exchange is not None else FileExchange(self.root)
 
     def path(self, version: int) -> Path:
-        return self.root / f"v{version}.safetensors"
+        """A safetensors file of published `version` on this machine (an evaluation reads it; with
+        files the exchange's own, else fetched into `root`).
+
+        Raises:
+            KeyError: `version` is not (or no longer) published.
+        """
+        if isinstance(self.exchange, FileExchange):
+            return self.exchange.path(f"v{version}")
+        from safetensors.torch import save_file
+
+        path = self.root / f"v{version}.safetensors"
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+        save_file(self.exchange.get(f"v{version}"), str(tmp))
+        os.replace(tmp, path)
+        return path
 
     def publish(self, model: Any, version: int) -> None:
-        from safetensors.torch import save_model
-
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.path(version).with_name(f".tmp-v{version}-{os.getpid()}")
-        save_model(model, str(tmp))
-        os.replace(tmp, self.path(version))
-        for old in self.root.glob("v*.safetensors"):  # cells only ever load the newest two
-            if int(old.stem[1:]) < version - 1:
-                old.unlink(missing_ok=True)
+        self.exchange.put(f"v{version}", sync_tensors(model))
+        old = [k for k in self.exchange.keys() if _VERSION.fullmatch(k) and int(k[1:]) < version - 1]
+        self.exchange.drop(old)
 
     def load(self, model: Any, version: int) -> None:
-        from safetensors.torch import load_model
+        load_sync_tensors(model, self.exchange.get(f"v{version}"), f"weights v{version}")
 
-        load_model(model, str(self.path(version)))
+
+_VERSION = re.compile(r"v\d+")
+
+
+def sync_tensors(model: Any) -> dict[str, Any]:
+    """The tensors a weights sync moves: the LoRA adapters where `model` has them (the base never
+    changes: `models.adapters.adapter_parameters`), else the whole state less tied aliases."""
+    from evoharness.models.adapters import adapter_parameters
+
+    adapters = adapter_parameters(model)
+    if adapters:
+        return {n: p.detach() for n, p in adapters.items()}
+    return unique_tensors(model.state_dict())
+
+
+def load_sync_tensors(model: Any, tensors: dict[str, Any], source: str) -> None:
+    """Copy `sync_tensors` of another cell into `model` in place.
+
+    Raises:
+        KeyError: `tensors` are not `model`'s sync tensors (the missing and unexpected names, from `source`).
+    """
+    import torch
+
+    from evoharness.models.adapters import adapter_parameters
+
+    adapters = adapter_parameters(model)
+    want = adapters or model.state_dict()
+    need = set(adapters or unique_tensors(want))  # a tied alias follows its tensor
+    missing, unexpected = sorted(need - tensors.keys()), sorted(tensors.keys() - want.keys())
+    if missing or unexpected:
+        raise KeyError(
+            f"{source}: not this model's weights: missing {missing[:4]}, unexpected {unexpected[:4]} "
+            "(a full-model sync into a LoRA model, or another model)"
+        )
+    with torch.no_grad():
+        for name, t in tensors.items():
+            want[name].copy_(t)
 
 
 class ModelCell:
@@ -117,9 +179,11 @@ class ModelCell:
     Args:
         cell: its index (0 is the core).
         factory: builds its `CellParts` from ``(cell, init_dir)`` (picklable: it travels to the cell).
-        weights: the published weights versions.
+        weights: the published weights versions; its exchange also carries the gradients of
+            satellites (``train`` with ``grad_key``) and the checkpoint a cell starts from.
         version: the weights version it starts with (a resumed job: the checkpoint's).
-        init_dir: a checkpoint directory to start from (weights; the trainer's state on train cells).
+        init_dir: a checkpoint directory of the driver's machine to start from (weights; the
+            trainer's state on train cells); a cell elsewhere reads a copy (`Exchange.local_dir`).
     """
 
     def __init__(
@@ -131,13 +195,18 @@ class ModelCell:
         init_dir: str | None = None,
     ):
         self.cell, self.weights, self.version = cell, weights, version
-        self.parts = factory(cell, init_dir)
+        self.exchange = weights.exchange
+        self.parts = factory(cell, self.exchange.local_dir(init_dir) if init_dir else None)
         self.pending: deque = deque()
         self.cancelled: set[int] = set()
         self._group: tuple | None = None
 
     def submit(self, kind: str, token: int, payload: Any, seconds: float = 0.0) -> None:
         self.pending.append((kind, token, payload))
+
+    def close(self) -> None:
+        """The cell stops: remove its local copy of the checkpoint it started from (if any)."""
+        self.exchange.close()
 
     def cancel(self, token: int) -> None:
         self.cancelled.add(token)
@@ -178,14 +247,8 @@ class ModelCell:
         if kind == "train":
             self._ensure(payload["version"])
             stats = self.parts.accumulate(payload["rows"])
-            if payload.get("to_file"):  # for the core: summed into its update (dynamic membership)
-                import torch
-
-                path = Path(payload["to_file"])
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-                torch.save(self.parts.gradients(), tmp)
-                os.replace(tmp, path)
+            if payload.get("grad_key"):  # for the core: summed into its update (dynamic membership)
+                self.exchange.put(payload["grad_key"], self.parts.gradients())
             return {"stats": stats, "seconds": time.perf_counter() - t0}
         if kind == "step":
             return self._step(payload, t0)
@@ -203,17 +266,19 @@ class ModelCell:
         if kind == "publish":
             self.weights.publish(self.parts.model, self.version)
             return self.version
+        if kind == "rendezvous":  # the core: where its trainer group meets (it is rank 0)
+            return free_tcp_address(self.exchange.host())
         raise ValueError(f"unknown cell job {kind!r}")
 
     def _step(self, p: dict[str, Any], t0: float) -> dict[str, Any]:
-        import torch
-
         self._ensure(p["version"])
         if p.get("group") and p["group"] != self._group:
             self.parts.join_group(*p["group"])
             self._group = p["group"]
-        for f in p.get("grad_files", ()):  # the streamed micro-batches of other cells: exactly these, once
-            self.parts.add_gradients(torch.load(f, weights_only=True))
+        for key in p.get("grad_keys", ()):  # the streamed micro-batches of other cells: exactly these, once
+            self.parts.add_gradients(self.exchange.get(key))
+        if p.get("drop_prefix"):  # the step's gradients, a lost satellite's unclaimed one included
+            self.exchange.drop([k for k in self.exchange.keys() if k.startswith(p["drop_prefix"])])
         updates = self.parts.step(p["plan"])
         self.version = p["version"] + 1
         if p.get("publish"):
@@ -280,6 +345,8 @@ def serve(
                 break
         for m in msgs:
             if m[0] == "stop":
+                if hasattr(worker, "close"):
+                    worker.close()
                 return
             if m[0] == "cancel":
                 worker.cancel(m[1])

@@ -25,9 +25,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import json
-import os
 import queue
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -140,7 +138,7 @@ class CellBackend:
         ready_timeout_s: how long the cells may take to start.
 
     Raises:
-        RuntimeError: a cell did not start.
+        RuntimeError: a cell did not start (or the transport could not place the cells).
     """
 
     def __init__(
@@ -199,7 +197,11 @@ class CellBackend:
                 if r != Role.ROLLOUT:
                     self.gw.drain(c, [])  # not serving until it switches to rollout
         self.training.attach(self, state.get("training") if state else None)
-        transport.start(self.K, make_worker)
+        try:
+            transport.start(self.K, make_worker)
+        except BaseException:  # e.g. a cluster that cannot place the cells: release what was started
+            self.close()
+            raise
         self._wait_ready(ready_timeout_s)
         if state is not None:
             self._restore(state)
@@ -623,17 +625,22 @@ class ModelTraining:
     """Train cells with models (module docstring): what micro-batches and weight syncs send.
 
     - ``single``: the core (cell 0) holds the only optimizer state; a micro-batch another cell
-      trained reaches the core as a gradient file that the core adds at the sync (exactly the
-      micro-batches of the step, each once): cells may join and leave training within a step
-      (QwenGyre's dynamic membership). With one cell nothing goes through files.
+      trained reaches the core as a gradient the cell leaves in the exchange (key
+      ``grads/v<version>/mb<n>``) and the core adds at the sync (exactly the micro-batches of the
+      step, each once): cells may join and leave training within a step (QwenGyre's dynamic
+      membership). With one cell nothing goes through the exchange.
     - ``allreduce``: a fixed group of train cells (`members`, the core among them) are
       data-parallel replicas; each keeps the gradient of the micro-batches it trained and at the
       sync every member runs the same update on its share of the batch, all-reducing its gradient
-      first (DDP-style): no gradient file and no weight reload on the members. A member lost
-      fails the job (its gradient lived only in its memory): it resumes from its last checkpoint.
+      first (DDP-style): no gradient in the exchange and no weight reload on the members. A
+      member lost fails the job (its gradient lived only in its memory): it resumes from its last
+      checkpoint. The group meets at a ``tcp://`` address on the core's host that the core picks
+      at the first sync (`group`: NCCL between CUDA ranks, gloo otherwise).
 
     After the update the core publishes the new weights when other cells need them, and the cells
-    of the sync that did not train load them (`runtime.cell.WeightStore`).
+    of the sync that did not train load them (`runtime.cell.WeightStore`). Weights and gradients
+    travel through the transport's exchange (`runtime.exchange`): files on one machine, Ray's
+    object store on a cluster.
     """
 
     def __init__(self, mode: str = "single", members: list[int] | None = None):
@@ -647,11 +654,11 @@ class ModelTraining:
         self.newest = 0
         self._micro: dict[int, list[dict]] = {}  # version -> streamed micro-batches' statistics
         self._micro_s: dict[int, float] = {}  # version -> their cell-seconds
-        self._files: dict[int, dict[int, str]] = {}  # version -> train job token -> its gradient file
+        self._grads: dict[int, dict[int, str]] = {}  # version -> train job token -> its gradient's key
         self._trained: dict[int, set[int]] = {}  # version -> executions trained on it
         self._step: dict[int, dict[str, Any]] = {}  # version (new) -> the sync in flight
-        self._rendezvous = 0  # gradient files made
-        self._init: str | None = None  # the all-reduce group's rendezvous
+        self.gradients_sent = 0  # satellite gradients sent to the core through the exchange (their keys number them)
+        self._init: str | None = None  # the train group's rendezvous (formed once, at the first sync)
 
     def attach(self, backend: CellBackend, state: dict[str, Any] | None) -> None:
         self.be = backend
@@ -675,21 +682,16 @@ class ModelTraining:
             return
         payload: dict[str, Any] = {"version": c.version, "rows": rows}
         if self.mode == "single" and c.cell != 0:  # a satellite's gradient goes to the core
-            self._rendezvous += 1
-            payload["to_file"] = str(be.work_dir / "grads" / f"v{c.version}" / f"mb{self._rendezvous}.pt")
+            self.gradients_sent += 1
+            payload["grad_key"] = f"{_grad_prefix(c.version)}mb{self.gradients_sent}"
         tok = be.send(c.cell, "train", payload, key=("train", c.version, c.executions))
-        if "to_file" in payload:
-            self._files.setdefault(c.version, {})[tok] = payload["to_file"]
+        if "grad_key" in payload:
+            self._grads.setdefault(c.version, {})[tok] = payload["grad_key"]
 
     def sync(self, c: SyncWeights) -> None:
         be, v = self.be, c.version - 1
         plans = be.workload.sync(c.version, sorted(self._trained.get(v, ())), len(self.members))
-        files = sorted(self._files.pop(v, {}).values())
-        group = None
-        if self.mode == "allreduce" and len(self.members) > 1 and self._init is None:
-            # one group for the cells' lifetime, formed at their first step (a resumed job: a fresh one)
-            (be.work_dir / "dist").mkdir(parents=True, exist_ok=True)
-            self._init = f"file://{be.work_dir / 'dist' / f'rendezvous_{os.getpid()}_{time.time_ns()}'}"
+        grads = sorted(self._grads.pop(v, {}).values())
         self._step[c.version] = {
             "cells": c.cells,
             "left": len(self.members),
@@ -698,20 +700,30 @@ class ModelTraining:
             "t0": time.monotonic(),
         }
         for rank, cell in enumerate(self.members):
-            if self.mode == "allreduce" and len(self.members) > 1:
-                group = (rank, len(self.members), self._init)
             be.send(
                 cell,
                 "step",
                 {
                     "version": v,
                     "plan": plans[rank],
-                    "grad_files": files if cell == 0 else [],
+                    "grad_keys": grads if cell == 0 else [],
+                    "drop_prefix": _grad_prefix(v) if cell == 0 and self.mode == "single" and be.K > 1 else None,
                     "publish": cell == 0 and be.K > 1,
-                    "group": group,
+                    "group": self.group(rank) if self.mode == "allreduce" else None,
                 },
                 key=("step", c.version),
             )
+
+    def group(self, rank: int) -> tuple[int, int, str] | None:
+        """Member `rank`'s place in the train group: ``(rank, world, init_method)`` (`CellParts.join_group`;
+        the backend follows the device: NCCL on CUDA, gloo on CPU); None with one member. The group
+        forms once for the cells' lifetime, at their first sync (a resumed job: a fresh one), and
+        meets at a ``tcp://`` address the core (rank 0) picks on its host: no shared filesystem."""
+        if len(self.members) < 2:
+            return None
+        if self._init is None:
+            self._init = self.be.run_job(self.members[0], "rendezvous", None)
+        return (rank, len(self.members), self._init)
 
     def on_reply(self, cell: int, kind: str, key: Any, result: Any) -> None:
         be = self.be
@@ -737,7 +749,6 @@ class ModelTraining:
             # cell-seconds: the streamed micro-batches' and the sync's update
             train_s = time.monotonic() - st["t0"] + self._micro_s.pop(version - 1, 0.0)
             be.record_step(version, executions, stats, {"train": train_s})
-            shutil.rmtree(be.work_dir / "grads" / f"v{version - 1}", ignore_errors=True)
             self._load_on([x for x in st.pop("cells") if x not in self.members], version)
         elif kind == "load":
             self._loaded(key[1])
@@ -776,7 +787,7 @@ class ModelTraining:
 
     def job_lost(self, cell: int, kind: str, key: Any, token: int) -> None:
         """A job died with its cell: a satellite's micro-batch is re-claimed by the scheduler (its
-        file never counts); a lost weight load counts as done (the replacement loads the newest
+        gradient never counts); a lost weight load counts as done (the replacement loads the newest
         weights); a member of the train group lost mid-step fails the job."""
         if kind == "train":
             _, version, executions = key
@@ -787,8 +798,13 @@ class ModelTraining:
                     "gradient is lost and the group cannot continue; resume the job from its last "
                     "checkpoint (a fresh group forms)"
                 )
-            self._files.get(version, {}).pop(token, None)
+            self._grads.get(version, {}).pop(token, None)
         elif kind == "step":
             raise RuntimeError(f"cell {cell} failed during the optimizer step: resume the job from its last checkpoint")
         elif kind == "load":
             self._loaded(key[1])
+
+
+def _grad_prefix(version: int) -> str:
+    """The exchange keys of the satellites' gradients trained at weights `version`."""
+    return f"grads/v{version}/"

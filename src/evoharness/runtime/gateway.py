@@ -69,6 +69,7 @@ import asyncio
 import hmac
 import json
 import os
+import re
 import secrets
 import socket
 import sys
@@ -990,6 +991,23 @@ class GatewayServer:
         self.stop()
 
 
+# directory names the project's runs give every model (runs/X/rl/final, .../checkpoints/step_8): not a name
+_GENERIC = re.compile(r"^(final|model|latest|checkpoint[s]?|step_?\d+|sft|rl|v\d+)$")
+
+
+def model_name(model_path: str | Path) -> str:
+    """The name a served model directory goes by: its path's last parts up to the first that is not
+    generic, joined by ``-`` (``runs/smoke/rl/final`` -> ``smoke-rl-final``; ``/models/Qwen3-8B`` ->
+    ``Qwen3-8B``)."""
+    parts = Path(model_path).resolve().parts
+    out: list[str] = []
+    for p in reversed(parts[1:]):
+        out.insert(0, p)
+        if not _GENERIC.match(p):
+            break
+    return "-".join(out) or "evoharness"
+
+
 def build_gateway(
     model_path: str | None = None,
     backend_urls: list[str] | None = None,
@@ -1042,7 +1060,7 @@ def build_gateway(
             )
     for i, url in enumerate(backend_urls or []):
         backends.append(HTTPBackend(url, name=f"http{i}", grammar=backend_grammar))
-    name = served_model or (Path(model_path).name if model_path else "evoharness")
+    name = served_model or (model_name(model_path) if model_path else "evoharness")
     token = admin_token or os.environ.get("EVOHARNESS_ADMIN_TOKEN")
     if not token:
         token = secrets.token_urlsafe(24)

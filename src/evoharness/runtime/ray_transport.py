@@ -6,10 +6,17 @@ waits on (`ray.wait`), a cancel another method call, and a dead actor (`RayActor
 cell, replaced by a new actor. ``address=None`` starts a local head on 127.0.0.1; an address joins
 an existing cluster (``ray start --head`` on one machine, ``ray start --address`` on the others).
 Needs the ``ray`` extra (``pip install -e .[ray]``).
+
+The cells are the bundles of one placement group, ``{"CPU": num_cpus, "GPU": gpus_per_cell}``
+each, packed onto as few nodes as possible; cell 0 (the core, which writes the checkpoints the
+driver reads) is held to the driver's node. Ray gives each actor its GPUs
+(``CUDA_VISIBLE_DEVICES``). The cells share no filesystem: weights and gradients travel through
+the object store (`runtime.ray_exchange.RayExchange`), a trainer group meets over TCP.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -17,12 +24,14 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from evoharness.runtime.cell import serve
 from evoharness.runtime.transport import Reply
 
 MAX_JOBS = 1024  # jobs one actor holds at once (each waits on an actor thread)
+STOP_S = 10.0  # how long `close` lets the cells stop (and remove their local copies) before killing them
 _REMOTE: dict[type, Any] = {}
 
 
@@ -38,7 +47,8 @@ class _CellActor:
         self._waiting: dict[int, Future] = {}
         self._cancelled: set[int] = set()
         self._ready: Future = Future()
-        threading.Thread(target=self._main, args=(cell, make_worker), daemon=True).start()
+        self._thread = threading.Thread(target=self._main, args=(cell, make_worker), daemon=True)
+        self._thread.start()
 
     def _main(self, cell: int, make_worker: Callable[[int], Any]) -> None:
         try:
@@ -57,7 +67,11 @@ class _CellActor:
             fut.set_result(msg)
 
     def ready(self) -> tuple:
-        return self._ready.result()
+        """The cell's ``ready`` reply, its result the node it runs on (`RayTransport.nodes`)."""
+        import ray
+
+        cell, pid, kind, token, _ = self._ready.result()
+        return (cell, pid, kind, token, {"node": ray.get_runtime_context().get_node_id()})
 
     def job(self, kind: str, token: int, payload: Any, seconds: float = 0.0) -> tuple | None:
         fut: Future = Future()
@@ -78,8 +92,10 @@ class _CellActor:
         if fut is not None:
             fut.set_result(None)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = STOP_S) -> None:
+        """Stop the cell loop (its worker closes) and wait for it, at most `timeout_s`."""
         self._inbox.put(("stop",))
+        self._thread.join(timeout_s)
 
 
 def _actor_class() -> Any:
@@ -98,16 +114,27 @@ class RayTransport:
         address: a Ray cluster to join (None: start a local head on 127.0.0.1).
         num_cpus: what each cell actor reserves (fractions let many actors share a small machine:
             on 2 cores, actors of 1 CPU beyond two never start).
+        gpus_per_cell: the GPUs each cell actor reserves (``runtime.gpus_per_cell``; 0: CPU cells).
+        place_timeout_s: how long `start` waits for the cluster to place every cell.
 
     Raises:
-        ValueError: Ray is not installed.
+        ValueError: Ray is not installed; a negative `gpus_per_cell`.
+        RuntimeError (at `start`): the cluster cannot place the cells within `place_timeout_s`.
     """
 
-    def __init__(self, address: str | None = None, num_cpus: float = 0.25):
+    def __init__(
+        self,
+        address: str | None = None,
+        num_cpus: float = 0.25,
+        gpus_per_cell: int = 0,
+        place_timeout_s: float = 120.0,
+    ):
         try:
             import ray
         except ImportError as e:
             raise ValueError("the ray backend needs Ray: pip install -e '.[ray]'") from e
+        if gpus_per_cell < 0:
+            raise ValueError(f"gpus_per_cell must be >= 0, not {gpus_per_cell}")
         self._ray = ray
         if not ray.is_initialized():
             if address is None:
@@ -119,7 +146,10 @@ class RayTransport:
                 )
             else:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        self.num_cpus = num_cpus
+        self.num_cpus, self.gpus_per_cell, self.place_timeout_s = num_cpus, gpus_per_cell, place_timeout_s
+        self.nodes: dict[int, str] = {}  # cell -> the Ray node id its actor runs on (each ready)
+        self._pg: Any = None
+        self._exchange: Any = None
         self.actors: list[Any] = []
         self._refs: dict[Any, tuple[int, int]] = {}  # ObjectRef -> (cell, token)
         self._ref_of: dict[int, Any] = {}  # token -> its ObjectRef
@@ -129,12 +159,51 @@ class RayTransport:
 
     def start(self, k: int, make_worker: Callable[[int], Any]) -> None:
         self._make = make_worker
+        self._pg = self._place(k)
         self.actors = [None] * k
         for c in range(k):
             self._spawn(c)
 
+    def _place(self, k: int) -> Any:
+        """A placement group of `k` cell bundles (PACK), bundle 0 on the driver's node.
+
+        Raises:
+            RuntimeError: not placed within `place_timeout_s` (the message names the bundles and
+                what the cluster has).
+        """
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
+
+        bundle = {"CPU": self.num_cpus, **({"GPU": float(self.gpus_per_cell)} if self.gpus_per_cell else {})}
+        here = self._ray.get_runtime_context().get_node_id()
+        pg = placement_group(
+            [dict(bundle) for _ in range(k)],
+            strategy="PACK",
+            bundle_label_selector=[{NODE_ID_LABEL_KEY: here}] + [{}] * (k - 1),  # the core beside the driver
+        )
+        ready, _ = self._ray.wait([pg.ready()], timeout=self.place_timeout_s)
+        if not ready:
+            remove_placement_group(pg)
+            raise RuntimeError(
+                f"the Ray cluster cannot place {k} cells of {bundle} each (cell 0 on the driver's node "
+                f"{here[:12]}) within {self.place_timeout_s:.0f} s; it has {self._ray.cluster_resources()} "
+                f"({self._ray.available_resources()} free): lower runtime.cells, ray_num_cpus or gpus_per_cell, "
+                "or add nodes"
+            )
+        return pg
+
     def _spawn(self, c: int) -> None:
-        self.actors[c] = _actor_class().options(num_cpus=self.num_cpus, max_concurrency=MAX_JOBS).remote(c, self._make)
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.actors[c] = (
+            _actor_class()
+            .options(
+                num_cpus=self.num_cpus,
+                num_gpus=self.gpus_per_cell,
+                max_concurrency=MAX_JOBS,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=c),
+            )
+            .remote(c, self._make)
+        )
         self._refs[self.actors[c].ready.remote()] = (c, 0)  # the "ready" reply, as a cell process sends it
 
     def post(self, cell: int, msg: tuple) -> None:
@@ -165,7 +234,7 @@ class RayTransport:
                     self._ref_of.pop(tok, None)
             return None
         if msg is not None and msg[2] == "ready":
-            self._pids[cell] = msg[1]
+            self._pids[cell], self.nodes[cell] = msg[1], msg[4]["node"]
         return msg
 
     def dead_cells(self) -> list[int]:
@@ -181,8 +250,30 @@ class RayTransport:
     def kill(self, cell: int) -> None:
         self._ray.kill(self.actors[cell], no_restart=True)
 
+    def exchange(self, root: str | Path) -> Any:
+        """The object store (`runtime.ray_exchange.RayExchange`; `root` unused): the cells may be on
+        nodes that share no filesystem with the driver. One per transport, its keeper ended by `close`."""
+        if self._exchange is None:
+            from evoharness.runtime.ray_exchange import RayExchange
+
+            self._exchange = RayExchange()
+        return self._exchange
+
     def close(self) -> None:
-        for a in self.actors:
-            if a is not None:
-                self._ray.kill(a, no_restart=True)
+        """Stop the cells (each removes what it copied to its node), then kill them, the exchange's
+        keeper and the placement group."""
+        live = [a for a in self.actors if a is not None]
+        if live:
+            with contextlib.suppress(Exception):  # a dead actor cannot stop: it is killed below anyway
+                self._ray.wait([a.stop.remote() for a in live], num_returns=len(live), timeout=STOP_S)
+        for a in live:
+            self._ray.kill(a, no_restart=True)
         self._refs.clear()
+        if self._exchange is not None:
+            self._exchange.shutdown()
+            self._exchange = None
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None

@@ -7,24 +7,30 @@ A transport knows nothing of what a job does (`runtime.cell`); the cell backend
   run when the driver asks for a reply, so every call issued meanwhile is answered in one batch:
   the lock-step of a plain GRPO loop, with no process, pickling or weight file in between.
 - `ProcessTransport`: a process per cell (multiprocessing, spawn), its inbox a queue and its
-  replies a pipe of its own (``runtime.backend = "local"``).
+  replies a pipe of its own (``runtime.backend = "local"``); with ``gpus_per_cell`` each cell sees
+  its own slice of this machine's GPUs (``CUDA_VISIBLE_DEVICES``).
 - `runtime.ray_transport.RayTransport`: a Ray actor per cell, on one machine or a cluster.
 
 A reply is ``(cell, pid, kind, token, result)``; ``ready`` (token 0) comes once per started worker.
+Each transport also chooses how its cells hand each other weights and gradients (`exchange`):
+files on this machine for the first two, Ray's object store for Ray.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 from evoharness.runtime.cell import serve
+from evoharness.runtime.exchange import Exchange, FileExchange
 
 Reply = tuple[int, int, str, int, Any]
 
@@ -58,6 +64,11 @@ class Transport(Protocol):
 
     def kill(self, cell: int) -> None:
         """Kill cell's worker now (fault injection); the next `dead_cells` reports it."""
+        ...
+
+    def exchange(self, root: str | Path) -> Exchange:
+        """How this transport's cells hand each other tensors (`runtime.exchange`); `root`: a
+        directory of the driver's machine it may use (files under it for cells on this machine)."""
         ...
 
     def close(self) -> None: ...
@@ -106,7 +117,12 @@ class InProcessTransport:
     def kill(self, cell: int) -> None:
         raise RuntimeError("the in-process cell is the driver itself")
 
+    def exchange(self, root: str | Path) -> Exchange:
+        return FileExchange(root)
+
     def close(self) -> None:
+        if self.worker is not None and hasattr(self.worker, "close"):
+            self.worker.close()
         self.worker = None
 
 
@@ -130,10 +146,62 @@ class _Outbox:
             self._conn.send(msg)
 
 
-class ProcessTransport:
-    """A process per cell on this machine (module docstring)."""
+def gpu_slices(cells: int, gpus_per_cell: int) -> list[str]:
+    """Each cell's ``CUDA_VISIBLE_DEVICES``: cell c gets GPUs ``c*g .. c*g+g-1`` of those this
+    process sees (its own ``CUDA_VISIBLE_DEVICES`` when set, else all of the machine's).
 
-    def __init__(self) -> None:
+    Raises:
+        ValueError: ``cells * gpus_per_cell`` exceeds ``torch.cuda.device_count()``.
+    """
+    import torch
+
+    have = torch.cuda.device_count()  # the cells are spawned (fresh processes): counting here is harmless
+    if cells * gpus_per_cell > have:
+        raise ValueError(
+            f"{cells} cells x runtime.gpus_per_cell = {gpus_per_cell} need {cells * gpus_per_cell} GPUs; "
+            f"this machine has {have} visible (lower runtime.cells or gpus_per_cell, or use the ray backend)"
+        )
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in seen.split(",") if d.strip()][:have] if seen else [str(i) for i in range(have)]
+    return [",".join(ids[c * gpus_per_cell : (c + 1) * gpus_per_cell]) for c in range(cells)]
+
+
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _child_env(**env: str) -> Iterator[None]:
+    """Set environment variables while a child process starts (a spawned child copies the
+    environment at its start, before it imports torch), then restore them."""
+    with _ENV_LOCK:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class ProcessTransport:
+    """A process per cell on this machine (module docstring).
+
+    Args:
+        gpus_per_cell: GPUs each cell process sees (``CUDA_VISIBLE_DEVICES``, `gpu_slices`; its
+            ``cuda`` is its first); 0: the cells see what this process sees.
+
+    Raises:
+        ValueError (at `start`): more GPUs asked for than this machine has.
+    """
+
+    def __init__(self, gpus_per_cell: int = 0) -> None:
+        if gpus_per_cell < 0:
+            raise ValueError(f"gpus_per_cell must be >= 0, not {gpus_per_cell}")
+        self.gpus_per_cell = gpus_per_cell
+        self._gpus: list[str] = []
         self._ctx = mp.get_context("spawn")
         self.inboxes: list[Any] = []
         self.procs: list[Any] = []
@@ -142,6 +210,7 @@ class ProcessTransport:
         self._next = 0  # where `next_reply` starts looking
 
     def start(self, k: int, make_worker: Callable[[int], Any]) -> None:
+        self._gpus = gpu_slices(k, self.gpus_per_cell) if self.gpus_per_cell else []
         self._make = make_worker
         self.inboxes, self.procs, self._replies = [None] * k, [None] * k, [None] * k
         for c in range(k):
@@ -154,7 +223,8 @@ class ProcessTransport:
         self.procs[c] = self._ctx.Process(
             target=serve, args=(c, self._make, self.inboxes[c], _Outbox(writer)), daemon=True
         )
-        self.procs[c].start()
+        with _child_env(**({"CUDA_VISIBLE_DEVICES": self._gpus[c]} if self._gpus else {})):
+            self.procs[c].start()
         writer.close()  # only the cell holds its write end now: its death reads as EOF
 
     def post(self, cell: int, msg: tuple) -> None:
@@ -194,6 +264,9 @@ class ProcessTransport:
         os.kill(self.procs[cell].pid, signal.SIGKILL)
         self.procs[cell].join()
 
+    def exchange(self, root: str | Path) -> Exchange:
+        return FileExchange(root)
+
     def close(self) -> None:
         for q in self.inboxes:
             q.put(("stop",))
@@ -206,14 +279,23 @@ class ProcessTransport:
                 r.close()
 
 
-def make_transport(backend: str, **ray: Any) -> Transport:
+def make_transport(backend: str, gpus_per_cell: int = 0, **ray: Any) -> Transport:
     """The transport named by ``runtime.backend``: ``inprocess``, ``local`` (processes) or ``ray``
-    (`ray`: ``address`` and ``num_cpus``, see `runtime.ray_transport.RayTransport`)."""
+    (`ray`: ``address`` and ``num_cpus``, see `runtime.ray_transport.RayTransport`), its cells on
+    `gpus_per_cell` GPUs each (``runtime.gpus_per_cell``; 0: CPU cells).
+
+    Raises:
+        ValueError: an unknown backend; more GPUs than this machine has for the in-process cell
+            (the driver process itself: it sees what the driver sees).
+    """
     if backend == "ray":
         from evoharness.runtime.ray_transport import RayTransport
 
-        return RayTransport(**ray)
-    transports: dict[str, Callable[[], Transport]] = {"inprocess": InProcessTransport, "local": ProcessTransport}
-    if backend not in transports:
-        raise ValueError(f"unknown runtime backend {backend!r}; expected one of {sorted([*transports, 'ray'])}")
-    return transports[backend]()
+        return RayTransport(gpus_per_cell=gpus_per_cell, **ray)
+    if backend == "local":
+        return ProcessTransport(gpus_per_cell)
+    if backend == "inprocess":
+        if gpus_per_cell:
+            gpu_slices(1, gpus_per_cell)  # the driver's own GPUs: only checked
+        return InProcessTransport()
+    raise ValueError(f"unknown runtime backend {backend!r}; expected one of ['inprocess', 'local', 'ray']")

@@ -39,6 +39,17 @@ loss), tok_per_s (tokens / step seconds), elapsed_s; eval records carry
 ``checkpoints/step_NNNNNNN/`` + ``checkpoints/latest``, ``sft_config.json``,
 and ``final/`` (an HF model directory, weights in the dtype `model_dir`
 declares: checkpoints keep the fp32 master weights).
+
+With ``lora.r > 0`` only LoRA adapters train (`train.lora`: the base frozen in the
+compute dtype): a checkpoint holds the adapter files instead of the model, and
+``final/`` is the merged model with the adapters in ``final/adapter/``.
+
+Sharded: with ``shard.ranks > 1`` this process becomes rank 0 of that many local
+ranks (`train.launch`; under ``torchrun`` the launcher's ranks), the model is
+sharded over them (FSDP2, `train.sharded`) and each rank trains its share of
+every step's rows with one process's loss normalisation (`train.sft_ranks`):
+the same weights as one process, to float summation order. Checkpoints are
+then DCP directories, resumable at any number of ranks (one included).
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from tqdm.auto import tqdm
 from evoharness.config.sft import SFTConfig
 from evoharness.files import append_jsonl, atomic_dir, atomic_write_text, truncate_jsonl
 from evoharness.models.init import load_model, load_tokenizer
+from evoharness.tracking import Tracker
 from evoharness.train.checkpoint import (
     check_resume_config,
     get_rng_state,
@@ -66,22 +78,30 @@ from evoharness.train.checkpoint import (
     load_trainer_state,
     set_rng_state,
 )
+from evoharness.train.distributed import clip_grad_norm
+from evoharness.train.launch import current_group, launch_ranks
+from evoharness.train.lora import apply_lora
 from evoharness.train.packing import packed_sft_micro
 from evoharness.train.precision import autocast as precision_autocast
 from evoharness.train.precision import check_master_weights, export_dtype, save_exported
 from evoharness.train.schedule import lr_lambda
+from evoharness.train.sft_ranks import SFTRanks, is_sharded_checkpoint
+from evoharness.train.sharded import shard_model
+from evoharness.train.sharded_checkpoint import export_hf, load_sharded
 
 IGNORE = -100
 # settings a resumed run may change: how long, where and in what memory it runs, not what it trains
 RESUME_FREE = (
     "max_minutes",
     "progress",
+    "tracking",
     "ckpt_every",
     "keep_checkpoints",
     "eval_every",
     "device",
     "micro_batch_tokens",
     "calibration_steps",
+    "shard",  # the number of ranks and their memory settings: a DCP checkpoint resumes at any world size
     "fit_schedule_to_budget",
 )
 
@@ -297,17 +317,37 @@ def _fingerprint(rows: list[tuple[list[int], int]]) -> str:
 
 
 @torch.no_grad()
-def evaluate(model, rows: list[tuple[list[int], int]], pad_id: int, batch_tokens: int, autocast) -> float:
-    """Mean per-token completion loss on `rows`."""
+def evaluate(
+    model, rows: list[tuple[list[int], int]], pad_id: int, batch_tokens: int, autocast, ranks: SFTRanks | None = None
+) -> float:
+    """Mean per-token completion loss on `rows` (sharded `ranks`: each rank its share of the batches)."""
+    ranks = ranks or SFTRanks(None)
     model.eval()
     total, n = 0.0, 0
-    for batch in plan_epoch([len(r[0]) for r in rows], batch_tokens, 0, 0):
-        ids, labels = collate([rows[i] for i in batch], pad_id)
-        with autocast():
-            loss, k = completion_loss(model, ids.to(model.device), labels.to(model.device))
-        total, n = total + float(loss), n + k
+    with ranks.passes(model, grad=False):
+        for batch in plan_epoch([len(r[0]) for r in rows], batch_tokens, 0, 0)[ranks.rank :: ranks.world]:
+            ids, labels = collate([rows[i] for i in batch], pad_id)
+            with autocast():
+                loss, k = completion_loss(model, ids.to(model.device), labels.to(model.device))
+            total, n = total + float(loss), n + k
+    total, n = ranks.sum([total, n])
     model.train()
     return total / max(1, n)
+
+
+def _idle_pass(model, grad: bool, prompt_loss: bool) -> None:
+    """A zero-weight SFT pass for a sharded rank with no micro-batch left (`sharded.ShardGroup.lockstep`):
+    a two-token row through the same calls as a real pass (the prompt loss adds a second head call)."""
+    ids = torch.zeros((1, 2), dtype=torch.long, device=model.device)
+    labels = torch.tensor([[IGNORE, 0]], device=model.device)
+    with torch.set_grad_enabled(grad):
+        if prompt_loss:
+            loss, loss_p, _ = sft_losses(model, ids, labels, torch.tensor([[0, IGNORE]], device=model.device))
+            loss = loss + loss_p
+        else:
+            loss, _ = completion_loss(model, ids, labels)
+        if grad:
+            (loss * 0.0).backward()
 
 
 def train_sft(
@@ -341,9 +381,17 @@ def train_sft(
     cfg, out = config, Path(out_dir)
     if cfg.packing and cfg.prompt_loss_weight > 0:
         raise ValueError("sft.packing trains completions only: set prompt_loss_weight=0 or packing=false")
+    group = current_group(cfg.device)  # a rank of torchrun or of `launch_ranks`; None: one process
+    if cfg.lora.enabled and (group is not None or cfg.shard.ranks > 1):  # the export would hold peft's layer names
+        raise ValueError("lora.r > 0 with sharded ranks is not supported yet: use shard.ranks = 1 or lora.r = 0")
+    if group is None and cfg.shard.ranks > 1:  # this process becomes rank 0 of shard.ranks local ranks
+        listed = [x if x is None or isinstance(x, (str, Path)) else list(x) for x in (examples, eval_examples)]
+        args = (config, listed[0], model_dir, out_dir, listed[1])
+        return launch_ranks(cfg.shard.ranks, train_sft, args, cfg.device, {"on_step": on_step})
+    ranks = SFTRanks(group)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    dev = torch.device(cfg.device)
+    dev = group.device if group is not None else torch.device(cfg.device)
     precision = cfg.precision if cfg.precision != "auto" else ("bf16_autocast" if dev.type == "cuda" else "fp32")
     amp_dtype = torch.bfloat16 if precision == "bf16_autocast" else torch.float32
 
@@ -351,15 +399,20 @@ def train_sft(
         return precision_autocast(dev, amp_dtype)
 
     tokenizer = load_tokenizer(model_dir)
-    # fp32 master weights whatever the checkpoint's dtype; a checkpoint's weights are loaded below
-    model = load_model(model_dir, dev, torch.float32)
+    # fp32 master weights whatever the checkpoint's dtype; a checkpoint's weights are loaded below.
+    # LoRA: the frozen base in the compute dtype, the (seeded) adapters are the fp32 masters.
+    model = load_model(model_dir, dev, amp_dtype if cfg.lora.enabled else torch.float32)
+    lora = apply_lora(model, cfg.lora, cfg.seed) if cfg.lora.enabled else None
     check_master_weights(model)
     model.train()
+    if group is not None:
+        shard_model(model, cfg.shard, group, amp_dtype)
 
     exs = load_examples(examples) if isinstance(examples, (str, Path)) else list(examples)
     prompt_fit: dict[str, int] = {}
     rows = tokenize_examples(tokenizer, exs, cfg.max_prompt_tokens, cfg.max_completion_tokens, prompt_fit)
-    (out / "prompt_fit.json").write_text(json.dumps({"examples": len(exs), **prompt_fit}))  # for reports
+    if ranks.main:
+        (out / "prompt_fit.json").write_text(json.dumps({"examples": len(exs), **prompt_fit}))  # for reports
     if not rows:
         raise ValueError("no SFT examples with a non-empty completion")
     eval_rows = None
@@ -371,8 +424,8 @@ def train_sft(
     steps_per_epoch = len(plan_epoch(lengths, cfg.batch_tokens, cfg.seed, 0))
     total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps_per_epoch
 
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and p.requires_grad]  # LoRA: adapters only
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 and p.requires_grad]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr,
@@ -385,7 +438,14 @@ def train_sft(
 
     def restore(path: Path) -> tuple[dict, dict]:  # only JSON, safetensors and weights-only tensors are read
         state, ts = json.loads((path / "state.json").read_text()), load_trainer_state(path / "trainer_state.pt")
-        load_model_weights(model, path)
+        if group is not None or is_sharded_checkpoint(path):  # DCP shards, at any number of ranks
+            load_sharded(path, model, opt)  # a one-process checkpoint into a sharded run: FileNotFoundError
+            sched.load_state_dict(ts["scheduler"])
+            return state, ts
+        if lora is not None:
+            lora.load_adapter(path)
+        else:
+            load_model_weights(model, path)
         opt.load_state_dict(ts["optimizer"])
         sched.load_state_dict(ts["scheduler"])
         return state, ts
@@ -401,8 +461,10 @@ def train_sft(
         step = state["step"]
         total = state.get("total_steps", total)  # a horizon fitted to the budget stays fixed
         epoch_batches[state["epoch"]] = state["epoch_batches"]
-        truncate_jsonl(out / "metrics.jsonl", step)
-    (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
+        if ranks.main:
+            truncate_jsonl(out / "metrics.jsonl", step)
+    if ranks.main:
+        (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
 
     def batches_of(epoch: int) -> list[list[int]]:
         if epoch not in epoch_batches:
@@ -412,9 +474,9 @@ def train_sft(
 
     def checkpoint() -> None:
         epoch = min(step // steps_per_epoch, (total - 1) // steps_per_epoch) if total else 0
-        save_checkpoint(
+        (save_checkpoint if group is None else ranks.save_checkpoint)(
             out,
-            model,
+            lora if lora is not None else model,  # LoRA: the adapter files (`LoRAModel.save_pretrained`)
             tokenizer,
             opt,
             sched,
@@ -430,39 +492,51 @@ def train_sft(
         )
 
     metrics = out / "metrics.jsonl"
+    tracker = Tracker(cfg.tracking if ranks.main else [], out, "sft", json.loads(cfg.model_dump_json()))
+
+    def log(record: dict[str, Any]) -> None:
+        if ranks.main:
+            append_jsonl(metrics, record)
+            tracker.log(record, record["step"])
+
+    def idle(model_, grad: bool) -> None:  # a sharded rank out of micro-batches
+        _idle_pass(model_, grad, prompt_loss=cfg.prompt_loss_weight > 0)
+
     run_start, run_start_step = time.monotonic(), step
-    bar = tqdm(total=total, initial=step, desc="sft", disable=not cfg.progress, dynamic_ncols=True)
+    bar = tqdm(total=total, initial=step, desc="sft", disable=not (cfg.progress and ranks.main), dynamic_ncols=True)
     stopped = None
     while step < total:
         epoch, k = divmod(step, steps_per_epoch)
         batch = [rows[i] for i in batches_of(epoch)[k]]
         t0 = time.perf_counter()
-        micro = split_micro(batch, cfg.micro_batch_tokens) if not cfg.packing else []
+        mine = ranks.share(batch)  # sharded: this rank's rows; the token counts are the whole batch's
+        micro = split_micro(mine, cfg.micro_batch_tokens) if not cfg.packing else []
         n_target = sum(len(r[0]) - r[1] for r in batch)
         n_prompt = sum(r[1] - 1 for r in batch)  # the first token has no prediction
         opt.zero_grad(set_to_none=True)
         loss_sum, prompt_sum, n_tok = 0.0, 0.0, 0
-        for mb in micro:
-            ids, labels = collate(mb, pad_id)
-            n_tok += ids.numel()
-            with autocast():
-                if cfg.prompt_loss_weight > 0:
-                    loss, loss_p, _ = sft_losses(model, ids.to(dev), labels.to(dev), prompt_labels(ids, mb).to(dev))
-                    total_loss = loss / max(1, n_target) + cfg.prompt_loss_weight * loss_p / max(1, n_prompt)
-                    prompt_sum += float(loss_p.detach())
-                else:
-                    loss, _ = completion_loss(model, ids.to(dev), labels.to(dev))
-                    total_loss = loss / max(1, n_target)
-            total_loss.backward()
-            loss_sum += float(loss.detach())
-        if cfg.packing:  # the step's rows as one tree: shared prompt prefixes run once (train/packing.py)
-            for loss, n in packed_sft_micro(model, batch, cfg.micro_batch_tokens, pad_id, autocast):
-                n_tok += n
-                (loss / max(1, n_target)).backward()
+        with ranks.passes(model, grad=True, idle=idle):
+            for mb in micro:
+                ids, labels = collate(mb, pad_id)
+                n_tok += ids.numel()
+                with autocast():
+                    if cfg.prompt_loss_weight > 0:
+                        p_labels = prompt_labels(ids, mb).to(dev)
+                        loss, loss_p, _ = sft_losses(model, ids.to(dev), labels.to(dev), p_labels)
+                        total_loss = loss / max(1, n_target) + cfg.prompt_loss_weight * loss_p / max(1, n_prompt)
+                        prompt_sum += float(loss_p.detach())
+                    else:
+                        loss, _ = completion_loss(model, ids.to(dev), labels.to(dev))
+                        total_loss = loss / max(1, n_target)
+                total_loss.backward()
                 loss_sum += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        )
+            if cfg.packing:  # the step's rows as one tree: shared prompt prefixes run once (train/packing.py)
+                for loss, n in packed_sft_micro(model, mine, cfg.micro_batch_tokens, pad_id, autocast):
+                    n_tok += n
+                    (loss / max(1, n_target)).backward()
+                    loss_sum += float(loss.detach())
+        loss_sum, prompt_sum, n_tok = ranks.sum([loss_sum, prompt_sum, n_tok])
+        grad_norm = clip_grad_norm(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         lr = sched.get_last_lr()[0]
         opt.step()
         sched.step()
@@ -474,21 +548,19 @@ def train_sft(
             "loss": loss_sum / max(1, n_target),
             "lr": lr,
             "grad_norm": float(grad_norm),
-            "tokens": n_tok,
+            "tokens": int(n_tok),
             "target_tokens": n_target,
             "tok_per_s": n_tok / dt,
             "elapsed_s": round(time.monotonic() - t_start, 3),
         }
         if cfg.prompt_loss_weight > 0:
             rec["prompt_loss"] = prompt_sum / max(1, n_prompt)
-        append_jsonl(metrics, rec)
+        log(rec)
         bar.update(1)
         bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{rec['tok_per_s']:.0f}")
         if eval_rows and cfg.eval_every and step % cfg.eval_every == 0 and step < total:
-            append_jsonl(
-                metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)}
-            )
-        if on_step is not None:
+            log({"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast, ranks)})
+        if on_step is not None and ranks.main:
             on_step(step, rec)
         if (
             cfg.fit_schedule_to_budget
@@ -504,8 +576,9 @@ def train_sft(
             if fitted < total:
                 total = max(step + 1, fitted)
                 bar.total = total
-                append_jsonl(metrics, {"step": step, "event": "schedule_fitted", "total_steps": total})
+                log({"step": step, "event": "schedule_fitted", "total_steps": total})
         over_budget = cfg.max_minutes is not None and time.monotonic() - t_start >= cfg.max_minutes * 60
+        total, over_budget = (int(x) for x in ranks.agree([total, over_budget]))  # clock decisions: rank 0's
         if step == total or over_budget or (cfg.ckpt_every and step % cfg.ckpt_every == 0):
             checkpoint()
         if over_budget and step < total:
@@ -513,17 +586,25 @@ def train_sft(
             break
     bar.close()
     if eval_rows and stopped is None:
-        append_jsonl(
-            metrics, {"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast)}
-        )
+        log({"step": step, "eval_loss": evaluate(model, eval_rows, pad_id, cfg.batch_tokens, autocast, ranks)})
     if stopped:
-        append_jsonl(metrics, {"step": step, "event": "stopped", "reason": stopped})
+        log({"step": step, "event": "stopped", "reason": stopped})
+    tracker.close()
 
-    def write_final(tmp: Path) -> None:
-        save_exported(model, tmp, export_dtype(model_dir))  # the source's dtype, not the fp32 master weights
-        tokenizer.save_pretrained(str(tmp))
+    def write_state(tmp: Path) -> None:
         (tmp / "sft_state.json").write_text(
             json.dumps({"step": step, "total_steps": total, "complete": stopped is None})
         )
 
+    def write_final(tmp: Path) -> None:
+        if lora is not None:  # the merged model, its adapters in adapter/
+            lora.export(tmp, export_dtype(model_dir))
+        else:
+            save_exported(model, tmp, export_dtype(model_dir))  # the source's dtype, not the fp32 master weights
+        tokenizer.save_pretrained(str(tmp))
+        write_state(tmp)
+
+    if group is not None:  # the full weights gathered to rank 0, which writes them
+        export_hf(model, tokenizer, out / "final", export_dtype(model_dir), write_state)
+        return out / "final"
     return atomic_dir(out / "final", write_final)

@@ -8,6 +8,15 @@ schedules: the runtime hands it rows (`accumulate`) and asks it to apply an upda
 (`reducer`, `train.distributed.AllReduce`) sums its gradient with the other ranks' before
 clipping, so every rank applies the same update to its replica.
 
+Sharded (FSDP2, `train.sharded`: the model from `shard_model`, ``reducer`` its `ShardGroup`):
+each rank holds a shard of the weights and AdamW state and trains its own share of every
+update's rows (token weights set over the whole update); the backward sums the ranks'
+gradients. Forwards are collectives there, so every rank calls `prepare`, `accumulate` and
+`apply` for the same updates (a share may be empty; `apply` then idles along the other ranks'
+passes) and the passes of each call run in lockstep (`ShardGroup.lockstep`); every rank runs
+the SFT anchor, its gradient averaged over the ranks (the one-rank anchor gradient). The KL
+reference stays an unsharded module on each rank.
+
 Rows are trained as turn rows (length-sorted micro-batches of ``micro_batch_size`` rows) or,
 with ``grpo.packing``, tree-packed: each execution's rows folded into one prefix-shared tree, a
 shared prefix run once, every row's tokens still weighted and advantaged as its own
@@ -24,6 +33,7 @@ from typing import Any
 import torch
 
 from evoharness.config.rl import GRPOConfig
+from evoharness.train.distributed import clip_grad_norm
 from evoharness.train.grpo import TokenMasks, TurnSample, microbatch_loss, proximal_logprobs
 from evoharness.train.precision import check_master_weights
 from evoharness.train.step import sum_stats
@@ -39,8 +49,9 @@ class Trainer:
         ref_model: the frozen KL reference (required when ``cfg.kl_beta > 0``).
         amp: wraps forward passes (autocast for bf16 compute); backward runs outside it.
         anchor: the SFT anchor (`train.sft_anchor.SFTAnchor`) whose gradient each update adds on
-            rank 0; None: GRPO alone.
-        reducer: a data-parallel group's gradient all-reduce (``rank``, ``reduce(model)``); None: one rank.
+            rank 0 (sharded: on every rank, averaged); None: GRPO alone.
+        reducer: the data-parallel group (`train.distributed.DataParallelGroup`: `AllReduce` for
+            replicas, `train.sharded.ShardGroup` for a sharded model); None: one rank.
 
     Raises:
         ValueError: bf16 master weights; ``kl_beta > 0`` without a reference model.
@@ -72,10 +83,19 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
         )
+        self._accumulated = False  # since the last apply (sharded: a rank with no rows idles along in apply)
 
     @property
     def rank(self) -> int:
         return self.reducer.rank if self.reducer is not None else 0
+
+    @property
+    def sharded(self) -> bool:
+        return bool(getattr(self.reducer, "sharded", False))
+
+    def _passes(self, grad: bool) -> AbstractContextManager:
+        """A block of forward passes: in lockstep with the other ranks when sharded (module docstring)."""
+        return self.reducer.lockstep(self.model, grad) if self.sharded else nullcontext()
 
     def prepare(self, updates: Sequence[Sequence[TurnSample]]) -> None:
         """Before a step's updates: decoupled PPO with several updates records π_prox, the log-probs
@@ -85,7 +105,7 @@ class Trainer:
             seen: set[int] = set()
             rows = [r for u in updates for r in u if id(r) not in seen and not seen.add(id(r))]
             self.model.train()
-            with torch.no_grad():
+            with torch.no_grad(), self._passes(grad=False):
                 for k in range(0, len(rows), self.cfg.micro_batch_size):
                     chunk = rows[k : k + self.cfg.micro_batch_size]
                     with self.amp():
@@ -97,38 +117,47 @@ class Trainer:
         """Forward/backward of `rows` (weights already set); their gradient adds to ``.grad``.
         Returns the micro-batches' summed statistics (`grpo.microbatch_loss`)."""
         self.model.train()
-        if self.cfg.packing:
-            from evoharness.train.tree_loss import packed_rows_accumulate
+        self._accumulated = True
+        with self._passes(grad=True):
+            if self.cfg.packing:
+                from evoharness.train.tree_loss import packed_rows_accumulate
 
-            return packed_rows_accumulate(self.model, rows, self.cfg, self.ref, self.masks, self.amp)
-        order = sorted(rows, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-        parts = []
-        for k in range(0, len(order), self.cfg.micro_batch_size):
-            with self.amp():
-                loss, st = microbatch_loss(
-                    self.model, order[k : k + self.cfg.micro_batch_size], self.cfg, self.ref, self.masks
-                )
-            loss.backward()
-            parts.append(st)
-        return sum_stats(parts)
+                return packed_rows_accumulate(self.model, rows, self.cfg, self.ref, self.masks, self.amp)
+            order = sorted(rows, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+            parts = []
+            for k in range(0, len(order), self.cfg.micro_batch_size):
+                with self.amp():
+                    loss, st = microbatch_loss(
+                        self.model, order[k : k + self.cfg.micro_batch_size], self.cfg, self.ref, self.masks
+                    )
+                loss.backward()
+                parts.append(st)
+            return sum_stats(parts)
 
     def apply(self, lr: float, step: int, update: int = 0, scale: float = 1.0) -> dict[str, float]:
         """One optimizer update with the accumulated gradient: times `scale`, plus (rank 0) the SFT
         anchor's gradient for update `update` of RL step `step`, summed over the data-parallel
         group, clipped to ``grad_clip``, AdamW at `lr`; the gradient is cleared. Returns
         ``grad_norm`` (before clipping) and the anchor's metrics."""
+        if self.sharded and not self._accumulated:  # no rows here (run_updates skipped accumulate)
+            with self._passes(grad=True):
+                pass
+        self._accumulated = False
         params = [p for p in self.model.parameters() if p.requires_grad]
         if scale != 1.0:
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(scale)
         out: dict[str, float] = {}
-        if self.anchor is not None and self.rank == 0:
+        if self.anchor is not None and self.sharded:  # a forward on every rank: the gradient averaged
+            with self.reducer.averaged(self.model):
+                out.update(self.anchor.for_step(self.model, step, self.amp)(update))
+        elif self.anchor is not None and self.rank == 0:
             out.update(self.anchor.for_step(self.model, step, self.amp)(update))
         if self.reducer is not None:
             self.reducer.reduce(self.model)
         with_grad = [p for p in params if p.grad is not None]
-        out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(with_grad, self.cfg.grad_clip)) if with_grad else 0.0
+        out["grad_norm"] = clip_grad_norm(with_grad, self.cfg.grad_clip) if with_grad else 0.0
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()

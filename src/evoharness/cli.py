@@ -179,6 +179,7 @@ def sft_cmd(
             raise FileNotFoundError(f"examples file not found: {examples}")
     except (ConfigError, FileNotFoundError) as e:
         fail(str(e))
+    _cuda_check(cfg.device)
     if not no_plan_check:
         _plan_check(cfg, str(model_path))
     from evoharness.train.sft import train_sft
@@ -242,6 +243,7 @@ def rl_cmd(
         cfg = load_config(RLConfig, config, overrides)
     except ConfigError as e:
         fail(str(e))
+    _cuda_check(cfg.device if cfg.runtime.gpus_per_cell == 0 else "cuda")
     if not no_plan_check:
         _plan_check(cfg)
     try:
@@ -249,6 +251,21 @@ def rl_cmd(
     except (ConfigError, GameDataError, ValueError, FileNotFoundError, SandboxUnavailable) as e:
         fail(str(e))
     typer.secho(f"model: {final}", bold=True)
+
+
+def _cuda_check(device: str) -> None:
+    """Refuse a CUDA device on a torch without CUDA, with the line that installs one."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if torch.version.cuda is None:
+        fail(
+            f"device {device!r} needs a CUDA build of torch; this one is {torch.__version__}. Install one: "
+            f"pip install torch=={torch.__version__.split('+')[0]} --index-url https://download.pytorch.org/whl/cu130"
+        )
+    if not torch.cuda.is_available():
+        fail(f"device {device!r}: torch {torch.__version__} sees no CUDA device (driver? CUDA_VISIBLE_DEVICES?)")
 
 
 def _plan_check(cfg, model_path: str | None = None) -> None:

@@ -180,3 +180,14 @@ def test_a_run_that_fits_passes_the_check(model_dir):
     assert check.plan.devices[0].capacity == pytest.approx(host_available_gib() * GIB, rel=0.2)
     skipped = preflight(RLConfig(model_path="/nowhere"))
     assert skipped.plan is None and "no layout" in skipped.skipped  # loading reports the missing model itself
+
+
+@pytest.mark.skipif(__import__("torch").version.cuda is not None, reason="a CUDA build of torch is installed")
+def test_cuda_on_a_cpu_torch_is_one_line_with_the_install(tmp_path):
+    from typer.testing import CliRunner
+
+    from evoharness.cli import app
+
+    res = CliRunner().invoke(app, ["rl", "--model-path", str(tmp_path), "--set", "device=cuda"])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert "needs a CUDA build of torch" in res.output and "download.pytorch.org/whl/cu" in res.output

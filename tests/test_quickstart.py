@@ -37,3 +37,17 @@ def test_quickstart_block_runs_as_written(tmp_path):
     assert local["overall"]["n"] == served["overall"]["n"] == 6
     assert served["overall"]["policy_errors"] == 0 and served["overall"]["unreached"] == 0
     assert (tmp_path / "runs" / "smoke" / "report.md").is_file()
+    # the recipe travelled with the model: plain `eval --model-path` replays the job's own evaluation of
+    # SFT + GRPO (compact prompt, 1024-token budget, constrained, its experience store) game for game
+    recipe = json.loads((tmp_path / "runs" / "smoke" / "rl" / "final" / "harness_recipe.json").read_text())
+    assert recipe["harness"]["system_prompt"] == "compact" and recipe["constrained"] is True
+
+    def actions(path: Path) -> dict[str, list[str]]:
+        return {d["episode_id"]: [t["action"] for t in d["turns"]] for d in map(json.loads, path.open())}
+
+    job = actions(tmp_path / "runs/smoke/eval/sft_grpo/episodes.jsonl")
+    plain = actions(tmp_path / "runs/smoke_eval/episodes.jsonl")
+    assert plain.keys() == job.keys()
+    for e, acts in job.items():  # the job ends a repeating episode early (stop_repeats 3); plain eval plays on
+        assert plain[e][: len(acts)] == acts, e
+    assert "model recipe" in out.stderr

@@ -83,6 +83,7 @@ def eval_cmd(
     if tasks is not None:
         fail("--tasks applies to --env repo only")
     from evoharness.config.eval import EvalConfig
+    from evoharness.config.recipe import EVAL_KEYS
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.eval.evaluate import evaluate
     from evoharness.eval.report import markdown_table
@@ -106,6 +107,8 @@ def eval_cmd(
     overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
     try:
         cfg = load_config(EvalConfig, config, overrides)
+        if cfg.policy.kind == "hf" and (taken := _model_recipe(cfg.policy.model_path, EVAL_KEYS, config, overrides)):
+            cfg = load_config(EvalConfig, config, taken + overrides)
         summary = evaluate(cfg)
     except (ConfigError, GameDataError, ValueError, FileNotFoundError, PolicyFailure) as e:
         fail(str(e))
@@ -218,6 +221,7 @@ def rl_cmd(
 ) -> None:
     """Stage 2 alone: cost-aware GRPO with the EvoHarness reward on any HF model directory."""
     from evoharness.config.base import ConfigError, load_config
+    from evoharness.config.recipe import RL_KEYS
     from evoharness.config.rl import RLConfig
     from evoharness.envs.alfworld.games import GameDataError
     from evoharness.recipes.rl import train_rl
@@ -241,6 +245,8 @@ def rl_cmd(
 
     try:
         cfg = load_config(RLConfig, config, overrides)
+        if cfg.env == "alfworld" and (taken := _model_recipe(cfg.model_path, RL_KEYS, config, overrides)):
+            cfg = load_config(RLConfig, config, taken + overrides)
     except ConfigError as e:
         fail(str(e))
     _cuda_check(cfg.device if cfg.runtime.gpus_per_cell == 0 else "cuda")
@@ -251,6 +257,20 @@ def rl_cmd(
     except (ConfigError, GameDataError, ValueError, FileNotFoundError, SandboxUnavailable) as e:
         fail(str(e))
     typer.secho(f"model: {final}", bold=True)
+
+
+def _model_recipe(model_path: str | Path | None, keys: dict[str, str], config: Path | None, overrides: list[str]):
+    """``--set`` items applying the harness recipe saved with the model (`config.recipe`) to the keys
+    the config file and the command line leave unset; what it takes is printed."""
+    from evoharness.config.recipe import RECIPE_FILE, explicit_keys, read_recipe, recipe_overrides
+
+    recipe = read_recipe(model_path)
+    if recipe is None:
+        return []
+    taken = recipe_overrides(recipe, keys, explicit_keys(config, overrides))
+    if taken:
+        typer.echo(f"model recipe ({Path(model_path) / RECIPE_FILE}): {' '.join(taken)} (--set overrides)", err=True)
+    return taken
 
 
 def _cuda_check(device: str) -> None:
@@ -441,6 +461,12 @@ def serve_cmd(
 
     if workers and not model_path:
         fail("--workers needs --model-path")
+    if model_path and max_prompt_tokens is None:
+        from evoharness.config.recipe import read_recipe
+
+        if recipe := read_recipe(model_path):  # the budget the model was trained with (config.recipe)
+            max_prompt_tokens = recipe.max_prompt_tokens
+            typer.echo(f"model recipe: --max-prompt-tokens {max_prompt_tokens}", err=True)
     try:
         gw = build_gateway(
             str(model_path) if model_path else None,

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from evoharness.config.eval import EvalConfig
 from evoharness.config.policy import PolicyConfig
+from evoharness.config.recipe import ModelRecipe, write_recipe
 from evoharness.config.rl import Branch, RLConfig
 from evoharness.config.run import RESUME_FREE, RunConfig
 from evoharness.eval.evaluate import evaluate, evaluate_many
@@ -189,6 +190,17 @@ def screened_games(episodes: list[dict], cycles: bool = False) -> dict:
     }
 
 
+def model_recipe(cfg: RunConfig) -> ModelRecipe:
+    """The harness recipe of the job's models (`config.recipe`): what `model_policy` plays them with."""
+    return ModelRecipe(
+        harness=cfg.harness,
+        max_prompt_tokens=cfg.sft.max_prompt_tokens,
+        max_new_tokens=cfg.rl.max_new_tokens,
+        constrained=cfg.constrained,
+        wording=cfg.env.wording,
+    )
+
+
 def model_policy(cfg: RunConfig, path: Path, temperature: float = 0.0) -> PolicyConfig:
     """A trained model as the evaluation policy, with the prompt budget SFT trained on."""
     return PolicyConfig(
@@ -267,6 +279,8 @@ def run_pipeline(cfg: RunConfig, log: Callable[[str], None] = print) -> Path:
     for r in range(1, cfg.dagger_rounds + 1):
         stage(f"dagger{r}", lambda r=r: dagger(job, r))
         stage(f"sft_dagger{r}", lambda r=r: sft(job, r))
+    for d in job.sfts:  # the recipe the SFT models were trained under travels with them
+        write_recipe(d / "final", model_recipe(cfg), job.experience if job.experience.is_file() else None)
     if not cfg.skip_rl:
         if cfg.rl_screen_games:
             stage("rl_screen", lambda: rl_screen(job))

@@ -29,7 +29,7 @@ class EvalConfig(Strict):
     seed: int = 0  # the episodes' seed: random128's draw, recorded in each trajectory (the policy's: policy.seed)
     workers: int = 1  # evaluation processes, each with its own policy (1: in this process)
     batch_size: int = 8  # episodes a worker plays in lock-step (a model policy answers their turns in one batch)
-    limit: int | None = None  # first N episodes of the panel (smoke runs); None: all
+    limit: int | None = None  # N episodes of the panel, round-robin across task types (smoke runs); None: all
     games: list[str] | None = None  # only these task ids (a development set), in panel order
     # K > 0: end an episode once the same (prompt, completion) pair has occurred K times
     # (stop_reason "hopeless", a failure; `run_episodes`): a greedy policy cannot leave that loop

@@ -160,7 +160,19 @@ def _panel_specs(cfg: EvalConfig) -> list[EpisodeSpec]:
                 f"{len(wanted) - len(tasks)} of the {len(wanted)} requested games are not in split {cfg.split!r}"
             )
     specs = build_episodes(tasks, cfg.protocol, cfg.seed)
-    return specs[: cfg.limit] if cfg.limit else specs
+    return balanced(specs)[: cfg.limit] if cfg.limit else specs
+
+
+def balanced(specs: list[EpisodeSpec]) -> list[EpisodeSpec]:
+    """`specs` interleaved round-robin across task types (each type in panel order), so that any
+    prefix (``limit``) has every type: the first 6 of valid_seen are one game of each."""
+    pools: dict[str, list[EpisodeSpec]] = {}
+    for s in specs:
+        pools.setdefault(s.task.task_type, []).append(s)
+    out = []
+    for i in range(max(map(len, pools.values()), default=0)):
+        out += [p[i] for p in pools.values() if i < len(p)]
+    return out
 
 
 def chunk_sizes(n: int, workers: int, batch_size: int) -> list[int]:

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from evoharness.config.recipe import ModelRecipe, write_recipe
 from evoharness.config.rl import RLConfig
 from evoharness.config.sim import SimConfig
 from evoharness.files import append_jsonl, atomic_dir, atomic_write_text, failpoint, truncate_jsonl
@@ -194,6 +195,7 @@ class RLJob:
             failpoint("mid_checkpoint", step)
             if self.store is not None:
                 self.store.save(tmp / "experience.json")
+            self.write_recipe(tmp)
             snapshot_metrics(self.out / "metrics.jsonl", tmp)
             self.driver.save(tmp / "job.pkl")
             (tmp / "state.json").write_text(
@@ -206,6 +208,22 @@ class RLJob:
         for old in sorted(ckpts.glob("step_*"))[: -max(1, self.cfg.keep_checkpoints)]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def write_recipe(self, model_dir: Path) -> None:
+        """The harness recipe the policy trained under (`config.recipe`), beside its weights: an
+        ALFWorld run's only (a repository run's prompts are its scaffold's)."""
+        cfg = self.cfg
+        if cfg.env != "alfworld":
+            return
+        recipe = ModelRecipe(
+            harness=cfg.harness,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            max_new_tokens=cfg.max_new_tokens,
+            constrained=cfg.constrained,
+            wording=cfg.wording,
+        )
+        store = model_dir / "experience.json"
+        write_recipe(model_dir, recipe, store if store.is_file() else cfg.harness.experience_path)
+
     def export(self, final: Path) -> Path:
         """The final model in the SFT model's dtype, its tokenizer and the experience store."""
 
@@ -213,6 +231,7 @@ class RLJob:
             self.backend.run_job(0, "save", {"dir": str(tmp), "optimizer": False, "export": True})
             if self.store is not None:
                 self.store.save(tmp / "experience.json")
+            self.write_recipe(tmp)
 
         return atomic_dir(final, write)
 

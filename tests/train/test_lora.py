@@ -317,3 +317,15 @@ def test_rl_with_lora_on_two_elastic_cell_processes_trains_the_inprocess_weights
     assert published and all(all("lora_" in k for k in load_file(str(p))) for p in published)
     assert_same_steps(metrics(out), metrics(ref_out))
     assert_same_update(final, load_file(str(ref_final / "model.safetensors")), model_dir)
+
+
+def test_the_static_decoder_refuses_adapters_and_auto_picks_the_hf_engine(model_dir):
+    from evoharness.engines import Engine, make_engine
+    from evoharness.engines.decoder import StaticKVDecoder
+
+    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    apply_lora(model, LoRAConfig(r=4))
+    assert "LoRA" in StaticKVDecoder.unsupported(model)  # it would decode with the base weights alone
+    with pytest.raises(ValueError, match="LoRA"):
+        make_engine("static", model, tok)
+    assert isinstance(make_engine("auto", model, tok), Engine)

@@ -129,6 +129,8 @@ class StaticKVDecoder:
             return f"hidden_act {c.hidden_act!r}"
         if getattr(c, "mlp_bias", False):
             return "MLP biases"
+        if any("lora_" in n for n, _ in model.named_parameters()):  # it would read the base weights alone
+            return "LoRA adapters (peft layers; serve a merged export, or the HF engine)"
         return None
 
     # ---- weights -------------------------------------------------------------------------------

@@ -11,8 +11,20 @@ app = typer.Typer(
 )
 
 
+def _version(show: bool) -> None:
+    if show:
+        import torch
+
+        from evoharness import __version__
+
+        typer.echo(f"evoharness {__version__} (torch {torch.__version__})")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
     """EvoHarness: train and evaluate LLM agents on long-horizon tasks."""
 
 

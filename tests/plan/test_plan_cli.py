@@ -191,3 +191,13 @@ def test_cuda_on_a_cpu_torch_is_one_line_with_the_install(tmp_path):
     res = CliRunner().invoke(app, ["rl", "--model-path", str(tmp_path), "--set", "device=cuda"])
     assert res.exit_code != 0 and "Traceback" not in res.output
     assert "needs a CUDA build of torch" in res.output and "download.pytorch.org/whl/cu" in res.output
+
+
+def test_version_flag():
+    from typer.testing import CliRunner
+
+    from evoharness import __version__
+    from evoharness.cli import app
+
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.startswith(f"evoharness {__version__} (torch ")

@@ -104,6 +104,22 @@ def load_config(
         lines = []
         for err in e.errors():
             loc = ".".join(str(x) for x in err["loc"])
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            msg = _unknown_key(model, err["loc"]) if err["type"] == "extra_forbidden" else err["msg"]
             lines.append(f"  {loc}: {msg}")
         raise ConfigError(f"invalid config{f' {path}' if path else ''}:\n" + "\n".join(lines)) from None
+
+
+def _unknown_key(model: type[BaseModel], loc: tuple) -> str:
+    """``unknown key``, with the nearest keys of its section (did you mean ...?)."""
+    import difflib
+
+    section: Any = model
+    for part in loc[:-1]:  # walk to the section that holds the key (lists: their item model)
+        field = section.model_fields.get(part) if isinstance(part, str) and hasattr(section, "model_fields") else None
+        if field is None:
+            continue
+        ann = field.annotation
+        args = [a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)]
+        section = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else (args[0] if args else section)
+    near = difflib.get_close_matches(str(loc[-1]), list(getattr(section, "model_fields", {})), n=3, cutoff=0.6)
+    return f"unknown key (did you mean {' or '.join(map(repr, near))}?)" if near else "unknown key"

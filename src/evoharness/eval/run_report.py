@@ -121,13 +121,16 @@ def _plot_learning_curve(path: Path, curve: dict) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
     pts = [p for p in curve["points"] if p["stage"] != "sft_final"]
+    # one run across stages: a thin line through every point in time order, then each stage's own
+    order = sorted(pts, key=lambda p: p["minutes"])
+    ax.plot([p["minutes"] for p in order], [p["success"] for p in order], color="0.75", lw=0.8, zorder=0)
     for stage in dict.fromkeys(p["stage"] for p in pts):
         xs = [p["minutes"] for p in pts if p["stage"] == stage]
         ys = [p["success"] for p in pts if p["stage"] == stage]
         ax.plot(xs, ys, marker="o", lw=1.4, label=stage)
     ax.set_xlabel("training minutes (cumulative, this machine)")
     ax.set_ylabel(f"dev success % ({curve['games']} games)")
-    ax.set_ylim(-2, 102)
+    ax.set_ylim(0, 102)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -26,6 +26,11 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from transformers.utils import logging as hf_logging
+
+# transformers' per-load "Loading weights" / "Writing model shards" bars: cells and evaluations load
+# models many times a run, and those bars drown the stages' own progress bars
+hf_logging.disable_progress_bar()
 
 # name -> Qwen3Config fields. Parameter counts are for a ~1k-2k vocabulary.
 PRESETS: dict[str, dict] = {

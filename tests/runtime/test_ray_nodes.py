@@ -33,6 +33,15 @@ from evoharness.runtime.cell import WeightStore, load_sync_tensors, sync_tensors
 from evoharness.runtime.exchange import FileExchange
 from evoharness.runtime.transport import ProcessTransport, gpu_slices
 
+# The driver must use the cluster's auth mode (disabled, as `ray start` runs here), and Ray reads
+# RAY_AUTH_MODE when it is imported: an earlier ray.init in the same process sets it to "token" and
+# the cells then die at start. So this module runs in a pytest process of its own, started with the
+# mode set (test_ray_nodes_process.py).
+OWN_PROCESS = "EVOHARNESS_RAY_NODES_OWN_PROCESS"
+pytestmark = pytest.mark.skipif(
+    os.environ.get(OWN_PROCESS) != "1", reason="runs in its own process: tests/runtime/test_ray_nodes_process.py"
+)
+
 NODE_CPUS = 1  # each node's CPUs: 3 cells of 0.4 CPU cannot share one node
 CELL_CPUS = 0.4
 UP_S = 120.0  # how long the cluster may take to start on a busy 2-core machine

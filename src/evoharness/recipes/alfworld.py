@@ -582,19 +582,25 @@ class PolicyCell(TrainedCell):
 
     def serve(self, payloads: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
         self.policy.policy_version = version
-        reqs = [
-            PolicyRequest(
-                p["messages"],
-                p["episode_id"],
-                p["turn"],
-                list(p["admissible_commands"]),
-                harness=SimpleNamespace(meta_verbs=tuple(p["meta_verbs"])),
-            )
-            for p in payloads
-        ]
+        reqs = policy_requests(payloads)
         self.model.eval()
         with self.amp():
             return [dataclasses.asdict(c) for c in self.policy.act(reqs)]
+
+
+def policy_requests(payloads: list[dict[str, Any]]) -> list[PolicyRequest]:
+    """The policy's requests of a cell's call payloads (`AlfworldWorkload.request`): the harness
+    travels as its meta verbs only (what constrained decoding needs)."""
+    return [
+        PolicyRequest(
+            p["messages"],
+            p["episode_id"],
+            p["turn"],
+            list(p["admissible_commands"]),
+            harness=SimpleNamespace(meta_verbs=tuple(p["meta_verbs"])),
+        )
+        for p in payloads
+    ]
 
 
 def shuffled_order(n: int, seed: int) -> list[int]:

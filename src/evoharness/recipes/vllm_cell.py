@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from evoharness.config.rl import RLConfig
-from evoharness.policies.base import PolicyRequest
 from evoharness.recipes.trained_cell import TrainedCell
 
 INSTALL_HINT = (
@@ -189,14 +187,7 @@ class VLLMCell(TrainedCell):
         with weights `version`: `Completion` dicts stamped with it."""
         self.sync(version)
         self.policy.policy_version = version
-        reqs = [
-            PolicyRequest(
-                p["messages"],
-                p["episode_id"],
-                p["turn"],
-                list(p["admissible_commands"]),
-                harness=SimpleNamespace(meta_verbs=tuple(p["meta_verbs"])),
-            )
-            for p in payloads
-        ]
+        from evoharness.recipes.alfworld import policy_requests
+
+        reqs = policy_requests(payloads)
         return [dataclasses.asdict(c) for c in self.policy.act(reqs)]

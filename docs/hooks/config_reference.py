@@ -22,7 +22,8 @@ PLACEHOLDER = "{{ config_reference }}"
 
 
 def _sections() -> list[tuple[str, type[BaseModel]]]:
-    from evoharness.config.env import AgentConfig, EnvConfig
+    from evoharness.config.collect import CollectConfig, DistillConfig
+    from evoharness.config.env import AgentConfig, EnvConfig, RepoTasksConfig
     from evoharness.config.eval import EvalConfig, RepoEvalConfig, RepoPolicyConfig
     from evoharness.config.harness import HarnessConfig
     from evoharness.config.policy import PolicyConfig
@@ -31,14 +32,13 @@ def _sections() -> list[tuple[str, type[BaseModel]]]:
         Branch,
         GRPOConfig,
         LLMConsolidatorConfig,
-        RepoRLConfig,
         RewardConfig,
         RLConfig,
         RuntimeConfig,
     )
     from evoharness.config.run import RunConfig
     from evoharness.config.scale import LoRAConfig, ShardConfig
-    from evoharness.config.sft import SFTAnchorConfig, SFTConfig
+    from evoharness.config.sft import SFTAnchorConfig, SFTConfig, SFTJobConfig
 
     return [
         ("`evoharness run` (the main job): top level", RunConfig),
@@ -47,6 +47,9 @@ def _sections() -> list[tuple[str, type[BaseModel]]]:
         ("`[harness]`", HarnessConfig),
         ("`[policy]`", PolicyConfig),
         ("`evoharness sft` / `[sft]`", SFTConfig),
+        ("`evoharness sft`: the job's inputs (beside every `[sft]` key)", SFTJobConfig),
+        ("`evoharness collect`: top level", CollectConfig),
+        ("`evoharness distill`: top level", DistillConfig),
         ("`evoharness rl` / `[rl]`", RLConfig),
         ("`[grpo]`", GRPOConfig),
         ("`[grpo.reward]`", RewardConfig),
@@ -57,10 +60,10 @@ def _sections() -> list[tuple[str, type[BaseModel]]]:
         ("`[sft_anchor]`", SFTAnchorConfig),
         ("`[[branches]]`", Branch),
         ("`[llm_consolidator]`", LLMConsolidatorConfig),
-        ("`[repo]` (rl --env repo)", RepoRLConfig),
+        ("`[repo]` (eval and rl --env repo)", RepoTasksConfig),
         ("`evoharness eval --env repo`: top level", RepoEvalConfig),
         ("`[policy]` (eval --env repo)", RepoPolicyConfig),
-        ("`[agent]`", AgentConfig),
+        ("`[repo.agent]`", AgentConfig),
     ]
 
 
@@ -121,7 +124,10 @@ def render() -> str:
         notes = _comments(cls)
         doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "").split("\n\n")[0].replace("\n", " ")
         rows = ["| key | type | default | what |", "|---|---|---|---|"]
+        inherited = {n for base in cls.__bases__ for n in getattr(base, "model_fields", {})}
         for name, field in cls.model_fields.items():
+            if name in inherited:  # a subclass's table lists what it adds (its base has its own table)
+                continue
             what = field.description or notes.get(name, "")
             cell = lambda s: str(s).replace("|", "\\|")  # noqa: E731
             rows.append(f"| `{name}` | {_type(field.annotation)} | `{cell(_default(field))}` | {cell(what)} |")

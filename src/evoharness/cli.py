@@ -34,8 +34,23 @@ def fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-@app.command("eval")
+# commands with --set take further key=value pairs after it: --set a=1 b=2 (= --set a=1 --set b=2)
+_PAIRS = {"allow_extra_args": True}
+_SET_HELP = "Override config keys: --set lr=1e-4 epochs=2 (repeatable; any key of the config file)"
+
+
+def _overrides(ctx: typer.Context, flags: dict, set_: list[str]) -> list[str]:
+    """``--set`` items: the options given on the command line (as their config keys), then every
+    ``--set`` pair, trailing pairs included; a stray argument that is not ``key=value`` is refused."""
+    stray = [a for a in ctx.args if "=" not in a or a.startswith("-")]
+    if stray:
+        fail(f"unexpected argument {stray[0]!r} (config keys go as --set key=value)")
+    return [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_) + list(ctx.args)
+
+
+@app.command("eval", context_settings=_PAIRS)
 def eval_cmd(
+    ctx: typer.Context,
     config: Path | None = typer.Option(
         None, "--config", "-c", help="TOML file (EvalConfig, or RepoEvalConfig with --env repo)."
     ),
@@ -56,7 +71,7 @@ def eval_cmd(
     engine: str | None = typer.Option(None, help="textworld | fast"),
     data_path: str | None = typer.Option(None, help="ALFWORLD_DATA root; default: the bundled pack."),
     out: Path | None = typer.Option(None, help="Output directory."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set policy.temperature=0.7"),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
 ) -> None:
     """Evaluate a policy with a harness on a fixed ALFWorld panel, or on repository tasks (--env repo)."""
     from evoharness.config.base import ConfigError, load_config
@@ -76,7 +91,7 @@ def eval_cmd(
         from evoharness.eval.repo_eval import run_cli
 
         flags = {
-            "tasks": tasks,
+            "repo.tasks": tasks,
             "policy.kind": policy,
             "policy.base_url": base_url,
             "policy.model": model,
@@ -84,7 +99,7 @@ def eval_cmd(
             "limit": limit,
             "out_dir": out and str(out),
         }
-        overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
+        overrides = _overrides(ctx, flags, set_)
         try:
             typer.echo(run_cli(config, overrides))
         except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
@@ -116,7 +131,7 @@ def eval_cmd(
         "env.data_path": data_path,
         "out_dir": out and str(out),
     }
-    overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
+    overrides = _overrides(ctx, flags, set_)
     try:
         cfg = load_config(EvalConfig, config, overrides)
         if cfg.policy.kind == "hf" and (taken := _model_recipe(cfg.policy.model_path, EVAL_KEYS, config, overrides)):
@@ -128,8 +143,9 @@ def eval_cmd(
     typer.echo(f"report: {Path(cfg.out_dir) / 'report.md'}")
 
 
-@app.command("run")
+@app.command("run", context_settings=_PAIRS)
 def run_cmd(
+    ctx: typer.Context,
     config: Path | None = typer.Option(
         None,
         "--config",
@@ -147,7 +163,7 @@ def run_cmd(
         ),
     ),
     out: Path | None = typer.Option(None, help="Output directory (default runs/main); a rerun resumes."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set sft.lr=1e-3"),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
 ) -> None:
     """The main job: teacher traces, tokenizer + model, SFT, GRPO, evaluation, report."""
     from evoharness.config.base import ConfigError
@@ -162,8 +178,7 @@ def run_cmd(
             config = preset_path(preset)
         except ConfigError as e:
             fail(str(e))
-    flags = {"budget_minutes": budget_minutes, "out_dir": out and str(out)}
-    overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
+    overrides = _overrides(ctx, {"budget_minutes": budget_minutes, "out_dir": out and str(out)}, set_)
     try:
         cfg = load_run_config(config, overrides)
         report = run_pipeline(cfg, log=lambda m: typer.secho(m, fg=typer.colors.CYAN))
@@ -173,47 +188,61 @@ def run_cmd(
     typer.secho(f"report: {report}", bold=True)
 
 
-@app.command("sft")
+@app.command("sft", context_settings=_PAIRS)
 def sft_cmd(
-    examples: Path = typer.Option(..., help="SFT examples JSONL ({messages, completion} per line)."),
-    model_path: Path = typer.Option(..., help="HF model directory to fine-tune."),
-    out: Path = typer.Option(Path("runs/sft"), help="Output directory (resumes from its checkpoints)."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (SFTConfig)."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set lr=1e-4"),
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (SFTJobConfig: any key below)."),
+    examples: Path | None = typer.Option(None, help="SFT examples JSONL ({messages, completion} per line)."),
+    model_path: Path | None = typer.Option(None, help="HF model directory to fine-tune."),
+    out: Path | None = typer.Option(None, help="Output directory (default runs/sft; resumes from its checkpoints)."),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
     no_plan_check: bool = typer.Option(
         False, "--no-plan-check", help="Start even when the memory planner says the run does not fit."
     ),
 ) -> None:
     """Stage 1 alone: supervised harness fine-tuning of any HF model directory."""
     from evoharness.config.base import ConfigError, load_config
-    from evoharness.config.sft import SFTConfig
+    from evoharness.config.recipe import SFT_KEYS
+    from evoharness.config.sft import SFTJobConfig
 
+    flags = {
+        "examples": examples and str(examples),
+        "model_path": model_path and str(model_path),
+        "out_dir": out and str(out),
+    }
+    overrides = _overrides(ctx, flags, set_)
     try:
-        cfg = load_config(SFTConfig, config, list(set_))
-        if not examples.is_file():
-            raise FileNotFoundError(f"examples file not found: {examples}")
+        cfg = load_config(SFTJobConfig, config, overrides)
+        if taken := _model_recipe(cfg.model_path, SFT_KEYS, config, overrides):
+            cfg = load_config(SFTJobConfig, config, taken + overrides)
+        for key in ("examples", "model_path"):
+            if not getattr(cfg, key):
+                raise ConfigError(f"{key}: required (--{key.replace('_', '-')}, or {key} = ... in --config)")
+        if not Path(cfg.examples).is_file():
+            raise FileNotFoundError(f"examples file not found: {cfg.examples}")
     except (ConfigError, FileNotFoundError) as e:
         fail(str(e))
     _cuda_check(cfg.device)
     if not no_plan_check:
-        _plan_check(cfg, str(model_path))
-    from evoharness.train.sft import train_sft
+        _plan_check(cfg, cfg.model_path)
+    from evoharness.train.sft import run_sft_job
 
     try:
-        final = train_sft(cfg, examples, model_path, out)
+        final = run_sft_job(cfg, log=lambda m: typer.echo(m, err=True))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         fail(str(e))
     typer.secho(f"model: {final}", bold=True)
 
 
-@app.command("rl")
+@app.command("rl", context_settings=_PAIRS)
 def rl_cmd(
+    ctx: typer.Context,
     config: Path | None = typer.Option(
         None, "--config", "-c", help="TOML file (RLConfig), e.g. configs/rl_qwen3_0.6b_1gpu.toml."
     ),
     model_path: Path | None = typer.Option(None, help="The SFT model directory (policy init and KL reference)."),
     out: Path | None = typer.Option(None, help="Output directory (resumes from its checkpoints)."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set grpo.lr=1e-6"),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
     schedule: str | None = typer.Option(None, help="colocate (default), async, elastic or elastic-async."),
     cells: int | None = typer.Option(None, help="Runtime cells K (default 1; more need --backend local or ray)."),
     backend: str | None = typer.Option(
@@ -252,7 +281,7 @@ def rl_cmd(
     }
     if tasks is not None and env != "repo":
         fail("--tasks applies to --env repo only")
-    overrides = [f"{k}={_toml(v)}" for k, v in flags.items() if v is not None] + list(set_)
+    overrides = _overrides(ctx, flags, set_)
     from evoharness.envs.repo.sandbox import SandboxUnavailable
 
     try:
@@ -326,8 +355,9 @@ def _plan_check(cfg, model_path: str | None = None) -> None:
     )
 
 
-@app.command("plan")
+@app.command("plan", context_settings=_PAIRS)
 def plan_cmd(
+    ctx: typer.Context,
     config: Path | None = typer.Option(
         None, "--config", "-c", help="An RL or SFT TOML file (which one is read from its keys, or --stage)."
     ),
@@ -345,7 +375,7 @@ def plan_cmd(
         None, min=0.01, max=1.0, help="vLLM's share of each GPU (default: the engine sized to its need)."
     ),
     list_layouts: bool = typer.Option(False, "--list-layouts", help="List the named model layouts and exit."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config key: --set grpo.micro_batch_size=1"),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
 ) -> None:
     """Memory plan of an RL or SFT run per device and role; exit 0 if it fits, 1 if not."""
     from evoharness.config.base import ConfigError
@@ -366,7 +396,7 @@ def plan_cmd(
             )
         return
     try:
-        cfg = load_stage_config(config, list(set_), stage)
+        cfg = load_stage_config(config, _overrides(ctx, {}, set_), stage)
         if device_memory is not None:
             memory: float | list[float] = device_memory
         elif wants_cuda(cfg):
@@ -391,27 +421,88 @@ def _toml(v) -> str:
     return json.dumps(v)
 
 
-_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+@app.command("collect", context_settings=_PAIRS)
+def collect_cmd(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (CollectConfig: any key below)."),
+    split: str | None = typer.Option(None, help="ALFWorld split (default train)."),
+    per_type: int | None = typer.Option(None, help="The first N games of each task type (0: all)."),
+    samples: int | None = typer.Option(None, help="Episodes per game."),
+    policy: str | None = typer.Option(None, help="Who plays (default teacher): teacher | openai | hf | expert ..."),
+    base_url: str | None = typer.Option(None, help="policy openai: the endpoint, e.g. http://localhost:8000/v1"),
+    model: str | None = typer.Option(None, help="policy openai: the served model name."),
+    engine: str | None = typer.Option(None, help="fast (default) | textworld"),
+    data_path: str | None = typer.Option(None, help="ALFWORLD_DATA root; default: the bundled pack."),
+    max_steps: int | None = typer.Option(None, help="Step cap per episode (default 50)."),
+    out: Path | None = typer.Option(None, help="Trajectory JSONL (appended to: a rerun resumes)."),
+    sft: Path | None = typer.Option(None, help="Also write SFT examples (and their harness recipe) here."),
+    experience: Path | None = typer.Option(None, help="Experience store JSON (loaded on resume, saved per batch)."),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
+) -> None:
+    """Teacher traces and SFT examples: a policy plays ALFWorld games through the BPE harness."""
+    from evoharness.config.base import ConfigError, load_config
+    from evoharness.config.collect import CollectConfig
+    from evoharness.envs.alfworld.games import GameDataError
+    from evoharness.policies.guard import PolicyFailure
+    from evoharness.rollout.collect import run_collect
+
+    flags = {
+        "split": split,
+        "per_type": per_type,
+        "samples": samples,
+        "policy.kind": policy,
+        "policy.base_url": base_url,
+        "policy.model": model,
+        "env.engine": engine,
+        "env.data_path": data_path,
+        "max_steps": max_steps,
+        "out": out and str(out),
+        "sft": sft and str(sft),
+        "experience": experience and str(experience),
+    }
+    try:
+        run_collect(load_config(CollectConfig, config, _overrides(ctx, flags, set_)), log=typer.echo)
+    except (ConfigError, GameDataError, ValueError, FileNotFoundError, PolicyFailure) as e:
+        fail(str(e))
 
 
-@app.command("collect", context_settings=_PASSTHROUGH, add_help_option=False)
-def collect_cmd(ctx: typer.Context) -> None:
-    """Teacher traces and SFT examples (`evoharness collect --help` for options)."""
-    from evoharness.rollout.collect import main as collect_main
+@app.command("distill", context_settings=_PAIRS)
+def distill_cmd(
+    ctx: typer.Context,
+    logs: Path | None = typer.Argument(None, help="Trajectory JSONL or ReAct-format JSONL (docs/distill.md)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (DistillConfig: any key below)."),
+    out: Path | None = typer.Option(None, help="Distilled trajectories (JSONL)."),
+    sft: Path | None = typer.Option(None, help="Also write next-action SFT examples (and their recipe) here."),
+    engine: str | None = typer.Option(None, help="fast (default) | textworld"),
+    data_path: str | None = typer.Option(None, help="ALFWORLD_DATA root of the logged games; default: the pack."),
+    max_steps: int | None = typer.Option(None, help="Step cap of the distilled episodes (default 50)."),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
+) -> None:
+    """SFT examples from the logs of any imperfect agent (format: docs/distill.md)."""
+    import json
 
-    collect_main(list(ctx.args))
+    from evoharness.config.base import ConfigError, load_config
+    from evoharness.config.collect import DistillConfig
+    from evoharness.train.distill import run_distill
+
+    flags = {
+        "logs": logs and str(logs),
+        "out": out and str(out),
+        "sft": sft and str(sft),
+        "env.engine": engine,
+        "env.data_path": data_path,
+        "max_steps": max_steps,
+    }
+    try:
+        stats = run_distill(load_config(DistillConfig, config, _overrides(ctx, flags, set_)))
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.echo(json.dumps(stats, indent=1))
 
 
-@app.command("distill", context_settings=_PASSTHROUGH, add_help_option=False)
-def distill_cmd(ctx: typer.Context) -> None:
-    """SFT examples from noisy agent logs (`evoharness distill --help`; format in docs/distill.md)."""
-    from evoharness.train.distill import main as distill_main
-
-    distill_main(list(ctx.args))
-
-
-@app.command("simulate")
+@app.command("simulate", context_settings=_PAIRS)
 def simulate_cmd(
+    ctx: typer.Context,
     workload: Path = typer.Option(..., "--workload", "-w", help="Workload TOML or JSONL trace of executions."),
     cells: int | None = typer.Option(None, "--cells", "-k", help="K cells (default: the workload's cluster)."),
     policies: str = typer.Option(
@@ -421,13 +512,13 @@ def simulate_cmd(
     steps: int | None = typer.Option(None, help="RL steps to simulate."),
     seed: int | None = typer.Option(None, help="Seed of the workload draws."),
     out: Path | None = typer.Option(None, help="Write table.md, results.json and timeline.png here."),
-    set_: list[str] = typer.Option([], "--set", help="Override any key: --set cluster.train_tps=3000"),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
 ) -> None:
     """Simulate colocate / async / elastic / elastic-async rollout-train schedules of a workload on K cells."""
     from evoharness.runtime.sim_report import run_cli
 
     try:
-        typer.echo(run_cli(workload, cells, policies, steps, seed, out, list(set_)))
+        typer.echo(run_cli(workload, cells, policies, steps, seed, out, _overrides(ctx, {}, set_)))
     except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError
         fail(str(e))
 

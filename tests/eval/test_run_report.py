@@ -87,3 +87,17 @@ def test_success_plot_with_perfect_and_empty_rows(tmp_path):
     summary = {"by_type": rows, "overall": {"n": 17, "won": 6, "success": 35.3}}
     plot_success({"all won": summary}, tmp_path / "s.png", "t")
     assert (tmp_path / "s.png").stat().st_size > 0
+
+
+def test_rl_report_names_the_decoding_each_workload_had(tmp_path):
+    """ALFWorld runs record `constrained`; repository runs (tool calls) have no action grammar and
+    must not be described as constrained to admissible commands."""
+    from evoharness.eval.run_report import rl_section
+
+    base = {"step": 0, "reward": 0.1, "success": 0.5, "invalid_per_episode": 0.0, "steps_per_episode": 9.0}
+    base |= {"completion_tokens_per_episode": 90.0, "timing_s/gen": 3.0, "timing_s/env": 1.0, "timing_s/train": 2.0}
+    text = {}
+    for name, extra in (("alf", {"constrained": True}), ("free", {"constrained": False}), ("repo", {})):
+        text[name] = "\n".join(rl_section(tmp_path, [dict(base, **extra), dict(base, step=1, **extra)], f"{name}.png"))
+    assert "admissible commands" in text["alf"] and "unconstrained" in text["free"]
+    assert "admissible" not in text["repo"] and "no action grammar" in text["repo"]

@@ -147,3 +147,32 @@ def test_endpoint_rejecting_extensions_falls_back_to_text_only(chat_server):
         assert policy.extensions is False and "return_token_ids" not in bodies[-1] and "logprobs" not in bodies[-1]
     finally:
         srv.shutdown()
+
+
+def test_thinking_switch_reaches_the_request_body(chat_server, one_per_type):
+    """``policy.thinking`` is sent as chat_template_kwargs (vLLM / SGLang apply it to Qwen3's template),
+    and a thinking model gets a completion budget that lets it reach its action."""
+    from evoharness.config.base import load_config
+    from evoharness.config.policy import PolicyConfig
+    from evoharness.policies.factory import make_policy
+
+    server, calls = chat_server(act_first_admissible)
+    for overrides, kwargs, cap in (
+        (["thinking=true"], {"enable_thinking": True}, 4096),
+        (["thinking=false", "max_tokens=40"], {"enable_thinking": False}, 40),
+        (["chat_template_kwargs={ reasoning_effort = 'low' }"], {"reasoning_effort": "low"}, 256),
+    ):
+        calls.clear()
+        cfg = load_config(PolicyConfig, None, ["kind=openai", f"base_url='{server}'", "model=m", *overrides])
+        policy = make_policy(cfg)
+        try:
+            run_episodes([EpisodeSpec(one_per_type[0], "e#0")], make_env, ReActHarness, policy, max_steps=1)
+        finally:
+            policy.close()
+        body = calls[0][2]
+        assert body["chat_template_kwargs"] == kwargs and body["max_tokens"] == cap
+    calls.clear()
+    policy = make_policy(load_config(PolicyConfig, None, ["kind=openai", f"base_url='{server}'", "model=m"]))
+    run_episodes([EpisodeSpec(one_per_type[0], "e#0")], make_env, ReActHarness, policy, max_steps=1)
+    policy.close()
+    assert "chat_template_kwargs" not in calls[0][2]  # unset: the template's own default, nothing sent

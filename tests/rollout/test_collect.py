@@ -143,8 +143,6 @@ def test_store_is_frozen_per_batch_and_consolidated_after(collected, tasks, env_
 def test_collect_in_move_wording_records_it_and_keeps_every_win(tasks, tmp_path):
     """issue 10 fault 6: the teacher collects on `move X to Y` games (alfworld >= 0.4 wording) as on
     `put X in/on Y` ones; the trajectories record the wording and every won episode becomes SFT data."""
-    from evoharness.rollout.collect import main
-
     out, sft = tmp_path / "traces.jsonl", tmp_path / "sft.jsonl"
     engine = pick_engine(tasks[0])
     stats = collect_traces(
@@ -163,23 +161,18 @@ def test_collect_in_move_wording_records_it_and_keeps_every_win(tasks, tmp_path)
     examples = traces_to_sft(out, sft)
     placed = [ex["completion"] for ex in examples if "<action>move " in ex["completion"]]
     assert len(placed) >= 5 and not any("<action>put " in ex["completion"] for ex in examples)
-    # the command line takes the wording too
-    main(
-        [
-            "--split",
-            "valid_seen",
-            "--per-type",
-            "1",
-            "--wording",
-            "move",
-            "--engine",
-            engine,
-            "--out",
-            str(tmp_path / "cli.jsonl"),
-            "--batch-size",
-            "6",
-        ]
-    )
+    # the command line takes the wording too (one --set with two pairs), and writes the examples' recipe
+    from typer.testing import CliRunner
+
+    from evoharness.cli import app
+    from evoharness.config.recipe import read_examples_recipe
+
+    args = ["collect", "--split", "valid_seen", "--per-type", "1", "--engine", engine, "--out"]
+    args += [str(tmp_path / "cli.jsonl"), "--sft", str(tmp_path / "cli_sft.jsonl")]
+    res = CliRunner().invoke(app, [*args, "--set", "env.wording=move", "batch_size=6", "harness.history_window=3"])
+    assert res.exit_code == 0, res.output
+    recipe = read_examples_recipe(tmp_path / "cli_sft.jsonl")
+    assert recipe.wording == "move" and recipe.harness.history_window == 3
     cli = read_jsonl(tmp_path / "cli.jsonl")
     assert len(cli) == len(tasks) and all(r["won"] and r["info"]["wording"] == "move" for r in cli)
     assert any(t["action"].startswith("move ") for r in cli for t in r["turns"])

@@ -121,5 +121,14 @@ def _unknown_key(model: type[BaseModel], loc: tuple) -> str:
         ann = field.annotation
         args = [a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)]
         section = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else (args[0] if args else section)
-    near = difflib.get_close_matches(str(loc[-1]), list(getattr(section, "model_fields", {})), n=3, cutoff=0.6)
+    fields = getattr(section, "model_fields", {})
+    near = difflib.get_close_matches(str(loc[-1]), list(fields), n=3, cutoff=0.6)
+    if not near:  # a key of one of the section's own sections, e.g. `tasks` for `repo.tasks`
+        near = [
+            f"{name}.{loc[-1]}"
+            for name, f in fields.items()
+            if isinstance(f.annotation, type)
+            and issubclass(f.annotation, BaseModel)
+            and loc[-1] in f.annotation.model_fields
+        ]
     return f"unknown key (did you mean {' or '.join(map(repr, near))}?)" if near else "unknown key"

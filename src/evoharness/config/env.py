@@ -52,3 +52,11 @@ class AgentConfig(Strict):
     disk_mb: int = Field(512, ge=1)  # workspace size (a tmpfs of this size as root), MiB
     max_files: int = Field(20_000, ge=16)  # workspace entries (the tmpfs's inodes)
     keep_workspace: bool = False  # copy the workspace out before it is removed after scoring
+
+
+class RepoTasksConfig(Strict):
+    """Repository tasks (section ``[repo]`` of ``evoharness eval --env repo`` and ``evoharness rl --env repo``)."""
+
+    tasks: str = "pack"  # "pack", a task directory, or a directory of tasks
+    task_ids: list[str] = []  # only these (default: all of `tasks`)
+    agent: AgentConfig = Field(default_factory=AgentConfig)  # each execution's scaffold budgets and context management

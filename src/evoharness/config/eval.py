@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from evoharness.config.base import Strict, Trackers
-from evoharness.config.env import TASK_TYPES, AgentConfig, EnvConfig
+from evoharness.config.env import TASK_TYPES, AgentConfig, EnvConfig, RepoTasksConfig
 from evoharness.config.harness import HarnessConfig
 from evoharness.config.policy import PolicyConfig
 
@@ -69,14 +69,14 @@ class RepoPolicyConfig(Strict):
 
 
 class RepoEvalConfig(Strict):
-    tasks: str = "pack"  # "pack", a task directory, or a directory of tasks
-    task_ids: list[str] = []  # only these (default: all)
-    limit: int | None = Field(None, ge=1)  # only the first N tasks (after task_ids); None: all
+    """``evoharness eval --env repo`` settings (docs/repo_env.md)."""
+
+    # the tasks and the agent's budgets; keep_workspace: each task's final workspace stays in
+    # out_dir/workspaces/<task_id>/workspace, for reading
+    repo: RepoTasksConfig = Field(default_factory=lambda: RepoTasksConfig(agent=AgentConfig(keep_workspace=True)))
+    limit: int | None = Field(None, ge=1)  # only the first N tasks (after repo.task_ids); None: all
     workers: int = Field(2, ge=1)  # executions run at once (threads)
     # output directory: config.json, episodes.jsonl, trace.jsonl, workspaces/, report.md
     out_dir: str = "runs/eval_repo"
     resume: bool = True  # keep out_dir's finished tasks and run the rest; false: start afresh
-    # the scaffold's budgets and context management; keep_workspace: each task's final workspace stays in
-    # out_dir/workspaces/<task_id>/workspace, for reading
-    agent: AgentConfig = AgentConfig(keep_workspace=True)
     policy: RepoPolicyConfig = RepoPolicyConfig()  # who plays

@@ -40,7 +40,15 @@ class PolicyConfig(Strict):
     # sampling (openai and hf):
     temperature: float = 0.0  # temperature (0: greedy)
     top_p: float = 1.0  # nucleus sampling mass (1.0: off)
-    max_tokens: int = 256  # completion tokens per turn
+    # completion tokens per turn; None: 256, or 4096 with thinking = true (a thinking model's reasoning comes
+    # before its <action>, and a cut completion has no action)
+    max_tokens: int | None = Field(None, ge=1)
+    # Qwen3-style reasoning switch, sent as chat_template_kwargs.enable_thinking (openai: in the request body,
+    # which vLLM and SGLang apply; hf: to the tokenizer's chat template); None: the template's own default
+    thinking: bool | None = None
+    # further chat-template arguments (openai: chat_template_kwargs in the request body; hf: the tokenizer's
+    # apply_chat_template), e.g. --set 'policy.chat_template_kwargs={ reasoning_effort = "low" }'
+    chat_template_kwargs: dict[str, str | int | float | bool] = {}
     # local hf model:
     model_path: str | None = None  # its directory (config, weights, tokenizer; policy hf)
     device: str = "cpu"  # hf: torch device (cpu, cuda, cuda:1, ...)
@@ -52,3 +60,16 @@ class PolicyConfig(Strict):
     # hf: the in-process engine (evoharness.engines): "static" (pre-allocated KV cache, Qwen3 family), "hf" (any
     # HF causal LM), "auto" (static where the model is supported, else hf)
     decoder: Literal["auto", "static", "hf"] = "auto"
+
+    @property
+    def completion_cap(self) -> int:
+        """Completion tokens per turn: `max_tokens`, else 256 (4096 under ``thinking = true``)."""
+        return self.max_tokens or (4096 if self.thinking else 256)
+
+    @property
+    def template_kwargs(self) -> dict[str, str | int | float | bool]:
+        """Chat-template arguments of every request: `chat_template_kwargs` plus ``enable_thinking``."""
+        kw = dict(self.chat_template_kwargs)
+        if self.thinking is not None:
+            kw["enable_thinking"] = self.thinking
+        return kw

@@ -3,9 +3,13 @@
 A model trained through the BPE harness acts well only under the prompt it was trained on: the
 system prompt variant, the history window, the prompt token budget, constrained decoding, the
 completion cap, the placing-command wording and the experience store. `rl` writes the recipe into
-every model directory it exports and the main job into its SFT and RL models; `eval`, `serve` and
-`rl` read it from ``--model-path`` and use it wherever the command line and config file do not set
-a key (`recipe_overrides`), printing what they took.
+every model directory it exports, `sft` into its final model and the main job into its SFT and RL
+models; `eval`, `serve`, `rl` and `sft` read it from ``--model-path`` and use it wherever the
+command line and config file do not set a key (`recipe_overrides`), printing what they took.
+
+SFT examples carry the part of the recipe their prompts were rendered with (`ExamplesRecipe`,
+``<examples>.recipe.json``, written by `collect` and `distill`); `sft` completes it with its own
+prompt budget and completion cap into the model's recipe.
 """
 
 from __future__ import annotations
@@ -33,6 +37,36 @@ class ModelRecipe(Strict):
     max_new_tokens: int  # the completion cap of its training rollouts (tokens)
     constrained: bool  # trained acting through the action grammar
     wording: Literal["native", "put", "move"] = "native"  # the placing-command wording it played
+
+
+class ExamplesRecipe(Strict):
+    """The harness an SFT examples file was rendered with (``<examples>.recipe.json``)."""
+
+    harness: HarnessConfig  # kind, system prompt variant, history window
+    wording: Literal["native", "put", "move"] = "native"  # the placing-command wording played
+    experience: str | None = None  # the experience store the prompts recalled from (a path), if any
+
+
+def examples_recipe_path(examples: str | Path) -> Path:
+    """``runs/traces/sft.jsonl`` -> ``runs/traces/sft.recipe.json``."""
+    return Path(examples).with_suffix(".recipe.json")
+
+
+def write_examples_recipe(examples: str | Path, recipe: ExamplesRecipe) -> Path:
+    """Write `recipe` beside the examples file (atomically); the experience path is made absolute."""
+    if recipe.experience:
+        recipe = recipe.model_copy(update={"experience": str(Path(recipe.experience).resolve())})
+    path = examples_recipe_path(examples)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(recipe.model_dump_json(indent=2))
+    tmp.replace(path)
+    return path
+
+
+def read_examples_recipe(examples: str | Path) -> ExamplesRecipe | None:
+    """The recipe beside an examples file, or None when it has none."""
+    path = examples_recipe_path(examples)
+    return ExamplesRecipe.model_validate_json(path.read_text()) if path.is_file() else None
 
 
 def write_recipe(model_dir: str | Path, recipe: ModelRecipe, experience: str | Path | None = None) -> Path:
@@ -95,7 +129,8 @@ def recipe_overrides(recipe: ModelRecipe, mapping: dict[str, str], explicit: set
     return out
 
 
-# recipe field -> EvalConfig key (evoharness eval --policy hf) / RLConfig key (evoharness rl)
+# recipe field -> EvalConfig key (evoharness eval --policy hf) / RLConfig key (evoharness rl) /
+# SFTJobConfig key (evoharness sft: the budget a model trained further keeps)
 EVAL_KEYS = {
     "harness.kind": "harness.kind",
     "harness.system_prompt": "harness.system_prompt",
@@ -116,3 +151,4 @@ RL_KEYS = {
     "constrained": "constrained",
     "wording": "wording",
 }
+SFT_KEYS = {"max_prompt_tokens": "max_prompt_tokens"}

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from evoharness.config.base import Strict, Trackers
-from evoharness.config.env import AgentConfig
+from evoharness.config.env import RepoTasksConfig
 from evoharness.config.harness import DEFAULT_MAX_PROMPT_TOKENS, HarnessConfig
 from evoharness.config.scale import LAYOUT_DESCRIPTION, LoRAConfig, ShardConfig
 from evoharness.config.sft import SFTAnchorConfig
@@ -201,16 +201,6 @@ class LLMConsolidatorConfig(Strict):
     max_retries: int = 2  # client retries of a request (connection errors, 408/409/429/5xx)
 
 
-class RepoRLConfig(Strict):
-    """``env = "repo"``: GRPO on repository tasks (`recipes.repo`; docs/repo_env.md). Each
-    execution's call records are trained as a trajectory tree (``grpo.j_max`` paths per tree;
-    None: every trainable token once)."""
-
-    tasks: str = "pack"  # "pack", a task directory, or a directory of tasks
-    task_ids: list[str] = []  # only these (default: all of `tasks`)
-    agent: AgentConfig = Field(default_factory=AgentConfig)  # each execution's scaffold budgets and context management
-
-
 class Branch(Strict):
     """A GRPO group's start state: game `task_id` after its first turns replay `prefix` (an
     earlier episode's completions up to where it went wrong, `pipeline.screened_games`); the
@@ -301,8 +291,10 @@ class RLConfig(Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     # the RL workload: ALFWorld games, or repository tasks (`repo`)
     env: Literal["alfworld", "repo"] = "alfworld"
-    # env = "repo": the repository tasks and the agent's budgets
-    repo: RepoRLConfig = Field(default_factory=RepoRLConfig)
+    # env = "repo": the repository tasks and the agent's budgets (`recipes.repo`; docs/repo_env.md); each
+    # execution's call records are trained as a trajectory tree (grpo.j_max paths per tree; None: every
+    # trainable token once)
+    repo: RepoTasksConfig = Field(default_factory=RepoTasksConfig)
     # N > 1: the run once per seed (seed, seed + 1, ...) and the policy their weight average
     # (`recipes.soup`); each seed's run in out_dir/seed<s>
     soup_seeds: int = Field(1, ge=1)

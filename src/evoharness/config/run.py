@@ -140,7 +140,10 @@ class RunConfig(Strict):
     skip_rl: bool = False  # stop after SFT (and DAgger): no RL screen, no GRPO, no SFT+GRPO evaluation
     eval_teacher_only_sft: bool = False  # also evaluate the SFT model before DAgger (the DAgger comparison)
     eval_split: str = "valid_seen"  # ALFWorld split of the final evaluations (the development set is evaluated too)
-    eval_limit: int | None = None  # N eval_split games, round-robin across task types (smoke runs); None: all
+    # the unseen-room panel, evaluated beside eval_split and the dev set; no train_split game of its floor plans
+    # (scenes) is trained, taught, screened, used for RL or in the dev set (None: no panel, no scene held out)
+    unseen_split: str | None = "valid_unseen_scenes"
+    eval_limit: int | None = None  # N games of eval_split and of unseen_split, round-robin across task types; None: all
     dev_eval_limit: int | None = None  # first N development games for the dev evaluations (None: all)
     eval_batch: int = 100  # episodes per lock-step batch: valid_seen + dev (200) in one batch per worker
     eval_workers: int = 2  # evaluation processes (1 thread each): both cores of a quiet machine

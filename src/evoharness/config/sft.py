@@ -52,6 +52,17 @@ class SFTConfig(Strict):
     layout: str | None = Field(None, description=LAYOUT_DESCRIPTION)
 
 
+class SFTJobConfig(SFTConfig):
+    """``evoharness sft`` settings: `SFTConfig` plus the job's inputs and outputs (the main job's
+    ``[sft]`` section is an `SFTConfig`: the job supplies these itself)."""
+
+    examples: str = ""  # SFT examples JSONL ({messages, completion} per line; `evoharness collect --sft` writes one)
+    eval_examples: str | None = None  # held-out examples JSONL for eval_loss; None: none
+    model_path: str = ""  # the HF model directory to fine-tune (weights, tokenizer)
+    out_dir: str = "runs/sft"  # the run's directory (checkpoints/, metrics.jsonl, final/); a rerun resumes it
+    threads: int | None = None  # torch CPU threads for the run (None: torch's default)
+
+
 class SFTAnchorConfig(Strict):
     """``RLConfig.sft_anchor``: the SFT examples (JSONL, `train.sft.load_examples`) and the weight."""
 

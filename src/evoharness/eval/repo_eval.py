@@ -44,13 +44,13 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
     from evoharness.eval.repo_report import summarize_repo, write_repo_report
 
     require_bwrap()
-    tasks = load_tasks(cfg.tasks)
-    if cfg.task_ids:
+    tasks = load_tasks(cfg.repo.tasks)
+    if cfg.repo.task_ids:
         known = {t.task_id for t in tasks}
-        missing = sorted(set(cfg.task_ids) - known)
+        missing = sorted(set(cfg.repo.task_ids) - known)
         if missing:
             raise ValueError(f"unknown task ids {missing}; known: {sorted(known)}")
-        tasks = [t for t in tasks if t.task_id in cfg.task_ids]
+        tasks = [t for t in tasks if t.task_id in cfg.repo.task_ids]
     if cfg.limit:
         tasks = tasks[: cfg.limit]
     policy_kw = cfg.policy.model_dump(exclude={"kind"}) if cfg.policy.kind == "openai" else {}
@@ -79,7 +79,7 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
         with open(jsonl, "a") as f, ThreadPoolExecutor(cfg.workers) as pool:
             futs = {
                 pool.submit(
-                    run_repo_episode, t, policy, out / "workspaces" / t.task_id, cfg.agent, trace, f"{t.task_id}#0"
+                    run_repo_episode, t, policy, out / "workspaces" / t.task_id, cfg.repo.agent, trace, f"{t.task_id}#0"
                 ): t.task_id
                 for t in todo
             }
@@ -107,7 +107,7 @@ def evaluate_repo(cfg: RepoEvalConfig, progress: bool = True) -> dict:
     summary = summarize_repo(episodes)
     summary.update(
         policy=cfg.policy.kind if cfg.policy.kind != "openai" else f"openai:{cfg.policy.model}",
-        task_source=cfg.tasks,
+        task_source=cfg.repo.tasks,
         wall_s=round(time.perf_counter() - t0, 2),
     )
     write_repo_report(summary, out)

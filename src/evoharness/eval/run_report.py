@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
-from evoharness.eval.report import plot_success
+from evoharness.eval.report import plot_success, wilson_interval
 from evoharness.files import read_jsonl
 from evoharness.harness.base import META_VERBS
 
@@ -107,6 +107,23 @@ def paired(a: list[dict], b: list[dict]) -> dict[str, Any]:
     }
 
 
+def gap_interval(won_a: int, n_a: int, won_b: int, n_b: int) -> tuple[float, float, float]:
+    """The difference of two independent success rates, ``won_a / n_a - won_b / n_b`` in points, with
+    its 95% interval by Newcombe's hybrid score method (1998, method 10: from each rate's Wilson
+    interval, `eval.report.wilson_interval`), for panels of different games (no pairing).
+    ``(gap, low, high)``; ``n = 0`` on a side: that side's rate counts as 0 with interval [0, 100]."""
+    pa, pb = (100 * won_a / n_a if n_a else 0.0), (100 * won_b / n_b if n_b else 0.0)
+    (la, ua), (lb, ub) = wilson_interval(won_a, n_a), wilson_interval(won_b, n_b)
+    d = pa - pb
+    return d, d - ((pa - la) ** 2 + (ub - pb) ** 2) ** 0.5, d + ((ua - pa) ** 2 + (pb - lb) ** 2) ** 0.5
+
+
+def _rate(o: dict) -> str:
+    """``93.6% [88.2, 96.6] (131/140)``: a summary's overall success with its 95% Wilson interval."""
+    lo, hi = wilson_interval(o["won"], o["n"])
+    return f"{o['success']}% [{lo:.1f}, {hi:.1f}] ({o['won']}/{o['n']})"
+
+
 def _load(eval_dir: Path) -> tuple[dict, list[dict]]:
     import json
 
@@ -147,13 +164,18 @@ def write_run_report(
     stage_times: dict[str, float] | None = None,
     curve: dict | None = None,
     title: str = "EvoHarness main job",
+    unseen: dict[str, Path] | None = None,
 ) -> Path:
-    """Write ``report.md`` with ``success.png``, ``learning_curve.png``, ``sft_loss.png``, ``rl_curves.png``.
+    """Write ``report.md`` with ``success.png``, ``learning_curve.png``, ``sft_loss.png``, ``rl_curves.png``
+    (and ``unseen_success.png``).
 
     Args:
         systems: display name -> valid_seen evaluation directory (``summary.json`` +
             ``episodes.jsonl``), in display order.
         dev: display name -> development-set evaluation directory (same names).
+        unseen: display name -> unseen-room panel evaluation directory (same names; None: no such
+            panel): a column beside dev, its paired tests, its success with Wilson intervals against
+            valid_seen's (the seen-vs-unseen gap) and by task type.
         sft_metrics: the SFT stages' ``metrics.jsonl`` in order (teacher SFT, DAgger rounds).
         rl_metrics: the GRPO stage's ``metrics.jsonl`` (None: no RL section).
         notes: lines appended under "Notes" (budget, limits, what was skipped).
@@ -164,7 +186,9 @@ def write_run_report(
     md = [f"# {title}", ""]
     vs = {n: _load(d) for n, d in systems.items() if (d / "summary.json").is_file()}
     dv = {n: _load(d) for n, d in dev.items() if (d / "summary.json").is_file()}
+    uv = {n: _load(d) for n, d in (unseen or {}).items() if (d / "summary.json").is_file()}
     if vs:
+        ucol = (" | unseen rooms", " / unseen", "---|") if unseen is not None else ("", "", "")
         md += [
             "## Success",
             "",
@@ -172,21 +196,25 @@ def write_run_report(
             "(prompt, completion) loop (failures). Wasted steps: invalid actions + repeated (action, feedback) "
             "pairs, per episode (valid_seen).",
             "",
-            "| system | valid_seen | dev | stopped early (valid_seen / dev) | steps/ep | harness calls/ep | "
-            "wasted/ep |",
-            "|---|---|---|---|---|---|---|",
+            f"| system | valid_seen | dev{ucol[0]} | stopped early (valid_seen / dev{ucol[1]}) | steps/ep | "
+            "harness calls/ep | wasted/ep |",
+            f"|---|---|---|{ucol[2]}---|---|---|---|",
         ]
         for name, (s, eps) in vs.items():
             o = s["overall"]
             d = dv.get(name, ({"overall": {}}, []))[0]["overall"]
+            u = uv.get(name, ({"overall": {}}, []))[0]["overall"]
             calls = sum(o.get("meta_per_ep", {}).get(v, 0) for v in META_VERBS)
             w = [wasted_steps(e) for e in eps]
             wasted = sum(x["invalid"] + x["repeated"] for x in w) / max(1, len(w))
             dcell = f"{d['success']}% ({d['won']}/{d['n']})" if d else "-"
+            ucell = (f" | {u['success']}% ({u['won']}/{u['n']})" if u else " | -") if unseen is not None else ""
+            stopped = f"{o.get('stopped_early', 0)} / {d.get('stopped_early', '-')}" + (
+                f" / {u.get('stopped_early', '-')}" if unseen is not None else ""
+            )
             md.append(
-                f"| {name} | **{o['success']}%** ({o['won']}/{o['n']}) | {dcell} | "
-                f"{o.get('stopped_early', 0)} / {d.get('stopped_early', '-')} | {o.get('mean_steps', 0)} | "
-                f"{calls:.2f} | {wasted:.2f} |"
+                f"| {name} | **{o['success']}%** ({o['won']}/{o['n']}) | {dcell}{ucell} | {stopped} | "
+                f"{o.get('mean_steps', 0)} | {calls:.2f} | {wasted:.2f} |"
             )
         md.append("")
         pairs = [(a, b) for a, b in zip(list(vs)[:-1], list(vs)[1:]) if a != "random" and not a.startswith("scripted")]
@@ -207,16 +235,26 @@ def write_run_report(
             )
             for a, b in pairs:
                 chosen = chose if "GRPO" in b else set()
-                every = bool(chosen) and b in dv and {e["task_id"] for e in dv[b][1]} <= chosen
-                # (panel, data, games left out, may join the pooled test)
-                panels = [
-                    ("valid_seen", vs, set(), True),
-                    ("dev (chose the checkpoint)" if every else "dev", dv, set(), not chosen),
-                ]
-                if chosen and not every:
-                    panels.append((f"dev without the {len(chosen)} that chose it", dv, chosen, True))
+                # (panel, data, games left out, may join the pooled test, its name in the pooled row)
+                panels = [("valid_seen", vs, set(), True, "valid_seen")]
+                for pname, data in (("dev", dv), ("unseen rooms", uv)):
+                    ids = {e["task_id"] for e in data[b][1]} if b in data else set()
+                    mine = chosen & ids  # the games of this panel that chose the checkpoint
+                    every = bool(mine) and ids <= mine
+                    panels.append((f"{pname} (chose the checkpoint)" if every else pname, data, set(), not mine, pname))
+                    if mine and not every:
+                        panels.append(
+                            (
+                                f"{pname} without the {len(mine)} that chose it",
+                                data,
+                                mine,
+                                True,
+                                f"{pname} without those",
+                            )
+                        )
                 pooled: list[tuple[list[dict], list[dict]]] = []
-                for panel, data, drop, pool in panels:
+                names: list[str] = []
+                for panel, data, drop, pool, short in panels:
                     if a in data and b in data:
                         pair = (
                             [e for e in data[a][1] if e["task_id"] not in drop],
@@ -229,11 +267,11 @@ def write_run_report(
                         )
                         if pair[0] and pool:
                             pooled.append(pair)
+                            names.append(short)
                 if len(pooled) > 1:  # disjoint game sets, none of which chose the checkpoint: one larger paired test
                     c = paired([e for x, _ in pooled for e in x], [e for _, y in pooled for e in y])
-                    both_panels = "valid_seen + dev" + (" without those" if chosen else "")
                     md.append(
-                        f"| {b} vs {a} | {both_panels} | {c['n']} | {c['b_only']} | "
+                        f"| {b} vs {a} | {' + '.join(names)} | {c['n']} | {c['b_only']} | "
                         f"{c['a_only']} | {c['both']} | {c['p']:.3g} |"
                     )
             md.append("")
@@ -250,6 +288,8 @@ def write_run_report(
             meta = s["overall"].get("meta_per_ep", {})
             md.append(f"| {name} | " + " | ".join(str(meta.get(v, 0)) for v in META_VERBS) + " |")
         md.append("")
+        if uv:
+            md += _unseen_section(out, vs, uv)
     if curve and curve.get("points"):
         _plot_learning_curve(out / "learning_curve.png", curve)
         md += [
@@ -316,6 +356,36 @@ def write_run_report(
     return path
 
 
+def _unseen_section(
+    out: Path, vs: dict[str, tuple[dict, list[dict]]], uv: dict[str, tuple[dict, list[dict]]]
+) -> list[str]:
+    """Markdown lines (and ``unseen_success.png``): each system's success on valid_seen and on the
+    unseen-room panel with 95% Wilson intervals, the seen-vs-unseen gap with its interval
+    (`gap_interval`), and the unseen-room panel by task type."""
+    summaries = {n: s for n, (s, _) in uv.items()}
+    md = [
+        "### Unseen rooms",
+        "",
+        "The unseen-room panel: ALFWorld train games of floor plans (scenes) no game the job trains, teaches, "
+        "screens, runs RL or develops on comes from (notes below). Success with its 95% Wilson interval; the "
+        "gap is valid_seen minus unseen rooms in points, with its 95% interval (Newcombe's hybrid score "
+        "method: different games, so not paired); its paired tests are in the table above.",
+        "",
+        "| system | valid_seen | unseen rooms | gap (points) |",
+        "|---|---|---|---|",
+    ]
+    for name, (s, _) in uv.items():
+        u = s["overall"]
+        if name not in vs:
+            md.append(f"| {name} | - | {_rate(u)} | - |")
+            continue
+        o = vs[name][0]["overall"]
+        gap, lo, hi = gap_interval(o["won"], o["n"], u["won"], u["n"])
+        md.append(f"| {name} | {_rate(o)} | {_rate(u)} | {gap:+.1f} [{lo:+.1f}, {hi:+.1f}] |")
+    plot_success(summaries, out / "unseen_success.png", "ALFWorld unseen-room panel success by task type")
+    return md + ["", "By task type:", ""] + success_table(summaries) + ["", "![unseen rooms](unseen_success.png)", ""]
+
+
 def _trend(ys: list[float]) -> float:
     """Least-squares slope of ys against their index (units of y per step)."""
     n = len(ys)
@@ -378,14 +448,17 @@ def rl_section(
             "",
         ]
     inv = [r.get("invalid_per_episode", 0.0) for r in rl]
-    if rl[-1].get("constrained", True):
+    constrained = rl[-1].get("constrained")  # ALFWorld runs record it; repository runs have no action grammar
+    if constrained:
         forced = sum(r.get("train/forced_fraction", 0.0) for r in rl) / len(rl)
         decoding = (
             f"constrained to admissible commands and meta-actions; {100 * forced:.0f}% of trained "
             "tokens were forced by the grammar (log-prob 0, no gradient)"
         )
-    else:
+    elif constrained is False:
         decoding = "unconstrained (the invalid-action term carries the format)"
+    else:
+        decoding = "free-form tool calls (no action grammar)"
     if any("adv/std_floor_groups" in r for r in rl):
         spread = sum(r.get("adv/signal_groups", 0) for r in rl)
         floored = sum(r.get("adv/std_floor_groups", 0) for r in rl)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 HISTORY_HEADER = "PREVIOUS ACTIONS:"
 NO_HISTORY = "(none)"
@@ -86,23 +87,29 @@ class PromptFit:
         return {"history_dropped": self.history_dropped, "tokens_cut": self.tokens_cut}
 
 
-def chat_text(tokenizer, messages: list[dict[str, str]]) -> str:
-    """The chat-templated prompt with the generation prompt (what a server renders)."""
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def chat_text(tokenizer, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None) -> str:
+    """The chat-templated prompt with the generation prompt (what a server renders);
+    `template_kwargs` go to the template (e.g. Qwen3's ``enable_thinking``)."""
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+    )
 
 
-def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+def chat_ids(tokenizer, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Token ids of `chat_text` (no extra special tokens: the template has them)."""
-    return tokenizer(chat_text(tokenizer, messages), add_special_tokens=False)["input_ids"]
+    return tokenizer(chat_text(tokenizer, messages, template_kwargs), add_special_tokens=False)["input_ids"]
 
 
-def fit_prompt_ids(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> tuple[list[int], PromptFit]:
+def fit_prompt_ids(
+    tokenizer, messages: list[dict[str, str]], max_tokens: int, template_kwargs: dict[str, Any] | None = None
+) -> tuple[list[int], PromptFit]:
     """Prompt token ids of `messages` within `max_tokens` (module docstring for the order).
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template (fast: offsets needed).
         messages: chat messages as a harness renders them.
         max_tokens: the budget; <= 0 means no limit.
+        template_kwargs: chat-template arguments (`chat_text`).
 
     Returns:
         ``(ids, PromptFit)``; ``len(ids) <= max_tokens``.
@@ -112,15 +119,15 @@ def fit_prompt_ids(tokenizer, messages: list[dict[str, str]], max_tokens: int) -
             tail need more than `max_tokens`.
     """
     fit = PromptFit()
-    ids = chat_ids(tokenizer, messages)
+    ids = chat_ids(tokenizer, messages, template_kwargs)
     if max_tokens <= 0:
         return ids, fit
     while len(ids) > max_tokens and (shorter := drop_oldest_history(messages)) is not None:
         messages, fit.history_dropped = shorter, fit.history_dropped + 1
-        ids = chat_ids(tokenizer, messages)
+        ids = chat_ids(tokenizer, messages, template_kwargs)
     if len(ids) <= max_tokens:
         return ids, fit
-    text = chat_text(tokenizer, messages)
+    text = chat_text(tokenizer, messages, template_kwargs)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     head_end, tail_start = _protected_spans(text, messages)

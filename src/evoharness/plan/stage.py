@@ -7,9 +7,9 @@ from pathlib import Path
 
 from evoharness.config.base import ConfigError, load_config, parse_override
 from evoharness.config.rl import RLConfig
-from evoharness.config.sft import SFTConfig
+from evoharness.config.sft import SFTJobConfig
 
-STAGES = {"rl": RLConfig, "sft": SFTConfig}
+STAGES = {"rl": RLConfig, "sft": SFTJobConfig}
 
 
 def detect_stage(keys: set[str]) -> str:
@@ -18,7 +18,7 @@ def detect_stage(keys: set[str]) -> str:
     Raises:
         ConfigError: keys of neither type, or keys both types share only (name the stage).
     """
-    rl, sft = set(RLConfig.model_fields), set(SFTConfig.model_fields)
+    rl, sft = set(RLConfig.model_fields), set(SFTJobConfig.model_fields)
     fits = [name for name, fields in (("rl", rl), ("sft", sft)) if keys <= fields]
     if len(fits) == 1:
         return fits[0]
@@ -30,7 +30,9 @@ def detect_stage(keys: set[str]) -> str:
     raise ConfigError(f"keys {sorted(keys)} fit both an RL and an SFT config: name the stage with --stage rl|sft")
 
 
-def load_stage_config(path: str | Path | None, overrides: list[str], stage: str | None = None) -> RLConfig | SFTConfig:
+def load_stage_config(
+    path: str | Path | None, overrides: list[str], stage: str | None = None
+) -> RLConfig | SFTJobConfig:
     """The RL or SFT config in `path` (TOML) with ``--set`` `overrides`; `stage` None: detected
     from the file's and the overrides' top-level keys.
 

@@ -79,6 +79,8 @@ class LocalHFPolicy:
             None: `DEFAULT_ENGINE`). ``static`` is the fast one; ``hf`` the module-forward engine.
             Or a built engine with the same interface that holds weights of its own
             (`engines.vllm_engine.VLLMEngine`): keeping them equal to `model`'s is the caller's job.
+        chat_template_kwargs: arguments of the tokenizer's chat template (e.g. Qwen3's
+            ``enable_thinking``).
     """
 
     name = "local"
@@ -98,6 +100,7 @@ class LocalHFPolicy:
         meta_verbs: tuple[str, ...] = META_VERBS,
         num_threads: int | None = None,
         engine: str | Any | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ):
         self.model_path = str(model_path)
         self.model = load_model(model_path, device, dtype)
@@ -109,6 +112,7 @@ class LocalHFPolicy:
         self.constrained, self.seed, self.policy_version = constrained, seed, policy_version
         self.meta_verbs = tuple(meta_verbs)
         self.num_threads = num_threads
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._fits: dict[tuple[str, int], dict[str, int]] = {}  # (episode, turn) -> PromptFit, until `act` reports it
         self._drop = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, *self.engine.stop_ids} - {
             self.tokenizer.convert_tokens_to_ids("</action>")
@@ -121,7 +125,7 @@ class LocalHFPolicy:
         Raises:
             PromptTooLong: the system prompt and OBJECTIVE alone exceed the budget.
         """
-        ids, fit = fit_prompt_ids(self.tokenizer, req.messages, self.max_prompt_tokens)
+        ids, fit = fit_prompt_ids(self.tokenizer, req.messages, self.max_prompt_tokens, self.chat_template_kwargs)
         if fit.fitted:
             self._fits[(req.episode_id, req.turn)] = fit.as_dict()
         return ids

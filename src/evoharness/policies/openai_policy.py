@@ -82,6 +82,9 @@ class OpenAIPolicy:
         meta_verbs: meta verbs allowed under `constrained` when a request has no harness.
         extensions: ask for token ids / log-probs and send the extension fields
             (turned off automatically if the endpoint rejects them).
+        chat_template_kwargs: sent as ``chat_template_kwargs`` in every request body (vLLM and
+            SGLang apply them to the chat template, e.g. Qwen3's ``enable_thinking``); kept when
+            the extensions are turned off.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class OpenAIPolicy:
         max_prompt_tokens: int | None = None,
         meta_verbs: tuple[str, ...] = META_VERBS,
         extensions: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         import openai
 
@@ -110,6 +114,7 @@ class OpenAIPolicy:
         self.constrained, self.constraint_format = constrained, constraint_format
         self.max_prompt_tokens, self.meta_verbs = max_prompt_tokens, tuple(meta_verbs)
         self.extensions = extensions
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._ext_lock = threading.Lock()
         self.client = openai.OpenAI(
             base_url=base_url,
@@ -131,6 +136,8 @@ class OpenAIPolicy:
 
     def _extra_body(self, constraint: dict[str, Any] | None) -> dict[str, Any]:
         extra: dict[str, Any] = {"return_token_ids": True}
+        if self.chat_template_kwargs:
+            extra["chat_template_kwargs"] = self.chat_template_kwargs
         if self.max_prompt_tokens and self.constraint_format == "gateway":
             extra["truncate_prompt_tokens"] = self.max_prompt_tokens
         if constraint is not None:
@@ -161,6 +168,8 @@ class OpenAIPolicy:
         if seed is not None:
             kw["seed"] = seed
         if not self.extensions:
+            if self.chat_template_kwargs:
+                kw["extra_body"] = {"chat_template_kwargs": self.chat_template_kwargs}
             return self.client.chat.completions.create(**kw)
         try:
             return self.client.chat.completions.create(

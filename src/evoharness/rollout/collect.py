@@ -22,14 +22,14 @@ that one batch's consolidation.)
 ``{"messages": [...], "completion": "<think>…</think><action>…</action>", ...}``
 (the format `train/sft.py` reads), written atomically.
 
-Command line (the teacher on the bundled train games, then the SFT file)::
+Command line (the teacher on the bundled train games, then the SFT file; `run_collect`)::
 
-    python -m evoharness.rollout.collect --split train --per-type 10 \\
-        --out runs/traces/teacher.jsonl --sft runs/traces/sft.jsonl --engine fast
+    evoharness collect --split train --per-type 10 \\
+        --out runs/traces/teacher.jsonl --sft runs/traces/sft.jsonl
 
-One prompt recipe: the harness options (``--history-window``,
-``--system-prompt``) must be the ones ``eval`` and ``rl`` get
-(``harness.history_window``, ``harness.system_prompt``); the defaults agree.
+One prompt recipe: the harness keys (``harness.history_window``, ``harness.system_prompt``)
+must be the ones ``eval`` and ``rl`` get; the defaults agree, and the SFT examples' recipe
+(``<sft>.recipe.json``) carries them to the model ``evoharness sft`` trains.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
+from evoharness.config.collect import CollectConfig
 from evoharness.config.harness import HarnessConfig
 from evoharness.envs.base import Env, TaskSpec
 from evoharness.files import read_jsonl
@@ -264,76 +265,50 @@ def write_jsonl_atomic(path: str | Path, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m evoharness.rollout.collect``: teacher traces and SFT examples."""
-    import argparse
+def run_collect(cfg: CollectConfig, log: Callable[[str], None] = print) -> CollectStats:
+    """``evoharness collect``: play `cfg`'s games with its policy, write the traces (and the SFT
+    examples with their recipe, `config.recipe.write_examples_recipe`).
+
+    Raises:
+        GameDataError: the split has no games at ``cfg.env.data_path``.
+    """
     from collections import defaultdict
 
-    from evoharness.config.policy import PolicyConfig
+    from evoharness.config.recipe import ExamplesRecipe, write_examples_recipe
     from evoharness.envs.alfworld import make_env
     from evoharness.envs.alfworld.games import discover_games
     from evoharness.policies.factory import make_policy
 
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--split", default="train")
-    ap.add_argument("--per-type", type=int, default=0, help="first N games of each task type (0: all)")
-    ap.add_argument("--samples", type=int, default=1)
-    ap.add_argument("--policy", default="teacher", help="teacher | openai | ... (policies.factory kinds)")
-    ap.add_argument("--base-url", default=None)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--engine", default="fast", choices=("textworld", "fast"))
-    ap.add_argument(
-        "--wording",
-        default="native",
-        choices=("native", "put", "move"),
-        help="placing command: the game's own, 'put X in/on Y' or 'move X to Y' (alfworld >= 0.4)",
-    )
-    ap.add_argument("--max-steps", type=int, default=50)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--keep", default="successful", choices=("successful", "all"))
-    ap.add_argument(
-        "--history-window",
-        type=int,
-        default=None,
-        help="PREVIOUS ACTIONS entries shown (default: the harness's, as eval and rl use it)",
-    )
-    ap.add_argument("--system-prompt", default="full", choices=("full", "compact"))
-    ap.add_argument("--out", required=True, help="trajectory JSONL")
-    ap.add_argument("--sft", default=None, help="also write SFT examples here")
-    ap.add_argument("--experience", default=None, help="experience store JSON (loaded on resume, saved per batch)")
-    args = ap.parse_args(argv)
-    tasks = discover_games(args.split)
-    if args.per_type:
+    tasks = discover_games(cfg.split, cfg.env.data_path)
+    if cfg.per_type:
         by: dict[str, list[TaskSpec]] = defaultdict(list)
         for t in tasks:
             by[t.task_type].append(t)
-        tasks = [t for ts in by.values() for t in ts[: args.per_type]]
-    harness = HarnessConfig(kind="bpe", history_window=args.history_window, system_prompt=args.system_prompt)
-    policy = make_policy(PolicyConfig(kind=args.policy, base_url=args.base_url, model=args.model))
+        tasks = [t for ts in by.values() for t in ts[: cfg.per_type]]
+    wording = cfg.env.wording
+    policy = make_policy(cfg.policy)
     try:
         stats = collect_traces(
             tasks,
             policy,
-            bpe_harness_factory(harness),
-            lambda t: make_env(t, engine=args.engine, wording=args.wording),
-            args.out,
-            samples=args.samples,
-            max_steps=args.max_steps,
-            keep=args.keep,
-            batch_size=args.batch_size,
-            experience_path=args.experience,
-            wording=args.wording,
+            bpe_harness_factory(cfg.harness),
+            lambda t: make_env(t, engine=cfg.env.engine, wording=wording),
+            cfg.out,
+            samples=cfg.samples,
+            max_steps=cfg.max_steps,
+            keep=cfg.keep,
+            batch_size=cfg.batch_size,
+            experience_path=cfg.experience,
+            wording=wording,
         )
     finally:
         policy.close()
-    print(
+    log(
         f"played {stats.played} (skipped {stats.skipped}), won {stats.won}, kept {stats.kept} "
-        f"({stats.turns_kept} turns) -> {args.out}"
+        f"({stats.turns_kept} turns) -> {cfg.out}"
     )
-    if args.sft:
-        n = len(traces_to_sft(args.out, args.sft))
-        print(f"{n} SFT examples -> {args.sft}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+    if cfg.sft:
+        n = len(traces_to_sft(cfg.out, cfg.sft))
+        write_examples_recipe(cfg.sft, ExamplesRecipe(harness=cfg.harness, wording=wording, experience=cfg.experience))
+        log(f"{n} SFT examples -> {cfg.sft}")
+    return stats

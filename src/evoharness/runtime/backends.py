@@ -66,6 +66,8 @@ class GenParams:
         stops: stop strings (excluded from the text, as in vLLM).
         grammar: the ``action_grammar`` constraint, or None.
         truncate_prompt_tokens: keep only the last N prompt tokens.
+        chat_template_kwargs: chat-template arguments (e.g. ``enable_thinking``), applied by
+            engine backends and forwarded to HTTP backends.
         tools / tool_choice: passed to the chat template or the HTTP backend as is.
         want_token_text: fill `GenOutput.tokens` (for ``logprobs.content[].token``).
         top_logprobs: alternatives per token to return (HTTP backends only; None/0: none).
@@ -80,6 +82,7 @@ class GenParams:
     stops: list[str] = field(default_factory=list)
     grammar: ActionGrammarSpec | None = None
     truncate_prompt_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     want_token_text: bool = False
@@ -402,7 +405,9 @@ class LocalBackend(Backend):
         """The prompt ids within the budget, and how they were shortened (None: not at all)."""
         msgs = [_template_message(m) for m in p.messages]
         kw = {"tools": p.tools} if p.tools else {}
-        text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
+        text = self.tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=False, **kw, **(p.chat_template_kwargs or {})
+        )
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         cap = p.truncate_prompt_tokens or self.max_prompt_tokens
         if not cap or len(ids) <= cap:
@@ -415,7 +420,7 @@ class LocalBackend(Backend):
         except ImportError:
             return ids[-cap:], cut
         try:
-            fitted, fit = fit_prompt_ids(self.tokenizer, msgs, cap)
+            fitted, fit = fit_prompt_ids(self.tokenizer, msgs, cap, p.chat_template_kwargs)
             return fitted, (fit.as_dict() if fit.fitted else None)
         except PromptTooLong as e:
             raise BackendRejected(
@@ -678,6 +683,7 @@ class HTTPBackend(Backend):
             ("tools", p.tools),
             ("tool_choice", p.tool_choice),
             ("truncate_prompt_tokens", p.truncate_prompt_tokens),
+            ("chat_template_kwargs", p.chat_template_kwargs),
         ):
             if val is not None:
                 body[key] = val

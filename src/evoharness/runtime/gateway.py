@@ -347,6 +347,7 @@ class Gateway:
             stops=req.stops,
             grammar=req.action_grammar,
             truncate_prompt_tokens=req.truncate_prompt_tokens,
+            chat_template_kwargs=req.chat_template_kwargs,
             tools=req.tools,
             tool_choice=req.tool_choice,
             want_token_text=req.logprobs,

@@ -17,6 +17,8 @@ and forwarded to HTTP backends, as vLLM does. Extensions beyond the OpenAI API
   translated into vLLM's ``structured_outputs: {"regex": …}`` (`action_regex`),
   which accepts the same strings but not the same token paths (the engine's
   grammar also forces canonical tokenisation and reserves the action's budget);
+- ``chat_template_kwargs: {...}`` (vLLM, SGLang): arguments of the chat template (Qwen3's
+  ``enable_thinking``); the project's engine applies them, HTTP backends get them as sent;
 - response field ``policy_version`` (this project): the weights' version that
   answered; ``prompt_fit`` (this project, only when the prompt was over budget):
   ``{"history_dropped", "tokens_cut"}``.
@@ -70,6 +72,7 @@ class ChatRequest(BaseModel):
     user: str | None = None
     return_token_ids: bool = False
     truncate_prompt_tokens: int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None
     action_grammar: ActionGrammarSpec | None = None
 
     @field_validator("stop")

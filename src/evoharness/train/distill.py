@@ -69,12 +69,11 @@ with the ReAct or BPE harness) or the scripted teacher.
 
 Command line::
 
-    python -m evoharness.train.distill logs.jsonl --out runs/distill/traj.jsonl --sft runs/distill/sft.jsonl
+    evoharness distill logs.jsonl --out runs/distill/traj.jsonl --sft runs/distill/sft.jsonl
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -84,6 +83,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from evoharness.config.collect import DistillConfig
 from evoharness.config.harness import HarnessConfig
 from evoharness.envs.alfworld.wording import parse_place
 from evoharness.envs.base import StepResult, TaskSpec
@@ -664,53 +664,37 @@ def distill_file(
     return stats
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m evoharness.train.distill LOGS --out TRAJ [--sft PAIRS]``."""
-    import argparse
+def run_distill(cfg: DistillConfig) -> dict[str, Any]:
+    """``evoharness distill``: `distill_file` with `cfg`'s settings; the SFT examples get their recipe
+    beside them (`config.recipe.write_examples_recipe`). Returns the stats as a JSON-able dict.
 
-    ap = argparse.ArgumentParser(description="Distil noisy agent logs into BPE next-action pairs.")
-    ap.add_argument("logs", help="Trajectory JSONL or ReAct-format JSONL (see docs/distill.md)")
-    ap.add_argument("--out", required=True, help="distilled trajectories (JSONL)")
-    ap.add_argument("--sft", default=None, help="next-action pairs (JSONL)")
-    ap.add_argument("--engine", default="fast", choices=("textworld", "fast"))
-    ap.add_argument("--data-path", default=None, help="ALFWORLD_DATA root; default: the bundled pack")
-    ap.add_argument("--max-steps", type=int, default=50)
-    ap.add_argument(
-        "--history-window",
-        type=int,
-        default=None,
-        help="PREVIOUS ACTIONS entries shown (default: the BPE harness's, as eval and rl use it)",
-    )
-    ap.add_argument("--system-prompt", default="full", choices=("full", "compact"))
-    args = ap.parse_args(argv)
-    harness = HarnessConfig(kind="bpe", history_window=args.history_window, system_prompt=args.system_prompt)
+    Raises:
+        FileNotFoundError: the logs file does not exist.
+    """
+    from evoharness.config.recipe import ExamplesRecipe, write_examples_recipe
+
+    if not Path(cfg.logs).is_file():
+        raise FileNotFoundError(f"logs file not found: {cfg.logs}")
     st = distill_file(
-        args.logs,
-        args.out,
-        args.sft,
-        engine=args.engine,
-        data_path=args.data_path,
-        max_steps=args.max_steps,
-        harness=harness,
+        cfg.logs,
+        cfg.out,
+        cfg.sft,
+        engine=cfg.env.engine,
+        data_path=cfg.env.data_path,
+        max_steps=cfg.max_steps,
+        harness=cfg.harness,
         progress=True,
     )
-    print(
-        json.dumps(
-            {
-                "episodes": st.episodes,
-                "won": st.won,
-                "distilled": st.distilled,
-                "dropped": dict(st.dropped),
-                "steps_in": st.steps_in,
-                "steps_out": st.steps_out,
-                "removed": dict(st.removed),
-                "meta": dict(st.meta),
-                "pairs": st.pairs,
-            },
-            indent=1,
-        )
-    )
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+    if cfg.sft:
+        write_examples_recipe(cfg.sft, ExamplesRecipe(harness=cfg.harness))
+    return {
+        "episodes": st.episodes,
+        "won": st.won,
+        "distilled": st.distilled,
+        "dropped": dict(st.dropped),
+        "steps_in": st.steps_in,
+        "steps_out": st.steps_out,
+        "removed": dict(st.removed),
+        "meta": dict(st.meta),
+        "pairs": st.pairs,
+    }

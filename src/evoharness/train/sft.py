@@ -66,7 +66,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from evoharness.config.sft import SFTConfig
+from evoharness.config.sft import SFTConfig, SFTJobConfig
 from evoharness.files import append_jsonl, atomic_dir, atomic_write_text, truncate_jsonl
 from evoharness.models.init import load_model, load_tokenizer
 from evoharness.tracking import Tracker
@@ -103,6 +103,12 @@ RESUME_FREE = (
     "calibration_steps",
     "shard",  # the number of ranks and their memory settings: a DCP checkpoint resumes at any world size
     "fit_schedule_to_budget",
+    # `evoharness sft` (SFTJobConfig): where the run lives and how it runs; the examples' content is
+    # checked by the fingerprint, not their path
+    "out_dir",
+    "threads",
+    "examples",
+    "eval_examples",
 )
 
 
@@ -608,3 +614,40 @@ def train_sft(
         export_hf(model, tokenizer, out / "final", export_dtype(model_dir), write_state)
         return out / "final"
     return atomic_dir(out / "final", write_final)
+
+
+def run_sft_job(cfg: SFTJobConfig, log: Callable[[str], None] = print) -> Path:
+    """``evoharness sft``: `train_sft` on ``cfg.examples`` from ``cfg.model_path`` into ``cfg.out_dir``,
+    then the final model's harness recipe (`config.recipe`): the examples' recipe (``collect`` and
+    ``distill`` write one beside them), else the one of the model trained further, with this run's
+    prompt budget and completion cap. Returns the final model directory.
+
+    Raises:
+        ValueError / FileNotFoundError: as `train_sft`.
+    """
+    from evoharness.config.harness import HarnessConfig
+    from evoharness.config.recipe import ModelRecipe, read_examples_recipe, read_recipe, write_recipe
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    final = train_sft(cfg, cfg.examples, cfg.model_path, cfg.out_dir, cfg.eval_examples)
+    made, source = read_examples_recipe(cfg.examples), read_recipe(cfg.model_path)
+    if made is not None:
+        harness, wording, experience = made.harness, made.wording, made.experience
+    elif source is not None:
+        harness, wording, experience = source.harness, source.wording, source.harness.experience_path
+    else:
+        harness, wording, experience = HarnessConfig(), "native", None
+        log(f"{cfg.examples} has no recipe beside it: the model's recipe assumes the default BPE harness")
+    recipe = ModelRecipe(
+        harness=harness,
+        max_prompt_tokens=cfg.max_prompt_tokens,
+        max_new_tokens=cfg.max_completion_tokens,
+        constrained=source.constrained if source is not None else False,
+        wording=wording,
+    )
+    if experience and not Path(experience).is_file():
+        log(f"experience store {experience} is gone: the model's recipe has none")
+        experience = None
+    write_recipe(final, recipe, experience)
+    return final

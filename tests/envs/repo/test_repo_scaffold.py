@@ -271,8 +271,7 @@ def test_one_execution_raising_loses_none_of_the_others(pack, tmp_path, monkeypa
 
     monkeypatch.setattr(ev, "run_repo_episode", flaky)
     cfg = ev.RepoEvalConfig(
-        tasks="pack",
-        task_ids=["argument_parser", "crockford_base32", "csv_dialect"],
+        repo={"tasks": "pack", "task_ids": ["argument_parser", "crockford_base32", "csv_dialect"]},
         workers=1,
         out_dir=str(tmp_path / "out"),
     )

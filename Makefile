@@ -35,8 +35,8 @@ docs: setup
 
 # ruff: lint + format check (pyproject's [tool.ruff]; `pre-commit install` runs it on every commit)
 lint: setup
-	$(BIN)/ruff check src tests benchmarks experiments docs/hooks
-	$(BIN)/ruff format --check src tests benchmarks experiments docs/hooks
+	$(BIN)/ruff check src tests benchmarks experiments docs/hooks scripts
+	$(BIN)/ruff format --check src tests benchmarks experiments docs/hooks scripts
 
 test: lint
 	$(BIN)/pytest -q $(ARGS)

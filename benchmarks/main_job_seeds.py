@@ -16,7 +16,11 @@ discordant game of each job is a fair coin, so the pooled sign test (`seed_pairs
 summed wins and losses) is exact. The pooled row is that test; the spread row is the
 sample standard deviation of each system's success over the seeds. A second table pairs the GRPO
 stage's last checkpoint with SFT before the development games choose between them (its dev test is a
-fair one), and a third gives each seed's wasted steps per episode, also on the games both won.
+fair one), a third gives each seed's wasted steps per episode, also on the games both won, and a
+fourth the cost test (issue 50): on the games both SFT and SFT + GRPO won (valid_seen and dev), the
+per-game differences in steps and in harness calls, per seed and pooled over seeds, each with the
+exact sign-flip permutation test (`eval.cost`; pooled: every seed's games in one test, each game's
+sign a fair coin under the null).
 
 Writes ``<results>.md``, ``.json`` and ``.png`` (success per seed, both systems).
 """
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from seed_pairs import PANELS, pair_seed, pool, table_row
 
+from evoharness.eval.cost import cost_pairs, summarize_pairs
 from evoharness.eval.run_report import wasted_steps
 from evoharness.files import read_jsonl
 
@@ -119,6 +124,19 @@ def summarise(jobs: dict[int, dict]) -> dict:
         {"seed": seed, **wasted(job["episodes"]["sft"]["valid_seen"], job["episodes"]["sft_grpo"]["valid_seen"])}
         for seed, job in jobs.items()
     ]
+    cost_keys = ("steps", "harness_calls")
+    pairs = {
+        seed: {
+            k: [pr for p in PANELS for pr in cost_pairs(job["episodes"]["sft"][p], job["episodes"]["sft_grpo"][p], k)]
+            for k in cost_keys
+        }
+        for seed, job in jobs.items()
+    }
+    cost = {
+        "seeds": [{"seed": seed, **{k: summarize_pairs(v[k]) for k in cost_keys}} for seed, v in pairs.items()],
+        "pooled": {k: summarize_pairs([pr for v in pairs.values() for pr in v[k]]) for k in cost_keys},
+        "games": {str(seed): len(v["steps"]) for seed, v in pairs.items()},
+    }
     last = [
         {"seed": seed, **pair_seed(job["episodes"]["sft"], job["episodes"]["rl_last"], LAST)}
         for seed, job in jobs.items()
@@ -129,6 +147,7 @@ def summarise(jobs: dict[int, dict]) -> dict:
         "spread": spread,
         "pooled": pool(rows),
         "wasted": waste,
+        "cost": cost,
         **({"rl_last": {"seeds": last, "pooled": pool(last)}} if last and len(last) == len(rows) else {}),
         "lost_games": {g: {str(s): list(o) for s, o in v.items()} for g, v in sorted(lost.items())},
     }
@@ -219,6 +238,23 @@ def write(summary: dict, results: Path, argv: list[str], note: str) -> None:
         f"{w['both_won'][1]:.2f} ({w['both_won_games']} games) |"
         for w in summary["wasted"]
     ]
+    cost = summary["cost"]
+    lines += [
+        "",
+        "Cost on the games both SFT and SFT + GRPO won (valid_seen and dev together, paired per game; p: exact "
+        "sign-flip permutation test on the per-game differences; fewer / more: games where SFT + GRPO took "
+        "fewer / more):",
+        "",
+        "| seed | games both won | steps SFT -> SFT + GRPO | fewer / more | p | harness calls | fewer / more | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in [*cost["seeds"], {"seed": "**pooled**", **cost["pooled"]}]:
+        st, hc = r["steps"], r["harness_calls"]
+        n = cost["games"].get(str(r["seed"]), sum(cost["games"].values()))
+        lines.append(
+            f"| {r['seed']} | {n} | {st['a']:.2f} -> {st['b']:.2f} | {st['fewer']} / {st['more']} | {st['p']:.3g} | "
+            f"{hc['a']:.2f} -> {hc['b']:.2f} | {hc['fewer']} / {hc['more']} | {hc['p']:.3g} |"
+        )
     seeds = [r["seed"] for r in rows]
     lines += [
         "",

@@ -8,7 +8,8 @@ A search move is a turn whose think reads "the next receptacle to search is R." 
 to R, or opens or examines it when R shares the agent's location (no ``go to R`` is admissible).
 For each turn of the run's evaluation
 panels (``<run>/eval/<system>/episodes.jsonl``: the main job's SFT and SFT + GRPO models, the
-teacher; a diagnosis of reported games, never used for a choice) where the teacher, handed the
+teacher, on valid_seen, the development games and the unseen-room panel; a diagnosis of reported
+games, never used for a choice) where the teacher, handed the
 student's own prompt (`train.dagger.teacher_label`), makes a search move, the student's completion
 is one of:
 
@@ -18,7 +19,9 @@ is one of:
 - ``action``: the same R, reachable by ``go to``, but another command (a copy error from the think);
 - ``other``: no search move (a track, a look, ...).
 
-Each lost episode is filed under its first such fault (or ``none``). For the SFT data
+Each lost episode is filed under its first such fault (or ``none``), also counted per task type
+and panel (the unseen-room panel's against valid_seen's: where rooms the student never trained in
+cost it games). For the SFT data
 (``<run>/sft_examples.jsonl``) it counts the search examples and those that open or examine R where
 the agent stands. Several runs (main jobs that differ in one lever) add a table side by side: each
 one's success, GRPO against SFT paired per game, and its fault turns. Writes ``<results>.md`` and
@@ -33,11 +36,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
 from evoharness.eval.run_report import paired
 from evoharness.files import read_jsonl
 from evoharness.train.dagger import teacher_label
 
-SYSTEMS = ("scripted_teacher", "sft", "rl_last", "dev_scripted_teacher", "dev_sft", "dev_rl_last")
+SYSTEMS = tuple(f"{panel}{s}" for panel in ("", "dev_", "unseen_") for s in ("scripted_teacher", "sft", "rl_last"))
 KINDS = ("think", "co-located", "action", "other")
 _SEARCH = "the next receptacle to search is "
 
@@ -69,6 +73,7 @@ def fault(turn: dict) -> str | None:
 def panel_row(eps: list[dict]) -> dict:
     """Fault counts of one evaluation panel's episodes and the first fault of each lost episode."""
     turns, lost, searches = Counter(), {}, 0
+    by_type: dict[str, Counter] = {t: Counter() for t in TASK_TYPES}
     for e in eps:
         moves = [(i, k) for i, t in enumerate(e["turns"]) if (k := fault(t)) is not None]
         searches += len(moves)
@@ -76,12 +81,14 @@ def panel_row(eps: list[dict]) -> dict:
         turns.update(k for _, k in kinds)
         if not e["won"]:
             lost[e["task_id"].split("/")[0]] = f"{kinds[0][1]} (turn {kinds[0][0]})" if kinds else "none"
+            by_type[e["task_id"].split("-", 1)[0]][kinds[0][1] if kinds else "none"] += 1
     return {
         "episodes": len(eps),
         "won": sum(e["won"] for e in eps),
         "search_turns": searches,
         "fault_turns": {k: turns[k] for k in KINDS},
         "lost_first_fault": dict(sorted(lost.items())),
+        "lost_first_fault_by_type": {t: dict(sorted(c.items())) for t, c in by_type.items()},
     }
 
 
@@ -180,6 +187,21 @@ def main() -> None:
                 + " | ".join(str(r["fault_turns"][k]) for k in KINDS)
                 + f" | {first} |"
             )
+        models = {n: r for n, r in panels.items() if "teacher" not in n}
+        if any(r["won"] < r["episodes"] for r in models.values()):
+            lines += [
+                "",
+                "Lost games by task type: how many, and each one's first fault (none: no search fault).",
+                "",
+                "| panel | " + " | ".join(TASK_SHORT[t] for t in TASK_TYPES) + " |",
+                "|---|" + "---|" * len(TASK_TYPES),
+            ]
+            for name, r in models.items():
+                cells = [
+                    f"{sum(c.values())}: " + ", ".join(f"{k} {n}" for k, n in c.items()) if c else "0"
+                    for c in (r["lost_first_fault_by_type"][t] for t in TASK_TYPES)
+                ]
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
         if sft:
             lines += [
                 "",

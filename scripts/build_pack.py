@@ -6,8 +6,8 @@ Takes every valid_seen game and an evenly spaced, deterministic subset of the
 train games per task type (ALFWorld's filter applied first), in the official
 json_2.1.1 layout.
 """
-import argparse
 
+import argparse
 import json
 import tarfile
 import tempfile
@@ -19,8 +19,14 @@ ap.add_argument("--train-per-type", type=int, default=100)
 ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "src/evoharness/data/alfworld/pack.tar.xz"))
 args = ap.parse_args()
 
-TYPES = ["pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
-         "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"]
+TYPES = [
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+]
 
 with tempfile.TemporaryDirectory() as tmp:
     for split in ("valid_seen", "train"):

@@ -25,8 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACK = Path(__file__).resolve().parents[1] / "src" / "evoharness" / "data" / "repo_tasks"
-REQUIRED = {"id": str, "title": str, "difficulty": str, "n_tests": int, "max_tool_calls": int,
-            "wall_time_s": int, "test_timeout_s": int}
+REQUIRED = {
+    "id": str,
+    "title": str,
+    "difficulty": str,
+    "n_tests": int,
+    "max_tool_calls": int,
+    "wall_time_s": int,
+    "test_timeout_s": int,
+}
 DIFFICULTIES = ("easy", "medium", "hard")
 HIDDEN_DIR = "_hidden_tests"  # where the suite goes inside the scored copy of the workspace
 
@@ -49,13 +56,29 @@ def run_suite(workspace: Path, tests: Path, timeout_s: float) -> RunResult:
     shutil.copytree(tests, workspace / HIDDEN_DIR)
     report, ini = workspace.parent / "report.xml", workspace.parent / "pytest.ini"
     ini.write_text("[pytest]\n")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-c", str(ini), "--rootdir", str(workspace), "--noconftest",
-           "--import-mode=importlib", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-           f"--junitxml={report}", HIDDEN_DIR]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-c",
+        str(ini),
+        "--rootdir",
+        str(workspace),
+        "--noconftest",
+        "--import-mode=importlib",
+        "-p",
+        "no:cacheprovider",
+        "--continue-on-collection-errors",
+        f"--junitxml={report}",
+        HIDDEN_DIR,
+    ]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=workspace, env=env, capture_output=True, text=True, timeout=timeout_s)
     if not report.exists():
-        raise RuntimeError(f"pytest wrote no report (rc={proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"pytest wrote no report (rc={proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     root = ET.parse(report).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     total = int(suite.get("tests", 0))
@@ -95,10 +118,16 @@ def check_task(task_dir: Path) -> dict:
     ref_lines = sum(len(p.read_text().splitlines()) for p in (task_dir / "reference").rglob("*.py"))
     ref = score_dir(task_dir / "reference", task_dir / "tests", timeout)
     empty = score_dir(None, task_dir / "tests", timeout)
-    start = score_dir(task_dir / "workspace", task_dir / "tests", timeout) if (task_dir / "workspace").is_dir() else None
-    row.update(ref_lines=ref_lines, collected=ref.collected, ref=ref.passed / max(ref.collected, 1),
-               empty=empty.passed / max(meta["n_tests"], 1),
-               start=None if start is None else start.passed / max(meta["n_tests"], 1))
+    start = (
+        score_dir(task_dir / "workspace", task_dir / "tests", timeout) if (task_dir / "workspace").is_dir() else None
+    )
+    row.update(
+        ref_lines=ref_lines,
+        collected=ref.collected,
+        ref=ref.passed / max(ref.collected, 1),
+        empty=empty.passed / max(meta["n_tests"], 1),
+        start=None if start is None else start.passed / max(meta["n_tests"], 1),
+    )
     if ref.collected != meta["n_tests"]:
         problems.append(f"n_tests={meta['n_tests']} but pytest collects {ref.collected}")
     if not 10 <= ref.collected <= 60:
@@ -132,12 +161,22 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         failed += not r["ok"]
         start = "-" if r.get("start") is None else f"{r['start']:.2f}"
-        print(f"| {r['task']} | {r['difficulty']} | {r.get('ref_lines', '?')} | {r['n_tests']} | {r.get('collected', '?')} "
-              f"| {r.get('ref', 0):.2f} | {r.get('empty', 0):.2f} | {start} | {'yes' if r['ok'] else 'NO'} |", flush=True)
+        print(
+            f"| {r['task']} | {r['difficulty']} | {r.get('ref_lines', '?')} | {r['n_tests']} | "
+            f"{r.get('collected', '?')} "
+            f"| {r.get('ref', 0):.2f} | {r.get('empty', 0):.2f} | {start} | {'yes' if r['ok'] else 'NO'} |",
+            flush=True,
+        )
         for p in r["problems"]:
             print(f"    {r['task']}: {p}", file=sys.stderr)
-    counts = {k: sum(1 for d in dirs if tomllib.loads((d / 'task.toml').read_text()).get('difficulty') == k) for k in DIFFICULTIES}
-    print(f"\n{len(dirs)} tasks ({', '.join(f'{v} {k}' for k, v in counts.items())}); {len(dirs) - failed} pass every check")
+    counts = {
+        k: sum(1 for d in dirs if tomllib.loads((d / "task.toml").read_text()).get("difficulty") == k)
+        for k in DIFFICULTIES
+    }
+    print(
+        f"\n{len(dirs)} tasks ({', '.join(f'{v} {k}' for k, v in counts.items())}); "
+        f"{len(dirs) - failed} pass every check"
+    )
     return 1 if failed else 0
 
 

@@ -186,6 +186,30 @@ ARMS = {
     # GRPO lr decay (`GRPOConfig.lr_schedule`): cosine from lr to 0.1 x lr over the run's steps
     "bt4_g4_anchor_cos_soup2_8": {**_BT4_G4, "anchor": 1.0, "soup": 2, "lr_schedule": "cosine"},
     "bt4_g4_anchor_cos_soup2_16": {**_BT4_G4, "anchor": 1.0, "soup": 2, "lr_schedule": "cosine", "steps": 16},
+    # cost (issue 50): what a won episode costs. ``cost_won_8``: groups only on screened games the SFT model
+    # won, so every group's reward spread is the efficiency term's; λ_eff 5 (1) makes a step worth 5/30 of
+    # a point and the std floor 0.1 (1.0) lets that spread set the advantages' size. ``eff5_8``: the main
+    # job's RL (branches, anchor) with λ_eff 5 alone
+    "cost_won_8": {
+        **_SCREENED,
+        "steps": 8,
+        "games_per_step": 4,
+        "won_only": True,
+        "lambda_eff": 5.0,
+        "std_floor": 0.1,
+        "anchor": 1.0,
+    },
+    "cost_won_t15_8": {
+        **_SCREENED,
+        "steps": 8,
+        "temperature": 1.5,
+        "games_per_step": 4,
+        "won_only": True,
+        "lambda_eff": 5.0,
+        "std_floor": 0.1,
+        "anchor": 1.0,
+    },
+    "eff5_8": {**_BT4_G4, "anchor": 1.0, "lambda_eff": 5.0},
 }
 
 
@@ -251,6 +275,29 @@ def main() -> None:
         for run in runs
         for r in run["rows"]
     ]
+    lines += [
+        "",
+        "Cost on the games both SFT and the arm won (paired per game; p: exact sign-flip permutation test on "
+        "the per-game differences, `eval.cost`):",
+        "",
+        "| "
+        + ("SFT seed | " if several else "")
+        + "arm | "
+        + " | ".join(f"{p} both won | steps SFT -> arm | fewer / more | p | harness calls | p" for p in names)
+        + " |",
+        "|---" * (1 + several + 6 * len(names)) + "|",
+    ]
+    for run in runs:
+        for r in run["rows"]:
+            cells = []
+            for p in names:
+                c = r[p]["cost"]
+                st, hc = c["steps"], c["harness_calls"]
+                cells.append(
+                    f"{c['both_won']} | {st['a']:.2f} -> {st['b']:.2f} | {st['fewer']} / {st['more']} | "
+                    f"{st['p']:.3g} | {hc['a']:.2f} -> {hc['b']:.2f} | {hc['p']:.3g}"
+                )
+            lines.append("| " + (f"{run['seed']} | " if several else "") + f"{r['arm']} | " + " | ".join(cells) + " |")
     if several:  # each arm's wins and losses summed over the independent SFT models (a fair coin each under H0)
         lines += [
             "",
@@ -294,6 +341,7 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
     `out`, or ``out/seed<S>`` when `per_seed`); returns the run's seed, SFT dev wins and rows."""
     from evoharness.config.rl import Branch
     from evoharness.config.sft import SFTAnchorConfig
+    from evoharness.eval.cost import paired_cost
     from evoharness.eval.evaluate import evaluate_many
     from evoharness.eval.run_report import sign_test
     from evoharness.files import read_jsonl
@@ -341,8 +389,13 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
         rl.grpo.kl_beta, rl.grpo.epochs = arm.get("kl_beta", rl.grpo.kl_beta), arm.get("epochs", rl.grpo.epochs)
         rl.grpo.max_train_turns = arm.get("train_turns", rl.grpo.max_train_turns)
         rl.grpo.lr_schedule = arm.get("lr_schedule", rl.grpo.lr_schedule)
+        rl.grpo.reward.lambda_eff = arm.get("lambda_eff", rl.grpo.reward.lambda_eff)
+        rl.grpo.advantage.std_floor = arm.get("std_floor", rl.grpo.advantage.std_floor)
         if arm["screen"]:
             rl.games = screen(arm["screen"])["lost" if arm.get("lost_only") else "games"]
+        if arm.get("won_only"):  # every screened game the SFT model won
+            screened = read_jsonl(out / f"screen{arm['screen']}" / "eval" / "rl_screen" / "episodes.jsonl")
+            rl.games = [e["task_id"] for e in screened if e["won"]]
         if branches := arm.get("branches"):  # True: the arm's own screening's; N: N screened games'
             n = arm["screen"] if branches is True else branches
             found = screen(n)["branches"]
@@ -384,7 +437,10 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
         evaluate_many(todo)  # the panels in one pool of lock-step batches
         for panel, _games, base in panels:
             ev = d / "eval" / f"{panel}_final"
-            won = {e["task_id"]: e["won"] for e in read_jsonl(ev / "episodes.jsonl")}
+            episodes = read_jsonl(ev / "episodes.jsonl")
+            won = {e["task_id"]: e["won"] for e in episodes}
+            sft_name = "dev_sft" if panel == "dev" else "sft"
+            cost = paired_cost(read_jsonl(run / "eval" / sft_name / "episodes.jsonl"), episodes)
             wins, losses = sum(won[g] and not base[g] for g in base), sum(base[g] and not won[g] for g in base)
             row[panel] = {
                 "won": sum(won.values()),
@@ -392,6 +448,7 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
                 "wins": wins,
                 "losses": losses,
                 "p": float(f"{sign_test(wins, losses):.3g}"),
+                "cost": cost,
             }
         rows.append(row)
     return {

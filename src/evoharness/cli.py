@@ -56,7 +56,9 @@ def eval_cmd(
     ),
     env: str = typer.Option("alfworld", "--env", help="alfworld | repo (repository-building tasks)."),
     tasks: str | None = typer.Option(None, help="--env repo: 'pack', a task directory, or a directory of tasks."),
-    split: str | None = typer.Option(None, help="train | valid_seen | valid_unseen"),
+    split: str | None = typer.Option(
+        None, help="train | valid_seen | valid_unseen_scenes (unseen rooms, bundled) | valid_unseen (needs --data-path)"
+    ),
     harness: str | None = typer.Option(None, help="react | bpe"),
     policy: str | None = typer.Option(
         None, help="expert | noisy_expert | random | teacher | openai | hf; repo: reference | empty | openai"

@@ -15,6 +15,11 @@ when set, additionally caps their wall time (SFT, DAgger and RL shares).
 Data: ``dev_games`` train games (seeded, `dev_split`) are held out as the
 development set: never in the teacher traces, DAgger rollouts or GRPO; every
 choice (levers, the GRPO checkpoint) is made on it, valid_seen only reports.
+Unseen rooms: the floor plans (scenes) of the ``unseen_split`` panel's games
+(`heldout_scenes`, the bundled ``valid_unseen_scenes``) are left out of every
+train-split list (training, teacher, DAgger, screening, RL, development set); the panel
+is evaluated beside valid_seen and the development set, and the GRPO checkpoint is
+chosen on the development and unseen-room games together.
 
 Settings: configs/main_job.toml (`evoharness.config.run.RunConfig`); why they are what they
 are: docs/main_job.md. `run_pipeline` lists the stages; each is a function below.
@@ -44,16 +49,36 @@ from evoharness.train.rewards import spam_turns
 __all__ = ["RESUME_FREE", "RunConfig", "run_pipeline"]  # RunConfig lives in evoharness.config.run
 
 
+def heldout_scenes(cfg: RunConfig) -> set[int]:
+    """The floor plans (`envs.alfworld.games.scene_of`) of every game of the unseen-room panel
+    ``cfg.unseen_split`` (all of it, whatever ``eval_limit``); empty when it is unset."""
+    from evoharness.envs.alfworld.games import discover_games, scene_of
+
+    if not cfg.unseen_split:
+        return set()
+    return {scene_of(t.task_id) for t in discover_games(cfg.unseen_split, cfg.env.data_path)} - {None}
+
+
+def unseen_room_games(cfg: RunConfig) -> list[str]:
+    """Task ids of ``cfg.train_split`` games of a held-out floor plan (`heldout_scenes`): never
+    trained, taught, screened, used for RL or developed on."""
+    from evoharness.envs.alfworld.games import discover_games, scene_of
+
+    held = heldout_scenes(cfg)
+    return [t.task_id for t in discover_games(cfg.train_split, cfg.env.data_path) if scene_of(t.task_id) in held]
+
+
 def dev_split(cfg: RunConfig) -> tuple[list, list]:
-    """(training games, development games) of ``cfg.train_split``: `dev_games` of them
-    drawn with ``cfg.seed`` as the development set (stratified by task type, types
-    interleaved), the rest (first
+    """(training games, development games) of ``cfg.train_split`` less every game of a held-out
+    floor plan (`unseen_room_games`): `dev_games` of them drawn with ``cfg.seed`` as the
+    development set (stratified by task type, types interleaved), the rest (first
     `train_games`) to train on."""
     import random
 
     from evoharness.envs.alfworld.games import discover_games
 
-    tasks = discover_games(cfg.train_split, cfg.env.data_path)
+    unseen = set(unseen_room_games(cfg))
+    tasks = [t for t in discover_games(cfg.train_split, cfg.env.data_path) if t.task_id not in unseen]
     if cfg.dev_games >= len(tasks):
         raise ValueError(f"dev_games={cfg.dev_games} leaves no training game of {len(tasks)} in {cfg.train_split!r}")
     # stratified by task type, interleaved: any prefix (dev_eval_limit, curve_games) is balanced across types
@@ -115,15 +140,16 @@ def sft_dirs(cfg: RunConfig, out: Path) -> list[Path]:
 
 def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
     """The RL stage's config: ``cfg.rl`` with the run's harness (and the teacher's
-    experience store), engine, data, wording, constraint, seed and held-out games (the
-    screened games, ``rl_games.json``, are the RL stage's to add)."""
+    experience store), engine, data, wording, constraint, seed and held-out games (the development
+    set and every game of a held-out floor plan; the screened games, ``rl_games.json``, are the RL
+    stage's to add)."""
     rl_cfg = cfg.rl.model_copy(deep=True)
     rl_cfg.model_path, rl_cfg.out_dir = str(sft_dirs(cfg, out)[-1] / "final"), str(out / "rl")
     rl_cfg.engine, rl_cfg.data_path, rl_cfg.wording = cfg.env.engine, cfg.env.data_path, cfg.env.wording
     rl_cfg.harness = cfg.harness.model_copy(update={"experience_path": str(out / "experience.json")})
     rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
     rl_cfg.split = cfg.train_split
-    rl_cfg.exclude_games = sorted(t.task_id for t in dev_split(cfg)[1])
+    rl_cfg.exclude_games = sorted({t.task_id for t in dev_split(cfg)[1]} | set(unseen_room_games(cfg)))
     if rl_cfg.sft_anchor is not None and not rl_cfg.sft_anchor.data_path:  # the teacher rows SFT trained on
         rl_cfg.sft_anchor = rl_cfg.sft_anchor.model_copy(
             update={
@@ -216,14 +242,21 @@ def model_policy(cfg: RunConfig, path: Path, temperature: float = 0.0) -> Policy
 
 
 def eval_config(
-    cfg: RunConfig, out: Path, name: str, policy: PolicyConfig, store: Path, games: list[str] | None = None
+    cfg: RunConfig,
+    out: Path,
+    name: str,
+    policy: PolicyConfig,
+    store: Path,
+    games: list[str] | None = None,
+    split: str | None = None,
 ) -> EvalConfig:
     """An evaluation stage's config: the run's harness with experience store `store`;
-    `games` (train-split task ids): the development set instead of ``eval_split``."""
+    `games` (train-split task ids): the development set instead of ``eval_split``; `split` (and
+    no `games`): that panel instead (the unseen-room panel), ``eval_limit`` games of it when set."""
     harness = cfg.harness.model_copy(update={"experience_path": str(store)})
-    split = cfg.train_split if games is not None else cfg.eval_split
+    split = cfg.train_split if games is not None else split or cfg.eval_split
     if games is None and cfg.eval_limit:
-        games = balanced_subset(cfg.eval_split, cfg.env.data_path, cfg.eval_limit)
+        games = balanced_subset(split, cfg.env.data_path, cfg.eval_limit)
     return EvalConfig(
         split=split,
         games=games,
@@ -305,6 +338,7 @@ class Job:
     t0: float  # when this invocation's stages began (the report's wall time)
     train_tasks: list  # the games to train on (`dev_split`)
     dev_ids: list[str]  # the development games' task ids
+    unseen_ids: list[str]  # the unseen-room panel's games the job plays (``unseen_split``; [] without one)
 
     @property
     def traces(self) -> Path:
@@ -339,7 +373,8 @@ class Job:
 
 def start_job(cfg: RunConfig, log: Callable[[str], None]) -> Job:
     """Set the torch threads, create ``out_dir``, refuse a rerun with other settings (`RESUME_FREE`
-    may change), write ``run_config.json`` and the development games (``dev_games.json``)."""
+    may change), write ``run_config.json``, the development games (``dev_games.json``) and the
+    unseen-room games played (``unseen_games.json``, with their floor plans)."""
     if cfg.threads:
         import torch
 
@@ -354,8 +389,28 @@ def start_job(cfg: RunConfig, log: Callable[[str], None]) -> Job:
     stage, t0 = Stage(out, log), time.perf_counter()
     train_tasks, dev_tasks = dev_split(cfg)
     dev_ids = [t.task_id for t in dev_tasks]
-    (out / "dev_games.json").write_text(json.dumps(dev_ids, indent=1))
-    return Job(cfg, out, log, stage, t0, train_tasks, dev_ids)
+    old = out / "dev_games.json"
+    if any(out.glob(".*.done")) and old.is_file() and json.loads(old.read_text()) != dev_ids:
+        # e.g. a job started before the unseen-room floor plans were held out: its stages trained on them
+        raise ValueError(f"{out} holds stages of a job with another development set ({old}); use a new out_dir")
+    old.write_text(json.dumps(dev_ids, indent=1))
+    unseen_ids = unseen_panel(cfg)
+    (out / "unseen_games.json").write_text(
+        json.dumps({"split": cfg.unseen_split, "scenes": sorted(heldout_scenes(cfg)), "games": unseen_ids}, indent=1)
+    )
+    return Job(cfg, out, log, stage, t0, train_tasks, dev_ids, unseen_ids)
+
+
+def unseen_panel(cfg: RunConfig) -> list[str]:
+    """The task ids of the unseen-room panel the job plays: every game of ``unseen_split``, or
+    ``eval_limit`` of them round-robin across task types; [] when it is unset."""
+    if not cfg.unseen_split:
+        return []
+    if cfg.eval_limit:
+        return balanced_subset(cfg.unseen_split, cfg.env.data_path, cfg.eval_limit)
+    from evoharness.envs.alfworld.games import discover_games
+
+    return [t.task_id for t in discover_games(cfg.unseen_split, cfg.env.data_path)]
 
 
 def collect(job: Job) -> None:
@@ -480,57 +535,61 @@ def rl(job: Job) -> None:
 
 def evaluate_system(job: Job, name: str, policy: PolicyConfig, store: Path | None = None) -> None:
     """Stage ``eval_<name>``: the system (with experience store `store`, default the teacher's) on
-    both panels in one pool of lock-step batches (`evaluate_many`), into ``eval/<name>`` and
-    ``eval/dev_<name>``."""
+    every panel in one pool of lock-step batches (`evaluate_many`), into ``eval/<name>``
+    (``eval_split``), ``eval/dev_<name>`` and, with ``unseen_split``, ``eval/unseen_<name>``."""
     cfg, out = job.cfg, job.out
     store = job.experience if store is None else store
     dev_games = job.dev_ids[: cfg.dev_eval_limit]
+    panels = [(cfg.eval_split, eval_config(cfg, out, name, policy, store))]
+    panels.append(("dev", eval_config(cfg, out, f"dev_{name}", policy, store, dev_games)))
+    if cfg.unseen_split:
+        panels.append(("unseen rooms", eval_config(cfg, out, f"unseen_{name}", policy, store, split=cfg.unseen_split)))
 
     def run() -> None:
-        for s, panel in zip(
-            evaluate_many(
-                [
-                    eval_config(cfg, out, name, policy, store),
-                    eval_config(cfg, out, f"dev_{name}", policy, store, dev_games),
-                ]
-            ),
-            (cfg.eval_split, "dev"),
-        ):
+        for s, (panel, _) in zip(evaluate_many([c for _, c in panels]), panels):
             job.log(
                 f"  {name} {panel}: {s['overall']['won']}/{s['overall']['n']} = {s['overall']['success']}%"
                 f" ({s['overall'].get('stopped_early', 0)} stopped early)"
             )
 
-    job.stage(
-        f"eval_{name}", run, (out / "eval" / name / "summary.json", out / "eval" / f"dev_{name}" / "summary.json")
-    )
+    job.stage(f"eval_{name}", run, tuple(Path(c.out_dir) / "summary.json" for _, c in panels))
 
 
 def choose_sft_grpo(job: Job) -> tuple[dict | None, str]:
     """The learning curve (None with ``curve_games`` 0) and the evaluation directory of the system
     reported as SFT + GRPO: with `select_rl_checkpoint`, the checkpoint `chosen_rl` picks on the
-    development games (evaluated here when it is an earlier RL step); else RL's final model."""
+    development games and the unseen-room panel together (`selection_key`; evaluated here when it
+    is an earlier RL step); else RL's final model."""
     cfg, out, rl_dir = job.cfg, job.out, job.rl_dir
     # The checkpoints the final models are (the SFT stage's last, RL's last) get their curve points
     # from these full development-set evaluations instead of playing the curve games again.
-    reuse = {}
+    reuse, unseen = {}, {}
     last_sft = _last_checkpoint(job.sfts[-1])
     if last_sft is not None and _last_step(job.sfts[-1]) == int(last_sft.name.split("_")[1]):
         reuse[last_sft] = out / "eval" / "dev_sft"  # final/ is this checkpoint's weights (in the model's dtype)
+        unseen[last_sft] = out / "eval" / "unseen_sft"
     select = bool(cfg.curve_games and cfg.select_rl_checkpoint and not cfg.skip_rl)
     last_rl = _last_checkpoint(rl_dir) if select else None
-    if last_rl is not None:  # the usual choice: evaluated before the choice, both panels at once
+    if last_rl is not None:  # the usual choice: evaluated before the choice, every panel at once
         evaluate_system(job, "rl_last", model_policy(cfg, last_rl), last_rl / "experience.json")
         reuse[last_rl] = out / "eval" / "dev_rl_last"
+        unseen[last_rl] = out / "eval" / "unseen_rl_last"
+    unseen = {ck: d for ck, d in unseen.items() if cfg.unseen_split and (d / "episodes.jsonl").is_file()}
     curve = (
-        learning_curve(cfg, out, job.stage, job.dev_ids[: cfg.curve_games], job.log, reuse) if cfg.curve_games else None
+        learning_curve(cfg, out, job.stage, job.dev_ids[: cfg.curve_games], job.log, reuse, unseen)
+        if cfg.curve_games
+        else None
     )
     grpo_eval = "sft_grpo"  # the eval directory of the system reported as SFT + GRPO
     if select and curve:
         best, grpo_eval = chosen_rl(curve["points"], last_rl)
         curve["rl_selected"] = best
         # the games that chose it: a paired comparison on them is not a test (eval.run_report)
-        curve["chosen_on"] = job.dev_ids if selection_key(curve["points"]) == "dev_success" else curve["game_ids"]
+        curve["chosen_on"] = {
+            "mix_success": job.dev_ids + job.unseen_ids,
+            "dev_success": job.dev_ids,
+            "success": curve["game_ids"],
+        }[selection_key(curve["points"])]
         (out / "curve.json").write_text(json.dumps(curve, indent=1))
         if grpo_eval.startswith("rl_step"):
             best_dir = Path(best["path"])
@@ -571,13 +630,19 @@ def write_report(job: Job, evals: dict[str, str], curve: dict | None, grpo_eval:
     }
     summaries = {labels[n]: out / "eval" / e for n, e in evals.items()}
     dev = {labels[n]: out / "eval" / f"dev_{e}" for n, e in evals.items()}
+    unseen = {labels[n]: out / "eval" / f"unseen_{e}" for n, e in evals.items()} if cfg.unseen_split else None
     rl_note = ""
     if curve and "rl_selected" in curve:
         sel = curve["rl_selected"]
         key = selection_key(curve["points"])
+        chose = {
+            "mix_success": f"{len(curve['chosen_on'])} development games (all {sel.get('dev_games')} seen-room "
+            f"and {sel.get('unseen_games')} unseen-room games together)",
+            "dev_success": f"{len(curve['chosen_on'])} development games (all games)",
+            "success": f"{len(curve['chosen_on'])} development games (the curve games)",
+        }[key]
         rl_note = (
-            f"SFT + GRPO is the checkpoint best on {len(curve['chosen_on'])} development games "
-            f"({'all' if key == 'dev_success' else 'the curve'} games): "
+            f"SFT + GRPO is the checkpoint best on {chose}: "
             + (
                 "the SFT model itself (every RL checkpoint did worse; its rows repeat the SFT evaluation)"
                 if sel["stage"] != "rl"
@@ -608,6 +673,16 @@ def write_report(job: Job, evals: dict[str, str], curve: dict | None, grpo_eval:
         f"{(time.perf_counter() - job.t0) / 60:.1f} min (a rerun resumes: finished stages are not redone).",
         f"Development set: {len(job.dev_ids)} train games held out (seed {cfg.seed}; `dev_games.json`), never "
         "trained on.",
+    ]
+    if cfg.unseen_split:
+        scenes = sorted(heldout_scenes(cfg))
+        notes.append(
+            f"Unseen rooms: {len(job.unseen_ids)} games of split `{cfg.unseen_split}` (`unseen_games.json`), ALFWorld "
+            f"train games of {len(scenes)} floor plans ({', '.join(map(str, scenes))}) of which no game is "
+            f"trained, taught, screened, used for RL or in the development set ({len(unseen_room_games(cfg))} "
+            f"`{cfg.train_split}` games of those floor plans left out)."
+        )
+    notes += [
         f"Engine `{cfg.env.engine}`, step cap {cfg.max_steps}, eval split `{cfg.eval_split}`"
         + (f" ({cfg.eval_limit} games, round-robin across types)" if cfg.eval_limit else " (full panel)")
         + f"; an episode whose (prompt, completion) repeats {cfg.stop_repeats} times is stopped early and "
@@ -622,20 +697,24 @@ def write_report(job: Job, evals: dict[str, str], curve: dict | None, grpo_eval:
         notes,
         stage.times(),
         curve,
+        unseen=unseen,
     )
 
 
 def unchosen_last_rl(out: Path, grpo_eval: str) -> str:
     """What the GRPO stage's last checkpoint did when the development games chose another model as
-    SFT + GRPO (`chosen_rl`): its valid_seen and dev wins, paired per game against SFT
-    (`eval.run_report.paired`; dev is the set that chose against it), as a sentence starting with a
-    space; "" when it is the reported model or was not evaluated (``eval/rl_last``)."""
+    SFT + GRPO (`chosen_rl`): its valid_seen, dev and unseen-room wins, paired per game against SFT
+    (`eval.run_report.paired`; dev and unseen rooms are the sets that chose against it), as a
+    sentence starting with a space; "" when it is the reported model or was not evaluated
+    (``eval/rl_last``)."""
     from evoharness.eval.run_report import paired
 
     if grpo_eval == "rl_last" or not (out / "eval" / "rl_last" / "episodes.jsonl").is_file():
         return ""
     parts = []
-    for panel, prefix in (("valid_seen", ""), ("dev", "dev_")):
+    for panel, prefix in (("valid_seen", ""), ("dev", "dev_"), ("unseen-room", "unseen_")):
+        if not (out / "eval" / f"{prefix}rl_last" / "episodes.jsonl").is_file():
+            continue  # no unseen-room panel
         sft = read_jsonl(out / "eval" / f"{prefix}sft" / "episodes.jsonl")
         last = read_jsonl(out / "eval" / f"{prefix}rl_last" / "episodes.jsonl")
         c = paired(sft, last)
@@ -647,11 +726,16 @@ def unchosen_last_rl(out: Path, grpo_eval: str) -> str:
 
 
 def selection_key(points: list[dict]) -> str:
-    """What `chosen_rl` ranks on: ``dev_success`` (the whole development set) when every candidate
-    (``stage`` "rl" or "sft_final") played it, as the SFT model and the last RL checkpoint do by
-    default; else ``success`` (the curve's games, which every checkpoint plays)."""
+    """What `chosen_rl` ranks on: ``mix_success`` (the whole development set and the unseen-room
+    panel together: seen-room and unseen-room development games) when every candidate (``stage``
+    "rl" or "sft_final") played both, as the SFT model and the last RL checkpoint do by default;
+    else ``dev_success`` (the whole development set) when every candidate played it; else
+    ``success`` (the curve's games, which every checkpoint plays)."""
     cands = [p for p in points if p["stage"] in ("rl", "sft_final")]
-    return "dev_success" if cands and all("dev_success" in p for p in cands) else "success"
+    for key in ("mix_success", "dev_success"):
+        if cands and all(key in p for p in cands):
+            return key
+    return "success"
 
 
 def chosen_rl(points: list[dict], last_rl: Path | None) -> tuple[dict, str]:
@@ -689,6 +773,7 @@ def learning_curve(
     games: list[str],
     log: Callable[[str], None],
     reuse: dict[Path, Path] | None = None,
+    unseen: dict[Path, Path] | None = None,
 ) -> dict:
     """Dev success of every saved checkpoint against cumulative training minutes.
 
@@ -697,11 +782,13 @@ def learning_curve(
     training wall time up to that step (DAgger rollouts included). A checkpoint in `reuse`
     (checkpoint -> an evaluation directory of its weights on a development set holding every
     one of `games`) takes its point from that evaluation's episodes on `games` instead, and its
-    success on that whole set as ``dev_success`` (%, ``dev_games`` games).
+    success on that whole set as ``dev_success`` (%, ``dev_games`` games). One also in `unseen`
+    (checkpoint -> its evaluation on the unseen-room panel) adds ``unseen_success`` /
+    ``unseen_games`` and, over both sets' games together, ``mix_success`` / ``mix_games``.
     Written to ``curve.json``: ``{"games", "game_ids", "points": [{"stage", "step", "minutes",
-    "success", "path"[, "dev_success", "dev_games"]}]}``.
+    "success", "path"[, "dev_success", "dev_games"[, "unseen_success", ..., "mix_games"]]}]}``.
     """
-    points, offset, reuse = [], 0.0, reuse or {}
+    points, offset, reuse, unseen = [], 0.0, reuse or {}, unseen or {}
     small = cfg.model_copy(update={"eval_workers": 1})  # a few games: worker start-up would cost more than play
     stages = [(d.name, d) for d in sft_dirs(cfg, out)]
     if not cfg.skip_rl:
@@ -735,6 +822,15 @@ def learning_curve(
             if ck in reuse:
                 full = [e["won"] for e in read_jsonl(reuse[ck] / "episodes.jsonl")]
                 points[-1].update(dev_success=round(100 * sum(full) / len(full), 1), dev_games=len(full))
+                if ck in unseen:
+                    rooms = [e["won"] for e in read_jsonl(unseen[ck] / "episodes.jsonl")]
+                    mix = full + rooms
+                    points[-1].update(
+                        unseen_success=round(100 * sum(rooms) / max(1, len(rooms)), 1),
+                        unseen_games=len(rooms),
+                        mix_success=round(100 * sum(mix) / len(mix), 1),
+                        mix_games=len(mix),
+                    )
         offset += max(elapsed.values(), default=0) / 60
         if name == sft_dirs(cfg, out)[-1].name:
             last = max((p for p in points if p["stage"] == name), key=lambda p: p["step"], default=None)

@@ -143,6 +143,10 @@ def test_main_job_seeds_pools_grpo_against_sft_and_lists_every_game_lost_in_some
     assert out["wasted"][0]["all"] == (teacher_waste, teacher_waste)
     assert [w["both_won_games"] for w in out["wasted"]] == [len(pick_two_episodes) - 3, len(pick_two_episodes) - 1]
     assert out["spread"]["valid_seen"]["sft"] == (len(pick_two_episodes) - 1.5, pytest.approx(0.5**0.5))
+    # the cost test: the same episodes in both systems, so no game is cheaper either way
+    n = len(pick_two_episodes)
+    assert out["cost"]["games"] == {"0": (n - 3) + (n - 2), "3": (n - 1) + (n - 1)}
+    assert out["cost"]["pooled"]["steps"]["p"] == 1.0 and out["cost"]["pooled"]["steps"]["fewer"] == 0
     ids = [e["task_id"] for e in pick_two_episodes]
     assert out["lost_games"] == {
         ids[0]: {"0": [False, True]},

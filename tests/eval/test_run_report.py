@@ -61,7 +61,11 @@ def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_
     curve.update(chosen_on=games, rl_selected={"stage": "rl", "step": 8})
     md = write_run_report(tmp_path / "run3", vs, systems, [], None, [], curve=curve).read_text()
     assert "| SFT + GRPO vs SFT | dev (chose the checkpoint) | 4 |" in md
-    assert "that chose it" not in md and "valid_seen + dev" not in md
+    success_tests = md.split("### Cost of won episodes")[0]
+    assert "that chose it" not in success_tests and "valid_seen + dev" not in success_tests
+    # the cost section pairs the two systems on the games both won, per panel and pooled
+    cost = md.split("### Cost of won episodes")[1]
+    assert "| SFT + GRPO vs SFT | valid_seen |" in cost and "| SFT + GRPO vs SFT | valid_seen + dev |" in cost
 
 
 def test_wilson_interval_known_values():

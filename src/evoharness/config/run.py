@@ -141,11 +141,11 @@ class RunConfig(Strict):
     eval_teacher_only_sft: bool = False  # also evaluate the SFT model before DAgger (the DAgger comparison)
     eval_split: str = "valid_seen"  # ALFWorld split of the final evaluations (the development set is evaluated too)
     # the unseen-room panel, evaluated beside eval_split and the dev set; no train_split game of its floor plans
-    # (scenes) is trained, taught, screened, used for RL or in the dev set (None: no panel, no scene held out)
-    unseen_split: str | None = "valid_unseen_scenes"
+    # (scenes) is trained, taught, screened, used for RL or in the dev set ("": no panel, no scene held out)
+    unseen_split: str = "valid_unseen_scenes"
     eval_limit: int | None = None  # N games of eval_split and of unseen_split, round-robin across task types; None: all
     dev_eval_limit: int | None = None  # first N development games for the dev evaluations (None: all)
-    eval_batch: int = 100  # episodes per lock-step batch: valid_seen + dev (200) in one batch per worker
+    eval_batch: int = 100  # episodes per lock-step batch (valid_seen + dev + unseen rooms: 4 of 80 on 2 workers)
     eval_workers: int = 2  # evaluation processes (1 thread each): both cores of a quiet machine
     constrained: bool = True  # decode only admissible commands / meta-actions (the student in RL, DAgger, evaluations)
     sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)

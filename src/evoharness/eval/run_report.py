@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from evoharness.envs.alfworld.games import TASK_SHORT, TASK_TYPES
+from evoharness.eval.cost import cost_section
 from evoharness.eval.report import plot_success, wilson_interval
 from evoharness.files import read_jsonl
 from evoharness.harness.base import META_VERBS
@@ -275,6 +276,11 @@ def write_run_report(
                         f"{c['a_only']} | {c['both']} | {c['p']:.3g} |"
                     )
             md.append("")
+        stage2 = [(n, f"{n} + GRPO") for n in vs if f"{n} + GRPO" in vs]
+        if stage2:  # what stage 2's cost terms bought on the games both systems won
+            panels = {"valid_seen": {n: e for n, (_, e) in vs.items()}, "dev": {n: e for n, (_, e) in dv.items()}}
+            teacher = next((n for n in vs if n.startswith("scripted teacher")), None)
+            md += cost_section(panels, *stage2[-1], teacher)
         summaries = {n: s for n, (s, _) in vs.items()}
         plot_success(summaries, out / "success.png", "ALFWorld valid_seen success by task type")
         md += ["### valid_seen by task type", ""] + success_table(summaries) + ["", "![success](success.png)", ""]

@@ -11,6 +11,11 @@ A game counts (ALFWorld's ``AlfredTWEnv.collect_game_files``) when its
 The bundled pack (``evoharness/data/alfworld/pack.tar.xz``, MIT, see LICENSE
 beside it) holds the 140 valid_seen games and a train subset in that layout; it
 is unpacked once into a cache directory so a fresh machine needs no download.
+Beside it, ``scene_heldout.tar.xz`` holds split ``valid_unseen_scenes``
+(`SCENE_HELDOUT_SPLIT`): ALFWorld train games of whole floor plans (scenes) the
+main job never trains or develops on (built by scripts/build_scene_panel.py). It is
+unpacked into the same directory; with another data path that lacks the split, the
+bundled one is played. Not ``valid_unseen``: that is ALFWorld's own held-out test.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from evoharness.envs.base import TaskSpec
 # Short names used in tables (the papers' Pick/Look/Clean/Heat/Cool/Pick2 columns).
 TASK_SHORT = dict(zip(TASK_TYPES, ("pick", "look", "clean", "heat", "cool", "pick2")))
 
-SPLITS = ("train", "valid_seen", "valid_unseen")
+# ALFWorld train games of floor plans the main job never trains or develops on (the bundled panel)
+SCENE_HELDOUT_SPLIT = "valid_unseen_scenes"
+SPLITS = ("train", "valid_seen", "valid_unseen", SCENE_HELDOUT_SPLIT)
 SPLIT_ALIASES = {"eval_in_distribution": "valid_seen", "eval_out_of_distribution": "valid_unseen"}
 
 
@@ -40,23 +47,41 @@ def pack_path() -> Path:
     return Path(str(resources.files("evoharness") / "data" / "alfworld" / "pack.tar.xz"))
 
 
+def scene_panel_path() -> Path:
+    """The bundled scene-held-out panel (split `SCENE_HELDOUT_SPLIT`)."""
+    return Path(str(resources.files("evoharness") / "data" / "alfworld" / "scene_heldout.tar.xz"))
+
+
+def scene_of(task_id: str) -> int | None:
+    """The floor plan (ALFRED scene number) of a game: the last dash field of its task folder
+    (``pick_and_place_simple-Book-None-Sofa-229/trial_...`` -> 229; None when it is not a number).
+    Kitchens are 1-30, living rooms 201-230, bedrooms 301-330, bathrooms 401-430."""
+    last = task_id.split("/")[0].rsplit("-", 1)[-1]
+    return int(last) if last.isdigit() else None
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("EVOHARNESS_CACHE", Path.home() / ".cache" / "evoharness"))
 
 
 def bundled_data_root(cache_dir: Path | None = None) -> Path:
-    """Unpack the bundled pack (once, atomically) and return its ALFWORLD_DATA root."""
-    pack = pack_path()
-    if not pack.is_file():
-        raise GameDataError(f"bundled ALFWorld pack missing at {pack}; reinstall evoharness")
-    digest = hashlib.sha256(pack.read_bytes()).hexdigest()[:12]
+    """Unpack the bundled pack and scene panel (once, atomically) and return their ALFWORLD_DATA root."""
+    archives = [pack_path(), scene_panel_path()]
+    for a in archives:
+        if not a.is_file():
+            raise GameDataError(f"bundled ALFWorld games missing at {a}; reinstall evoharness")
+    sha = hashlib.sha256()
+    for a in archives:
+        sha.update(hashlib.sha256(a.read_bytes()).digest())
+    digest = sha.hexdigest()[:12]
     root = (cache_dir or default_cache_dir()) / f"alfworld-pack-{digest}"
     if (root / ".complete").exists():
         return root
     tmp = root.with_name(root.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(pack) as tf:
-        tf.extractall(tmp, filter="data")
+    for a in archives:
+        with tarfile.open(a) as tf:
+            tf.extractall(tmp, filter="data")
     (tmp / ".complete").write_text(digest)
     try:
         os.replace(tmp, root)
@@ -94,7 +119,9 @@ def discover_games(
 
     Args:
         split: ``train``, ``valid_seen``, ``valid_unseen`` (or ALFWorld's
-            ``eval_in_distribution`` / ``eval_out_of_distribution``).
+            ``eval_in_distribution`` / ``eval_out_of_distribution``), or
+            ``valid_unseen_scenes`` (`SCENE_HELDOUT_SPLIT`: the bundled one when the data
+            path has none).
         data_path: see `resolve_data_root`.
         task_types: keep only these task types.
 
@@ -106,6 +133,8 @@ def discover_games(
         raise GameDataError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
     root = resolve_data_root(data_path)
     split_dir = root / "json_2.1.1" / split
+    if split == SCENE_HELDOUT_SPLIT and not split_dir.is_dir():  # the bundled panel, whatever the data path
+        split_dir = bundled_data_root() / "json_2.1.1" / split
     if not split_dir.is_dir():
         raise GameDataError(f"split {split!r} not found under {root / 'json_2.1.1'}")
     games: list[TaskSpec] = []

@@ -22,7 +22,15 @@ from evoharness.config.base import load_config
 from evoharness.config.run import RunConfig
 from evoharness.pipeline import run_pipeline
 
-FILES = ("report.md", "success.png", "learning_curve.png", "sft_loss.png", "rl_curves.png", "curve.json")
+FILES = (
+    "report.md",
+    "success.png",
+    "unseen_success.png",
+    "learning_curve.png",
+    "sft_loss.png",
+    "rl_curves.png",
+    "curve.json",
+)
 
 
 def main() -> None:

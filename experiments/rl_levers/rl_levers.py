@@ -73,6 +73,10 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   the anchor soup with it over its 8 steps (``bt4_g4_anchor_cos_soup2_8``) or over 16
   (``bt4_g4_anchor_cos_soup2_16``: about the 8 constant-lr steps' summed lr, twice the rollouts,
   the last steps moving the policy least).
+- cost (issue 50): ``cost_won_8`` trains only on screened games the SFT model won, with λ_eff 5 and the std
+  floor 0.1, so the groups' spread is what an episode costs (``cost_won_t15_8`` at T = 1.5,
+  ``cost_won_soup2_8`` its two-seed soup); ``eff5_8`` is ``bt4_g4_anchor_8`` with λ_eff 5. Their cost
+  table pairs each arm with SFT on the games both won (`eval.cost`: steps, environment steps, harness calls).
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -95,6 +99,11 @@ from pathlib import Path
 _SCREENED = {"screen": 160, "temperature": 1.0, "estimator": "grpo", "steps": 16, "games_per_step": 2}
 # 2 screened games and 2 short branches per step at T = 1.5 (the main job's RL today)
 _BT4_G4 = {**_SCREENED, "steps": 8, "temperature": 1.5, "branches": True, "branch_turns": 4, "games_per_step": 4}
+# issue 50's cost arms: 4 groups per step, all on screened games the SFT model won, λ_eff 5, std floor 0.1
+_COST_WON = {
+    **_SCREENED,
+    **{"steps": 8, "games_per_step": 4, "won_only": True, "lambda_eff": 5.0, "std_floor": 0.1, "anchor": 1.0},
+}
 ARMS = {
     "default": {**_SCREENED, "screen": 0, "temperature": 0.6},
     "screened": _SCREENED,
@@ -188,28 +197,13 @@ ARMS = {
     "bt4_g4_anchor_cos_soup2_16": {**_BT4_G4, "anchor": 1.0, "soup": 2, "lr_schedule": "cosine", "steps": 16},
     # cost (issue 50): what a won episode costs. ``cost_won_8``: groups only on screened games the SFT model
     # won, so every group's reward spread is the efficiency term's; λ_eff 5 (1) makes a step worth 5/30 of
-    # a point and the std floor 0.1 (1.0) lets that spread set the advantages' size. ``eff5_8``: the main
-    # job's RL (branches, anchor) with λ_eff 5 alone
-    "cost_won_8": {
-        **_SCREENED,
-        "steps": 8,
-        "games_per_step": 4,
-        "won_only": True,
-        "lambda_eff": 5.0,
-        "std_floor": 0.1,
-        "anchor": 1.0,
-    },
-    "cost_won_t15_8": {
-        **_SCREENED,
-        "steps": 8,
-        "temperature": 1.5,
-        "games_per_step": 4,
-        "won_only": True,
-        "lambda_eff": 5.0,
-        "std_floor": 0.1,
-        "anchor": 1.0,
-    },
+    # a point and the std floor 0.1 (1.0) lets that spread set the advantages' size; ``cost_won_t15_8`` samples
+    # it at T = 1.5. ``eff5_8``: the main job's RL (branches, anchor) with λ_eff 5 alone
+    "cost_won_8": _COST_WON,
+    "cost_won_t15_8": {**_COST_WON, "temperature": 1.5},
     "eff5_8": {**_BT4_G4, "anchor": 1.0, "lambda_eff": 5.0},
+    # ``cost_won_8`` as the main job runs RL: a soup over RL seeds 0 and 1 (seed 0's run is ``cost_won_8``'s)
+    "cost_won_soup2_8": {**_COST_WON, "soup": 2},
 }
 
 

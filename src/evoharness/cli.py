@@ -36,7 +36,7 @@ def fail(msg: str) -> None:
 
 # commands with --set take further key=value pairs after it: --set a=1 b=2 (= --set a=1 --set b=2)
 _PAIRS = {"allow_extra_args": True}
-_SET_HELP = "Override config keys: --set lr=1e-4 epochs=2 (repeatable; any key of the config file)"
+_SET_HELP = "Override config keys: --set key=value section.key=value (repeatable; any key of --config, docs/config.md)"
 
 
 def _overrides(ctx: typer.Context, flags: dict, set_: list[str]) -> list[str]:
@@ -193,7 +193,9 @@ def run_cmd(
 @app.command("sft", context_settings=_PAIRS)
 def sft_cmd(
     ctx: typer.Context,
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (SFTJobConfig: any key below)."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML file (SFTJobConfig: any of its keys: docs/config.md)."
+    ),
     examples: Path | None = typer.Option(None, help="SFT examples JSONL ({messages, completion} per line)."),
     model_path: Path | None = typer.Option(None, help="HF model directory to fine-tune."),
     out: Path | None = typer.Option(None, help="Output directory (default runs/sft; resumes from its checkpoints)."),
@@ -426,7 +428,9 @@ def _toml(v) -> str:
 @app.command("collect", context_settings=_PAIRS)
 def collect_cmd(
     ctx: typer.Context,
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (CollectConfig: any key below)."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML file (CollectConfig: any of its keys: docs/config.md)."
+    ),
     split: str | None = typer.Option(None, help="ALFWorld split (default train)."),
     per_type: int | None = typer.Option(None, help="The first N games of each task type (0: all)."),
     samples: int | None = typer.Option(None, help="Episodes per game."),
@@ -472,7 +476,9 @@ def collect_cmd(
 def distill_cmd(
     ctx: typer.Context,
     logs: Path | None = typer.Argument(None, help="Trajectory JSONL or ReAct-format JSONL (docs/distill.md)."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML file (DistillConfig: any key below)."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML file (DistillConfig: any of its keys: docs/config.md)."
+    ),
     out: Path | None = typer.Option(None, help="Distilled trajectories (JSONL)."),
     sft: Path | None = typer.Option(None, help="Also write next-action SFT examples (and their recipe) here."),
     engine: str | None = typer.Option(None, help="fast (default) | textworld"),

@@ -2,28 +2,11 @@
 chosen on the curve's dev games also excludes those games."""
 
 import pytest
+from panels import play_panel
 
-from evoharness.config.eval import EvalConfig
 from evoharness.envs.alfworld.games import discover_games
-from evoharness.eval.evaluate import evaluate
 from evoharness.eval.run_report import paired, write_run_report
 from evoharness.files import read_jsonl
-
-
-def _eval(tmp_path, name, games, policy):
-    cfg = EvalConfig.model_validate(
-        dict(
-            split="train",
-            games=games,
-            batch_size=4,
-            out_dir=str(tmp_path / name),
-            harness={"kind": "bpe"},
-            policy=policy,
-            max_steps=8,
-        )
-    )
-    evaluate(cfg, progress=False)
-    return tmp_path / name
 
 
 def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_path):
@@ -31,9 +14,12 @@ def test_grpo_vs_sft_is_also_paired_on_the_dev_games_that_did_not_choose_it(tmp_
     games, vs_games = tasks[:4], tasks[4:]  # dev and a disjoint stand-in for valid_seen
     # two real systems that differ per game: an 8-step cap makes the noisy expert lose some
     noisy, expert = {"kind": "noisy_expert", "epsilon": 0.6, "seed": 1}, {"kind": "expert"}
-    sft, grpo = _eval(tmp_path, "sft", games, noisy), _eval(tmp_path, "grpo", games, expert)
+    sft, grpo = play_panel(tmp_path, "sft", games, noisy), play_panel(tmp_path, "grpo", games, expert)
     systems = {"SFT": sft, "SFT + GRPO": grpo}
-    vs = {"SFT": _eval(tmp_path, "vs_sft", vs_games, noisy), "SFT + GRPO": _eval(tmp_path, "vs_grpo", vs_games, expert)}
+    vs = {
+        "SFT": play_panel(tmp_path, "vs_sft", vs_games, noisy),
+        "SFT + GRPO": play_panel(tmp_path, "vs_grpo", vs_games, expert),
+    }
     chose = games[-2:]  # not the first two in panel order: the rows must drop by id
     curve = {"games": 2, "game_ids": chose, "points": [], "rl_selected": {"stage": "rl", "step": 4}}
     md = write_run_report(tmp_path / "run", vs, systems, [], None, [], curve=curve).read_text()

@@ -8,6 +8,7 @@ import json
 import tarfile
 
 import pytest
+from panels import play_panel
 
 from evoharness.config.base import load_config
 from evoharness.config.run import RunConfig, preset_path
@@ -131,25 +132,6 @@ def test_the_teacher_wins_the_smoke_sized_panel(tmp_path):
     assert [e["task_id"] for e in read_jsonl(tmp_path / "eval" / "unseen_teacher" / "episodes.jsonl")] == games
 
 
-def _eval(tmp_path, name, split, games, policy):
-    from evoharness.config.eval import EvalConfig
-    from evoharness.eval.evaluate import evaluate
-
-    cfg = EvalConfig.model_validate(
-        dict(
-            split=split,
-            games=games,
-            batch_size=4,
-            out_dir=str(tmp_path / name),
-            harness={"kind": "bpe"},
-            policy=policy,
-            max_steps=8,
-        )
-    )
-    evaluate(cfg, progress=False)
-    return tmp_path / name
-
-
 def test_the_report_shows_the_panel_its_paired_test_and_the_seen_unseen_gap(tmp_path):
     from evoharness.eval.report import wilson_interval
     from evoharness.eval.run_report import gap_interval, paired, write_run_report
@@ -164,7 +146,7 @@ def test_the_report_shows_the_panel_its_paired_test_and_the_seen_unseen_gap(tmp_
         "unseen": (SCENE_HELDOUT_SPLIT, balanced_subset(SCENE_HELDOUT_SPLIT, None, 6)),
     }
     dirs = {
-        p: {n: _eval(tmp_path, f"{p}_{n[-4:]}", split, games, pol) for n, pol in names.items()}
+        p: {n: play_panel(tmp_path, f"{p}_{n[-4:]}", games, pol, split) for n, pol in names.items()}
         for p, (split, games) in panels.items()
     }
     md = write_run_report(tmp_path / "run", dirs["vs"], dirs["dev"], [], None, [], unseen=dirs["unseen"]).read_text()

@@ -13,7 +13,12 @@ games, never used for a choice) where the teacher, handed the
 student's own prompt (`train.dagger.teacher_label`), makes a search move, the student's completion
 is one of:
 
-- ``think``: its think names another receptacle than the teacher's (a copy error from the list);
+- ``think``: its think names another receptacle than the teacher's (a copy error from the list),
+  filed by where the named receptacle stands (`think_slip`): ``later`` in the unsearched list,
+  ``same type`` as R but not listed (another instance number: searched already, or none such), or
+  ``unlisted`` (another type, or searched already); and counted against the search turns whose R is
+  instance 1-3 or 4 and higher (``by_instance``: the bundled training rooms' search targets are
+  nearly all instances 1-3);
 - ``co-located``: the same R, which shares the agent's location, but not the teacher's ``open`` /
   ``examine`` (the action grammar sends the ``go to`` to another receptacle);
 - ``action``: the same R, reachable by ``go to``, but another command (a copy error from the think);
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -43,7 +49,9 @@ from evoharness.train.dagger import teacher_label
 
 SYSTEMS = tuple(f"{panel}{s}" for panel in ("", "dev_", "unseen_") for s in ("scripted_teacher", "sft", "rl_last"))
 KINDS = ("think", "co-located", "action", "other")
+SLIPS = ("later", "same type", "unlisted")
 _SEARCH = "the next receptacle to search is "
+_UNSEARCHED = re.compile(r"Unsearched \(\d+\): (.*)\.$", re.M)  # "<object>: not seen yet. Unsearched (14): ..."
 
 
 def search_move(completion: str) -> tuple[str, str] | None:
@@ -54,30 +62,49 @@ def search_move(completion: str) -> tuple[str, str] | None:
     return target, completion.split("<action>", 1)[1].split("</action>", 1)[0]
 
 
-def fault(turn: dict) -> str | None:
-    """The kind of the turn's search fault (module docstring); None where the teacher makes no
-    search move, "" where the student makes the teacher's."""
+def fault(turn: dict) -> tuple[str, str] | None:
+    """(the kind of the turn's search fault (module docstring), the teacher's R); None where the
+    teacher makes no search move; kind "" where the student makes the teacher's move."""
     teacher = search_move(teacher_label(turn["messages"]))
     if teacher is None:
         return None
     student = search_move(turn["completion"])
     if student is None:
-        return "other"
+        return "other", teacher[0]
     if student[0] != teacher[0]:
-        return "think"
+        return "think", teacher[0]
     if student[1] == teacher[1]:
-        return ""
-    return "action" if teacher[1].startswith("go to ") else "co-located"
+        return "", teacher[0]
+    return ("action" if teacher[1].startswith("go to ") else "co-located"), teacher[0]
+
+
+def high_instance(receptacle: str) -> bool:
+    """Whether `receptacle` (``shelf 8``) is instance 4 or higher."""
+    return int(receptacle.rsplit(" ", 1)[1]) >= 4
+
+
+def think_slip(turn: dict, named: str, teacher: str) -> str:
+    """Where the receptacle `named` by a ``think`` fault stands against the teacher's `teacher` (the
+    first of TRACK RESULT's unsearched list in the turn's prompt): one of `SLIPS`."""
+    m = _UNSEARCHED.search(turn["messages"][-1]["content"])
+    if m and named in m.group(1).split(", "):
+        return "later"
+    return "same type" if named.rsplit(" ", 1)[0] == teacher.rsplit(" ", 1)[0] else "unlisted"
 
 
 def panel_row(eps: list[dict]) -> dict:
     """Fault counts of one evaluation panel's episodes and the first fault of each lost episode."""
-    turns, lost, searches = Counter(), {}, 0
+    turns, slips, lost, searches = Counter(), Counter(), {}, 0
+    by_instance = {b: Counter() for b in ("1-3", "4+")}  # search turns and think faults by the teacher's R
     by_type: dict[str, Counter] = {t: Counter() for t in TASK_TYPES}
     for e in eps:
-        moves = [(i, k) for i, t in enumerate(e["turns"]) if (k := fault(t)) is not None]
+        moves = [(i, *f) for i, t in enumerate(e["turns"]) if (f := fault(t)) is not None]
         searches += len(moves)
-        kinds = [(i, k) for i, k in moves if k]
+        for i, k, r in moves:
+            by_instance["4+" if high_instance(r) else "1-3"].update(["turns"] + (["think"] if k == "think" else []))
+            if k == "think":
+                slips[think_slip(e["turns"][i], search_move(e["turns"][i]["completion"])[0], r)] += 1
+        kinds = [(i, k) for i, k, _ in moves if k]
         turns.update(k for _, k in kinds)
         if not e["won"]:
             lost[e["task_id"].split("/")[0]] = f"{kinds[0][1]} (turn {kinds[0][0]})" if kinds else "none"
@@ -87,6 +114,8 @@ def panel_row(eps: list[dict]) -> dict:
         "won": sum(e["won"] for e in eps),
         "search_turns": searches,
         "fault_turns": {k: turns[k] for k in KINDS},
+        "think_slips": {k: slips[k] for k in SLIPS},
+        "by_instance": {b: {"turns": c["turns"], "think": c["think"]} for b, c in by_instance.items()},
         "lost_first_fault": dict(sorted(lost.items())),
         "lost_first_fault_by_type": {t: dict(sorted(c.items())) for t, c in by_type.items()},
     }
@@ -202,6 +231,21 @@ def main() -> None:
                     for c in (r["lost_first_fault_by_type"][t] for t in TASK_TYPES)
                 ]
                 lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if any(r["fault_turns"]["think"] for r in models.values()):
+            lines += [
+                "",
+                "Think faults by where the receptacle the student names stands: later in the unsearched list, "
+                "the same type as the teacher's but not listed (searched already, or no such instance), or "
+                "unlisted (another type); and the think faults among the search turns whose R (the teacher's) is "
+                "instance 1-3 or 4 and higher.",
+                "",
+                "| panel | think | " + " | ".join(SLIPS) + " | think / search turns, teacher's R instance 1-3 | 4+ |",
+                "|---|---|" + "---|" * len(SLIPS) + "---|---|",
+            ]
+            for name, r in models.items():
+                cells = [name, str(r["fault_turns"]["think"]), *(str(r["think_slips"][k]) for k in SLIPS)]
+                cells += [f"{c['think']} / {c['turns']}" for c in r["by_instance"].values()]
+                lines.append("| " + " | ".join(cells) + " |")
         if sft:
             lines += [
                 "",

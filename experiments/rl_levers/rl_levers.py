@@ -3,7 +3,7 @@ the development set.
 
 Usage: python -m experiments.rl_levers.rl_levers --run runs/main [runs/main_seed1 ...] [--out runs/rl_levers]
        [--results benchmarks/results/student/rl_levers] [--arms default screened gigpo] [--threads 2]
-       [--valid-seen] [--note TEXT]
+       [--valid-seen] [--unseen] [--note TEXT]
 
 Every arm starts from ``--run``'s SFT model with the run's RL stage (`pipeline.rl_config`: T_max 30,
 the teacher's experience store; the SFT anchor only where the arm sets one), sets its steps and games per
@@ -77,11 +77,17 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   floor 0.1, so the groups' spread is what an episode costs (``cost_won_t15_8`` at T = 1.5,
   ``cost_won_soup2_8`` its two-seed soup); ``eff5_8`` is ``bt4_g4_anchor_8`` with λ_eff 5. Their cost
   table pairs each arm with SFT on the games both won (`eval.cost`: steps, environment steps, harness calls).
+  ``mix_cost_soup2_8``: the main job's RL (two branch groups a step, the anchor, the two-seed soup) with
+  its two game groups on won screened games, λ_eff 5 and the std floor 0.1: the branch groups' success
+  signal and the won groups' cost signal in one step. ``cost_after_rl_8``: ``cost_won_8`` started from
+  the run's RL model (``rl/final``: the main job's GRPO soup) instead of its SFT model: the cost
+  stage after the success stage.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
-sign test. ``--valid-seen`` also plays the run's eval split (paired against ``eval/sft``): reported,
-never chosen on. Selection happens on these games, never on valid_seen. An arm whose ``rl/final`` (or
+sign test. ``--valid-seen`` also plays the run's eval split (paired against ``eval/sft``) and
+``--unseen`` its unseen-room panel (``unseen_split``, against ``eval/unseen_sft``): reported, never
+chosen on. Selection happens on these games, never on valid_seen. An arm whose ``rl/final`` (or
 evaluation) exists under ``--out`` is not redone. Several ``--run`` (main jobs of different seeds, each
 its own SFT model) run every arm from each (in ``<out>/seed<S>``) and add a table of each arm's wins and
 losses summed over them. Writes ``<results>.md`` and ``<results>.json``.
@@ -204,6 +210,10 @@ ARMS = {
     "eff5_8": {**_BT4_G4, "anchor": 1.0, "lambda_eff": 5.0},
     # ``cost_won_8`` as the main job runs RL: a soup over RL seeds 0 and 1 (seed 0's run is ``cost_won_8``'s)
     "cost_won_soup2_8": {**_COST_WON, "soup": 2},
+    # the main job's RL with its game groups as ``cost_won_8``'s: success from the branches, cost from the won games
+    "mix_cost_soup2_8": {**_BT4_G4, "won_only": True, "lambda_eff": 5.0, "std_floor": 0.1, "anchor": 1.0, "soup": 2},
+    # the cost stage after the main job's GRPO (its soup, ``rl/final``), not from SFT
+    "cost_after_rl_8": {**_COST_WON, "init": "rl"},
 }
 
 
@@ -220,6 +230,7 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=[a for a in ARMS if not ARMS[a].get("relabel")], choices=list(ARMS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--valid-seen", action="store_true", help="also evaluate each arm on the run's eval split")
+    ap.add_argument("--unseen", action="store_true", help="also evaluate each arm on the run's unseen-room panel")
     ap.add_argument("--note", default="", help="a line for the report (how the arms ran: alone, side by side)")
     args = ap.parse_args()
     if relabel := [a for a in args.arms if ARMS[a].get("relabel")]:
@@ -235,7 +246,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     runs = [run_arms(Path(r), Path(args.out), args, len(args.run) > 1) for r in args.run]
-    names = ["dev"] + ([runs[0]["eval_split"]] if args.valid_seen else [])
+    names = ["dev"] + ([runs[0]["eval_split"]] if args.valid_seen else []) + (["unseen"] if args.unseen else [])
     several = len(runs) > 1
     head = (
         f"# GRPO levers ({len(runs)} main jobs' SFT models, seeds {', '.join(str(r['seed']) for r in runs)})"
@@ -353,13 +364,19 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
 
     cfg = RunConfig.model_validate_json((run / "run_config.json").read_text())
     out = out / f"seed{cfg.seed}" if per_seed else out
-    dev_ids = [t.task_id for t in dev_split(cfg)[1]]
+    dev_file = run / "dev_games.json"  # the run's own draw (dev_split's rule may have changed since it ran)
+    dev_ids = json.loads(dev_file.read_text()) if dev_file.is_file() else [t.task_id for t in dev_split(cfg)[1]]
 
     def sft_won(name: str) -> dict[str, bool]:
         return {e["task_id"]: e["won"] for e in read_jsonl(run / "eval" / name / "episodes.jsonl")}
 
     sft_dev = sft_won("dev_sft")
     panels = [("dev", dev_ids, sft_dev)] + ([(cfg.eval_split, None, sft_won("sft"))] if args.valid_seen else [])
+    if args.unseen:
+        if not cfg.unseen_split:
+            sys.exit(f"{run}: --unseen, but the run has no unseen-room panel (unseen_split)")
+        panels.append(("unseen", None, sft_won("unseen_sft")))
+    baseline = {"dev": "dev_sft", "unseen": "unseen_sft"}  # the run's SFT evaluation of each panel
 
     def screen(n: int) -> dict:
         """`n` screened training games (each count evaluated into its own directory)."""
@@ -376,6 +393,8 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
         arm_cfg.rl.sft_anchor = SFTAnchorConfig(coef=arm["anchor"]) if arm.get("anchor") else None
         rl = rl_config(arm_cfg, run)
         rl.out_dir, rl.threads = str(d / "rl"), args.threads
+        if arm.get("init") == "rl":  # from the run's GRPO model; KL and the anchor as from SFT
+            rl.model_path = str(run / "rl" / "final")
         rl.grpo.temperature, rl.grpo.advantage.estimator = arm["temperature"], arm["estimator"]
         rl.steps, rl.grpo.prompts_per_step = arm["steps"], arm["games_per_step"]
         rl.grpo.group_size = arm.get("samples", rl.grpo.group_size)
@@ -424,7 +443,15 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
             "rl_seconds": (d / "rl_seconds.txt").read_text().strip() if (d / "rl_seconds.txt").exists() else "-",
         }
         todo = [
-            eval_config(cfg, d, f"{panel}_final", model_policy(cfg, final), final / "experience.json", games)
+            eval_config(
+                cfg,
+                d,
+                f"{panel}_final",
+                model_policy(cfg, final),
+                final / "experience.json",
+                games,
+                split=cfg.unseen_split if panel == "unseen" else None,
+            )
             for panel, games, _ in panels
             if not (d / "eval" / f"{panel}_final" / "summary.json").exists()
         ]
@@ -433,7 +460,7 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
             ev = d / "eval" / f"{panel}_final"
             episodes = read_jsonl(ev / "episodes.jsonl")
             won = {e["task_id"]: e["won"] for e in episodes}
-            sft_name = "dev_sft" if panel == "dev" else "sft"
+            sft_name = baseline.get(panel, "sft")
             cost = paired_cost(read_jsonl(run / "eval" / sft_name / "episodes.jsonl"), episodes)
             wins, losses = sum(won[g] and not base[g] for g in base), sum(base[g] and not won[g] for g in base)
             row[panel] = {

@@ -1,11 +1,13 @@
 """The student diagnoses under benchmarks/ on real inputs: the pick-two move classifier and the
 search-fault counts on real teacher episodes (benchmarks/pick_two_faults.py,
 benchmarks/search_faults.py), and the seed-paired comparisons (benchmarks/pair_runs.py,
-benchmarks/main_job_seeds.py)."""
+benchmarks/main_job_seeds.py: per seed, pooled, the unseen-room panel's headroom test and gaps, and
+the seeds' declaration)."""
 
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -14,17 +16,18 @@ from engines import pick_engine
 
 from evoharness.config.harness import HarnessConfig
 from evoharness.envs.alfworld import make_env
-from evoharness.eval.run_report import wasted_steps
+from evoharness.eval.run_report import gap_interval, sign_test, wasted_steps
 from evoharness.harness.base import META_VERBS
 from evoharness.harness.factory import make_harness
 from evoharness.policies.teacher import TeacherPolicy
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import main_job_seeds  # noqa: E402
 from main_job_seeds import summarise  # noqa: E402
 from pair_runs import main as pair_runs_main  # noqa: E402
 from pick_two_faults import second_search  # noqa: E402
-from search_faults import panel_row  # noqa: E402
+from search_faults import _UNSEARCHED, panel_row, think_slip  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +93,26 @@ def test_search_faults_count_the_teachers_search_turns_and_a_think_that_names_an
     bad = panel_row([e])
     assert bad["fault_turns"]["think"] == 1 and sum(bad["fault_turns"].values()) == 1
     assert bad["lost_first_fault"] == {e["task_id"].split("/")[0]: f"think (turn {turn['turn']})"}
+    assert sum(bad["think_slips"].values()) == 1
+    assert sum(c["turns"] for c in bad["by_instance"].values()) == bad["search_turns"]
+    assert bad["by_instance"]["4+" if int(named.rsplit(" ", 1)[1]) >= 4 else "1-3"]["think"] == 1
+
+
+def test_a_think_fault_is_filed_by_where_the_named_receptacle_stands_in_the_unsearched_list(pick_two_episodes):
+    turns = [t for e in pick_two_episodes for t in e["turns"] if "the next receptacle to search is" in t["completion"]]
+    # a search turn whose TRACK RESULT lists at least two unsearched receptacles
+    turn, listed = next(
+        (t, names)
+        for t in turns
+        if (m := _UNSEARCHED.search(t["messages"][-1]["content"])) and len(names := m.group(1).split(", ")) > 1
+    )
+    first, kind = listed[0], listed[0].rsplit(" ", 1)[0]
+    assert think_slip(turn, listed[-1], first) == "later"
+    assert think_slip(turn, f"{kind} 99", first) == "same type"
+    assert think_slip(turn, "cart 42" if kind != "cart" else "safe 42", first) == "unlisted"
 
 
 def test_pair_runs_pools_per_game_wins_and_losses_over_seeds(pick_two_episodes, tmp_path, monkeypatch):
-    import json
-
     def job(name: str, lost: set[int]) -> Path:
         for sub in ("sft", "dev_sft"):
             d = tmp_path / name / "eval" / sub
@@ -132,6 +150,9 @@ def test_main_job_seeds_pools_grpo_against_sft_and_lists_every_game_lost_in_some
         for s, (sft, rl) in {0: ({0, 1}, {1, 2}), 3: ({4}, set())}.items()
     }
     out = summarise(jobs)
+    # jobs without the unseen-room panel: the two-panel summary
+    assert out["panels"] == ["valid_seen", "dev"] and list(out["pooled"]) == ["valid_seen", "dev"]
+    assert "unseen" not in out["seeds"][0] and "headroom" not in out and "rooms" not in out
     # the last RL checkpoint, paired before the development games choose: seed 0 +1 / -2, seed 3 +0 / -2
     assert out["rl_last"]["pooled"]["valid_seen"] == {"wins": 1, "losses": 4, "p": 0.375}
     del jobs[3]["episodes"]["rl_last"]
@@ -154,3 +175,133 @@ def test_main_job_seeds_pools_grpo_against_sft_and_lists_every_game_lost_in_some
         ids[2]: {"0": [True, False]},
         ids[4]: {"3": [False, True]},
     }
+
+
+def _main_job(root: Path, seed: int, lost: dict[str, set[int]], seen: list[dict], unseen: list[dict] = ()) -> Path:
+    """A finished main job's files as `main_job_seeds.read_job` reads them; `lost`: the indices of the
+    episodes each evaluation directory lost (``sft``, ``dev_sft``, ``unseen_sft``, ...; SFT + GRPO is
+    reported from ``rl_step4``, as `systems.json` says), of `unseen` in ``unseen_*``, else of `seen`."""
+    out = root / f"seed{seed}"
+    for sub, gone in lost.items():
+        eps = unseen if sub.startswith("unseen_") else seen
+        (out / "eval" / sub).mkdir(parents=True)
+        (out / "eval" / sub / "episodes.jsonl").write_text(
+            "".join(json.dumps(dict(e, won=i not in gone)) + "\n" for i, e in enumerate(eps))
+        )
+    (out / "systems.json").write_text(json.dumps({"sft": "sft", "sft_grpo": "rl_step4"}))
+    (out / "run_config.json").write_text(json.dumps({"seed": seed}))
+    (out / ".sft.done").write_text("90")
+    return out
+
+
+def _run_main_job_seeds(monkeypatch, *args: str) -> None:
+    def no_job(*a):  # a test never runs a real main job
+        raise AssertionError(f"main_job_seeds ran a job: {a}")
+
+    monkeypatch.setattr(main_job_seeds, "run_seed", no_job)
+    monkeypatch.setattr(sys, "argv", ["main_job_seeds.py", *args])
+    main_job_seeds.main()
+
+
+def test_main_job_seeds_reads_the_unseen_room_panel_pools_the_headroom_test_and_reports_the_gaps(
+    pick_two_episodes, tmp_path, monkeypatch
+):
+    n = len(pick_two_episodes)
+    unseen = [dict(e, task_id=f"unseen/{i}") for i, e in enumerate(pick_two_episodes[:10])]  # other games
+    lost = {  # seed: (valid_seen and dev: SFT, SFT + GRPO), (unseen rooms: SFT, SFT + GRPO)
+        0: (({0, 1}, {1, 2}), ({0, 1, 2}, {0})),
+        3: (({4}, set()), ({5, 6, 7}, set())),
+    }
+    runs = [
+        f"{seed}="
+        + str(
+            _main_job(
+                tmp_path,
+                seed,
+                {
+                    "sft": sft,
+                    "dev_sft": sft,
+                    "rl_step4": rl,
+                    "dev_rl_step4": rl,
+                    "unseen_sft": us,
+                    "unseen_rl_step4": ur,
+                },
+                pick_two_episodes,
+                unseen,
+            )
+        )
+        for seed, ((sft, rl), (us, ur)) in lost.items()
+    ]
+    _run_main_job_seeds(monkeypatch, "--run", *runs, "--results", str(tmp_path / "out"))  # --run seeds: declared
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["panels"] == ["valid_seen", "dev", "unseen"]
+    per_seed = [{k: r["unseen"][k] for k in ("games", "sft", "sft_grpo", "wins", "losses")} for r in out["seeds"]]
+    assert per_seed == [
+        {"games": 10, "sft": 7, "sft_grpo": 9, "wins": 2, "losses": 0},
+        {"games": 10, "sft": 7, "sft_grpo": 10, "wins": 3, "losses": 0},
+    ]
+    assert out["pooled"]["unseen"] == {"wins": 5, "losses": 0, "p": sign_test(5, 0)}
+    # valid_seen +1 / -1 and +1 / -0, unseen rooms +2 / -0 and +3 / -0: one sign test on the sums (dev left out)
+    assert out["headroom"] == {"panels": ["valid_seen", "unseen"], "wins": 7, "losses": 1, "p": sign_test(7, 1)}
+    assert out["spread"]["unseen"]["sft_grpo"] == [9.5, pytest.approx(0.5**0.5)]
+    # the gap: valid_seen success minus unseen-room success in points, with Newcombe's interval
+    rooms = out["rooms"]
+    seed0 = rooms["seeds"][0]["sft"]
+    assert seed0["valid_seen"] == pytest.approx(100 * (n - 2) / n) and seed0["unseen"] == pytest.approx(70.0)
+    assert seed0["gap"] == pytest.approx(100 * (n - 2) / n - 70.0)
+    assert (seed0["gap"], seed0["low"], seed0["high"]) == pytest.approx(gap_interval(n - 2, n, 7, 10))
+    assert seed0["low"] < seed0["gap"] < seed0["high"]
+    grpo_gap = (100 * (n - 2) / n - 90.0 + 0.0) / 2  # seed 3: every game won on both panels
+    assert rooms["mean"]["sft_grpo"]["unseen"][0] == pytest.approx(95.0)
+    assert rooms["mean"]["sft_grpo"]["gap"][0] == pytest.approx(grpo_gap)
+    assert rooms["goal"]["met"] == {"sft": False, "sft_grpo": grpo_gap <= 3.0}
+    declared = json.loads((tmp_path / "out.declared.json").read_text())
+    assert declared["seeds"] == [0, 3] and declared["sets"] == [] and out["declared"] == declared
+    md = (tmp_path / "out.md").read_text()
+    assert f"Seeds 0, 3 (--set overrides: none) were declared {declared['utc']}" in md
+    assert "### Seen vs unseen rooms" in md and "| **headroom: valid_seen + unseen** | | | 7 | 1 |" in md
+    assert f"SFT 70.00% and {rooms['mean']['sft']['gap'][0]:+.2f} points: not met" in md
+    table = [line for line in md.splitlines() if line.startswith("| seed | SFT valid_seen")][0]
+    # under the header: the separator, 2 seeds, the spread, the pooled and the headroom rows, 16 columns each
+    rows = md.split(table + "\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(rows) == 6 and {line.count("|") for line in [table, *rows]} == {17}
+
+
+def test_main_job_seeds_without_the_unseen_room_panel_in_every_job_gives_the_two_panel_summary(
+    pick_two_episodes, tmp_path, monkeypatch
+):
+    both = {"sft": {0}, "dev_sft": {0}, "rl_step4": set(), "dev_rl_step4": set()}
+    old = _main_job(tmp_path, 0, both, pick_two_episodes)  # run before the unseen-room panel existed
+    new = _main_job(
+        tmp_path, 1, {**both, "unseen_sft": {1}, "unseen_rl_step4": set()}, pick_two_episodes, pick_two_episodes
+    )
+    args = ["--seeds", "0", "1", "--run", f"0={old}", f"1={new}", "--results", str(tmp_path / "o")]
+    _run_main_job_seeds(monkeypatch, *args)
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert out["panels"] == ["valid_seen", "dev"] and list(out["pooled"]) == ["valid_seen", "dev"]
+    assert "headroom" not in out and "rooms" not in out and all("unseen" not in r for r in out["seeds"])
+    assert out["pooled"]["valid_seen"] == {"wins": 2, "losses": 0, "p": 0.5}
+    md = (tmp_path / "o.md").read_text()
+    header = "| seed | SFT valid_seen | SFT + GRPO valid_seen | wins | losses | p | SFT dev | SFT + GRPO dev | wins | "
+    assert header + "losses | minutes |" in md and "unseen" not in md
+
+
+def test_main_job_seeds_declares_its_seeds_before_any_job_runs_and_refuses_other_seeds_later(tmp_path, monkeypatch):
+    results = str(tmp_path / "res")
+    unfinished = tmp_path / "job"  # no systems.json: reading it fails, after the declaration
+    unfinished.mkdir()
+    runs = ["--run", f"2={unfinished}", f"4={unfinished}"]
+    with pytest.raises(SystemExit, match="no systems.json"):
+        _run_main_job_seeds(monkeypatch, *runs, "--set", "rl_steps=3", "--results", results)
+    declared = json.loads((tmp_path / "res.declared.json").read_text())
+    assert declared["seeds"] == [2, 4] and declared["sets"] == ["rl_steps=3"]
+    assert declared["utc"].endswith("+00:00") and "commit" in declared
+    other_seeds = r"declares seeds \[2, 4\] with --set \['rl_steps=3'\].*asks for seeds \[2, 5\]"
+    with pytest.raises(SystemExit, match=other_seeds):
+        _run_main_job_seeds(monkeypatch, "--seeds", "2", "5", "--set", "rl_steps=3", "--results", results)
+    with pytest.raises(SystemExit, match=r"asks for seeds \[4, 2\] with --set \[\]"):
+        _run_main_job_seeds(monkeypatch, "--seeds", "4", "2", "--results", results)  # other overrides
+    # the declared seeds and overrides in another order: the call goes on (to the unfinished job)
+    with pytest.raises(SystemExit, match="no systems.json"):
+        _run_main_job_seeds(monkeypatch, "--seeds", "4", *runs, "--set", "rl_steps=3", "--results", results)
+    assert json.loads((tmp_path / "res.declared.json").read_text()) == declared  # kept with its time

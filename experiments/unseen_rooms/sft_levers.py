@@ -1,0 +1,171 @@
+"""SFT-data levers for rooms the student never trained in (issue 51), each paired per game against
+the main job's own SFT model on valid_seen, the development games and the unseen-room panel.
+
+Usage: python -m experiments.unseen_rooms.sft_levers --run runs/main [--out runs/unseen_levers]
+           [--arms colocated_x10 renumber01] [--results benchmarks/results/student/unseen_levers] [--note TEXT]
+
+An arm is the main job `--run` from its SFT stage on, with its SFT examples rewritten: the arm's
+directory starts with copies of the run's teacher traces, experience store, tokenizer and initial
+model (its ``collect`` and ``model`` stages) and of its random and teacher evaluations, then
+`pipeline.run_pipeline` resumes it with ``skip_rl`` (SFT and its evaluations only). Same seed, same
+initial weights, same SFT steps of the same batch tokens: equal wall time, one thing changed.
+
+- ``colocated_x10``: every search example whose move opens or examines the receptacle where the
+  agent stands repeated 10 times (the committed job's data: 33 of 1,824 search examples; on unseen
+  rooms the student's first fault in 5 of 17 lost games is ``go to`` that receptacle instead:
+  benchmarks/results/student/search_faults_unseen.md).
+- ``renumber01`` / ``renumber025``: 10% / 25% of the examples with receptacle instances renumbered
+  (experiments/renumber/renumber.py; 10% was even on valid_seen in session 22, never read on unseen
+  rooms, where most of the student's search slips name another instance number of the teacher's
+  receptacle type: ``shelf 9`` searched already for ``shelf 8``; `benchmarks/search_faults.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.search_faults import search_move
+from evoharness.eval.run_report import gap_interval, paired
+from evoharness.files import read_jsonl
+
+_OPEN_THERE = ("open", "examine")
+
+
+def colocated_upsample(examples: list[dict], factor: int) -> tuple[list[dict], int]:
+    """`examples` with each search example whose move opens or examines the receptacle where the
+    agent stands (`benchmarks.search_faults.search_move`: "the next receptacle to search is R"
+    with ``open R`` / ``examine R``) followed by `factor` - 1 copies. Returns (examples, copies added).
+
+    Raises:
+        ValueError: `factor` < 1.
+    """
+    if factor < 1:
+        raise ValueError(f"colocated_upsample: factor must be >= 1 (got {factor})")
+    out, added = [], 0
+    for ex in examples:
+        out.append(ex)
+        move = search_move(ex["completion"])
+        if move and move[1].split(" ", 1)[0] in _OPEN_THERE:
+            out.extend([ex] * (factor - 1))
+            added += factor - 1
+    return out, added
+
+
+def _renumber(rate: float) -> Callable[[list[dict]], tuple[list[dict], int]]:
+    from experiments.renumber.renumber import renumber_examples
+
+    return lambda examples: renumber_examples(examples, rate=rate, seed=0)
+
+
+# name -> (what it changes, the SFT-example rewrite: (examples) -> (examples, examples changed or added))
+ARMS: dict[str, tuple[str, Callable[[list[dict]], tuple[list[dict], int]]]] = {
+    "colocated_x10": (
+        "search examples opening / examining where the agent stands x10",
+        lambda e: colocated_upsample(e, 10),
+    ),
+    "renumber01": ("10% of examples with receptacle instances renumbered", _renumber(0.1)),
+    "renumber025": ("25% of examples with receptacle instances renumbered", _renumber(0.25)),
+}
+# what an arm reuses from the run: the stages before SFT and the evaluations SFT does not change
+_COPIED = ("teacher_traces.jsonl", "experience.json", "model_init", ".collect.done", ".model.done")
+_COPIED_EVALS = ("random", "scripted_teacher")
+_PANELS = (("valid_seen", "sft"), ("dev", "dev_sft"), ("unseen rooms", "unseen_sft"))
+
+
+def prepare_arm(run: Path, arm_dir: Path, name: str) -> dict:
+    """`arm_dir` holding what arm `name` reuses of `run` and its rewritten ``sft_examples.jsonl``;
+    returns its run config (the run's, with ``out_dir`` and ``skip_rl`` set) as a dict."""
+    from evoharness.rollout.collect import write_jsonl_atomic
+
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    for f in _COPIED:
+        src, dst = run / f, arm_dir / f
+        if not dst.exists():
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    for system in _COPIED_EVALS:
+        for prefix in ("", "dev_", "unseen_"):
+            if (run / "eval" / f"{prefix}{system}").is_dir() and not (arm_dir / "eval" / f"{prefix}{system}").exists():
+                shutil.copytree(run / "eval" / f"{prefix}{system}", arm_dir / "eval" / f"{prefix}{system}")
+        shutil.copy2(run / f".eval_{system}.done", arm_dir / f".eval_{system}.done")
+    if not (arm_dir / "sft_examples.jsonl").exists():
+        examples, changed = ARMS[name][1](read_jsonl(run / "sft_examples.jsonl"))
+        write_jsonl_atomic(arm_dir / "sft_examples.jsonl", examples)
+        (arm_dir / "lever.json").write_text(json.dumps({"arm": name, "examples": len(examples), "changed": changed}))
+    cfg = json.loads((run / "run_config.json").read_text())
+    cfg.update(out_dir=str(arm_dir), skip_rl=True)
+    (arm_dir / "run_config.json").write_text(json.dumps(cfg, indent=2))
+    return cfg
+
+
+def arm_row(run: Path, arm_dir: Path, name: str) -> dict:
+    """The arm's SFT model against the run's, paired per game on each panel."""
+    row = {"arm": name, "lever": ARMS[name][0], **json.loads((arm_dir / "lever.json").read_text())}
+    for panel, system in _PANELS:
+        base = read_jsonl(run / "eval" / system / "episodes.jsonl")
+        arm = read_jsonl(arm_dir / "eval" / system / "episodes.jsonl")
+        won = {"base": sum(e["won"] for e in base), "won": sum(e["won"] for e in arm), "n": len(arm)}
+        row[panel] = {**won, **paired(base, arm)}
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", default="runs/main", help="a finished main job with an unseen-room panel")
+    ap.add_argument("--out", default="runs/unseen_levers")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--results", default="benchmarks/results/student/unseen_levers")
+    ap.add_argument("--note", default="", help="a line for the report (the machine, how the arms ran)")
+    args = ap.parse_args()
+
+    from evoharness.config.run import RunConfig
+    from evoharness.pipeline import run_pipeline
+
+    run, load = Path(args.run), " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if not (run / "eval" / "unseen_sft" / "episodes.jsonl").is_file():
+        sys.exit(f"{run}: no finished main job with an unseen-room panel (eval/unseen_sft)")
+    rows = []
+    for name in args.arms:
+        arm_dir = Path(args.out) / name
+        run_pipeline(RunConfig.model_validate(prepare_arm(run, arm_dir, name)))
+        rows.append(arm_row(run, arm_dir, name))
+    lines = [
+        "# SFT-data levers on unseen rooms (issue 51)",
+        "",
+        f"`python -m experiments.unseen_rooms.sft_levers {' '.join(sys.argv[1:])}`. Each arm: the main job "
+        f"`{run}` from its SFT stage on (same seed, initial weights and SFT steps) with its SFT examples "
+        "rewritten, its SFT model paired per game against the run's (greedy, cap 50). +/-: games only the arm / "
+        "only the run's SFT won; p: exact two-sided sign test; gap: valid_seen minus unseen rooms in points "
+        "(Newcombe 95% interval).",
+        "",
+        "| arm | lever | examples (changed) | "
+        + " | ".join(f"{p}: run -> arm | +/- | p" for p, _ in _PANELS)
+        + " | gap run | gap arm |",
+        "|---" * (3 + 3 * len(_PANELS) + 2) + "|",
+    ]
+    for r in rows:
+        cells = [f"{r['arm']}", r["lever"], f"{r['examples']} ({r['changed']})"]
+        for p, _ in _PANELS:
+            c = r[p]
+            cells += [f"{c['base']}/{c['n']} -> {c['won']}/{c['n']}", f"+{c['b_only']} / -{c['a_only']}"]
+            cells.append(f"{c['p']:.3g}")
+        vs, un = r["valid_seen"], r["unseen rooms"]
+        for key in ("base", "won"):
+            g, lo, hi = gap_interval(vs[key], vs["n"], un[key], un["n"])
+            cells.append(f"{g:+.1f} [{lo:+.1f}, {hi:+.1f}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"2 CPUs; load average (1/5/15 min) at start {load}.", args.note]
+    res = Path(args.results)
+    res.mkdir(parents=True, exist_ok=True)
+    (res / "sft_levers.md").write_text("\n".join(lines).rstrip() + "\n")
+    (res / "sft_levers.json").write_text(json.dumps({"run": str(run), "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

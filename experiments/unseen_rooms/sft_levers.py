@@ -93,7 +93,7 @@ def prepare_arm(run: Path, arm_dir: Path, name: str) -> dict:
             if (run / "eval" / f"{prefix}{system}").is_dir() and not (arm_dir / "eval" / f"{prefix}{system}").exists():
                 shutil.copytree(run / "eval" / f"{prefix}{system}", arm_dir / "eval" / f"{prefix}{system}")
         shutil.copy2(run / f".eval_{system}.done", arm_dir / f".eval_{system}.done")
-    if not (arm_dir / "sft_examples.jsonl").exists():
+    if not (arm_dir / "lever.json").exists():  # written last: a rewrite cut short is redone (it is seeded)
         examples, changed = ARMS[name][1](read_jsonl(run / "sft_examples.jsonl"))
         write_jsonl_atomic(arm_dir / "sft_examples.jsonl", examples)
         (arm_dir / "lever.json").write_text(json.dumps({"arm": name, "examples": len(examples), "changed": changed}))

@@ -94,8 +94,11 @@ def test_streamed_rows_give_the_whole_batch_gradient():
     runs_whole = run_updates(whole, [], lr, step=0)  # the accumulated gradient, as it stands
     runs_stream = run_updates(streamed, [], lr, step=0, scale=scale)
     assert runs_stream[0]["grad_norm"] == pytest.approx(runs_whole[0]["grad_norm"], rel=1e-5)
+    # AdamW's first step is lr * g / (|g| + eps): where a gradient is near eps (1e-8) the float
+    # noise of another summation order (within the atol above) moves the step by a fraction of lr
+    # (1.5e-3 lr seen on an AMD EPYC), so the weights agree to 1% of lr, the gradients exactly above
     for p, q in zip(whole_model.parameters(), stream_model.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-2 * lr)
     got = merged_update_metrics(micro, [runs_stream], scale)
     exp = merged_update_metrics([want_stats], [runs_whole], 1.0)
     assert got.keys() == exp.keys()

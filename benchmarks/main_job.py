@@ -53,13 +53,18 @@ def main() -> None:
         + args.set
     )
     cfg = load_config(RunConfig, None, overrides)
-    start = _load()
-    report = run_pipeline(cfg)
-    dest = Path(args.results)
+    start = load_average()
+    publish(run_pipeline(cfg), Path(args.results), start)
+
+
+def publish(report: Path, dest: Path, start_load: str, device: str = "") -> None:
+    """Copy a finished job's `report` (``report.md``) and its figures (`FILES`) into `dest`, with
+    ``machine.txt``: the CPUs, the load average at the job's start (`start_load`, `load_average`) and now (the
+    job's own processes count in it), and `device` when given (a GPU's name)."""
     dest.mkdir(parents=True, exist_ok=True)
-    # the machine's load beside the wall times (the job's own processes count in it)
     (dest / "machine.txt").write_text(
-        f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {start}, at end {_load()}\n"
+        f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {start_load}, at end {load_average()}\n"
+        + (f"device: {device}\n" if device else "")
     )
     for name in FILES:
         if (report.parent / name).is_file():
@@ -67,7 +72,8 @@ def main() -> None:
     print(f"report: {dest / 'report.md'}")
 
 
-def _load() -> str:
+def load_average() -> str:
+    """The 1/5/15-minute load average, formatted."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 

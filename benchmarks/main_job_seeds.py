@@ -5,7 +5,10 @@ Usage: python benchmarks/main_job_seeds.py --seeds 0 1 2 [--root runs/seeds] [--
 
 Each seed is one full main job (``benchmarks/main_job.py --set seed=S``, in its own process) in
 ``<root>/seed<S>``; a finished job is read, an unfinished one resumes. ``--run S=DIR`` reads a main
-job already run with seed S instead (same settings; S counts as one of the seeds). `RunConfig.seed`
+job already run with seed S instead (same settings; S counts as one of the seeds). Every job read is
+kept, its episodes slimmed, in ``<results>.jobs/seed<S>.json.gz`` (commit it): a later call on any
+machine reads a seed from there when ``<root>`` has no finished job for it, so the declared seeds can
+be run over several sessions; the report names each seed's CPU. `RunConfig.seed`
 draws everything the job draws: the 60 development games, the model's initial weights, the SFT
 batch order, the screened RL games and the RL samples; valid_seen is the same 140 games for every
 seed, and so is the unseen-room panel (floor plans no training game comes from).
@@ -44,8 +47,11 @@ Writes ``<results>.md``, ``.json`` and ``.png`` (success per seed and panel, bot
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -83,6 +89,17 @@ def run_seed(seed: int, root: Path, sets: list[str]) -> Path:
         ]
         subprocess.run(cmd, check=True)
     return out
+
+
+def job_of(seed: int, given: Path | None, root: Path, sets: list[str], kept: Path) -> dict:
+    """Seed `seed`'s job: the one given with --run, else the finished job in ``root/seed<seed>``, else the
+    one kept in `kept` by an earlier call (possibly on another machine), else run (or resumed) now. A job
+    read from a directory is kept (`keep_job`)."""
+    if given is None and not (root / f"seed{seed}" / "report.md").exists() and kept.is_file():
+        return load_kept(kept)
+    job = read_job(given if given is not None else run_seed(seed, root, sets))
+    keep_job(job, kept)
+    return job
 
 
 def git_commit() -> str | None:
@@ -132,7 +149,61 @@ def read_job(out: Path) -> dict:
     episodes = {name: _panels(out / "eval", d) for name, d in dirs.items()}
     seconds = sum(float(m.read_text() or 0) for m in out.glob(".*.done"))
     seed = json.loads((out / "run_config.json").read_text())["seed"]
-    return {"dir": str(out), "seed": seed, "episodes": episodes, "minutes": seconds / 60}
+    return {"dir": str(out), "seed": seed, "episodes": episodes, "minutes": seconds / 60, "cpu": cpu_model()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; `platform.processor()` elsewhere): float results differ across
+    CPUs, so each seed's job says where it ran."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _slim(episode: dict) -> dict:
+    """An episode as the report reads it: its scalar fields and flat dicts (``meta_calls``), and per turn
+    only ``kind``, ``action`` and a digest of ``feedback`` (what `wasted_steps` compares); prompts,
+    completions and other lists go."""
+    keep = {
+        k: v
+        for k, v in episode.items()
+        if not isinstance(v, list | dict)
+        or (isinstance(v, dict) and not any(isinstance(x, list | dict) for x in v.values()))
+    }
+    keep["turns"] = [
+        {
+            "kind": t.get("kind"),
+            "action": t.get("action"),
+            "feedback": hashlib.sha1(str(t.get("feedback")).encode()).hexdigest()[:12],
+        }
+        for t in episode.get("turns", [])
+    ]
+    return keep
+
+
+def keep_job(job: dict, path: Path) -> None:
+    """Write a read job (`read_job`), its episodes slimmed (`_slim`), to the gzipped JSON `path`,
+    atomically: a later call, on this machine or another, reads the seed from it (`load_kept`) instead of
+    running the job again, so a five-seed report can gather its seeds over several sessions."""
+    slim = {
+        **job,
+        "episodes": {s: {p: [_slim(e) for e in eps] for p, eps in ps.items()} for s, ps in job["episodes"].items()},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    with gzip.open(tmp, "wt") as f:
+        json.dump(slim, f)
+    os.replace(tmp, path)
+
+
+def load_kept(path: Path) -> dict:
+    """A job `keep_job` wrote."""
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
 
 
 def _panels(eval_dir: Path, d: str) -> dict[str, list[dict]]:
@@ -171,6 +242,7 @@ def summarise(jobs: dict[int, dict]) -> dict:
                 "seed": seed,
                 "dir": job["dir"],
                 "minutes": round(job["minutes"], 1),
+                "cpu": job.get("cpu", "unknown"),
                 **pair_seed(eps["sft"], eps["sft_grpo"], SYSTEMS, panels),
             }
         )
@@ -303,6 +375,10 @@ def write(summary: dict, results: Path, argv: list[str], note: str) -> None:
         lines += _rooms_table(summary["rooms"])
     lines += _waste_table(summary["wasted"]) + _cost_table(summary["cost"]) + _lost_table(summary)
     lines += [
+        "",
+        "CPU of each seed's job (float results differ across CPUs; each seed's pairs come from one machine): "
+        + "; ".join(f"seed {r['seed']} {r.get('cpu', 'unknown')}" for r in rows)
+        + ".",
         "",
         f"{os.cpu_count()} CPUs; load average (1/5/15 min) when the table was written: "
         + " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -551,7 +627,8 @@ def main() -> None:
         raise SystemExit("no seeds: give --seeds and/or --run")
     results = Path(args.results)
     declared = declare(results.with_suffix(".declared.json"), seeds, args.set)  # before any job runs
-    jobs = {s: read_job(given[s] if s in given else run_seed(s, Path(args.root), args.set)) for s in seeds}
+    kept = results.with_name(results.name + ".jobs")
+    jobs = {s: job_of(s, given.get(s), Path(args.root), args.set, kept / f"seed{s}.json.gz") for s in seeds}
     if wrong := [f"{j['dir']} ran seed {j['seed']}" for s, j in jobs.items() if j["seed"] != s]:
         raise SystemExit("--run: " + "; ".join(wrong))
     summary = {**summarise(jobs), "declared": declared, "given": sorted(given)}

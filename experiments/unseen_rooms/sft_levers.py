@@ -3,6 +3,8 @@ the main job's own SFT model on valid_seen, the development games and the unseen
 
 Usage: python -m experiments.unseen_rooms.sft_levers --run runs/main [--out runs/unseen_levers]
            [--arms colocated_x10 renumber01] [--results benchmarks/results/student/unseen_levers] [--note TEXT]
+       python -m experiments.unseen_rooms.sft_levers --pool RUN1/sft_levers.json RUN2/sft_levers.json
+           [--results DIR]   (each arm's pairs summed over runs of other seeds: pooled.md / .json)
 
 An arm is the main job `--run` from its SFT stage on, with its SFT examples rewritten: the arm's
 directory starts with copies of the run's teacher traces, experience store, tokenizer and initial
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.search_faults import search_move
-from evoharness.eval.run_report import gap_interval, paired
+from evoharness.eval.run_report import gap_interval, paired, sign_test
 from evoharness.files import read_jsonl
 
 _OPEN_THERE = ("open", "examine")
@@ -114,6 +116,61 @@ def arm_row(run: Path, arm_dir: Path, name: str) -> dict:
     return row
 
 
+def pool_rows(reports: list[dict]) -> list[dict]:
+    """Each arm's pairs summed over `reports` (``sft_levers.json`` of independent runs, e.g. main jobs of
+    other seeds, each arm paired against its own run): per panel the summed wins, games, wins only the arm
+    (``b_only``) / only the run (``a_only``) had, and the exact sign test on the sums (each discordant
+    game a fair coin under the null). Arms missing from a report are pooled over the reports that have them
+    (``runs`` counts them)."""
+    pooled: dict[str, dict] = {}
+    for report in reports:
+        for r in report["rows"]:
+            row = pooled.setdefault(r["arm"], {"arm": r["arm"], "lever": r["lever"], "runs": []})
+            row["runs"].append(report["run"])
+            for panel, _ in _PANELS:
+                cell = row.setdefault(panel, dict.fromkeys(("base", "won", "n", "b_only", "a_only"), 0))
+                for k in cell:
+                    cell[k] += r[panel][k]
+    for row in pooled.values():
+        for panel, _ in _PANELS:
+            row[panel]["p"] = sign_test(row[panel]["b_only"], row[panel]["a_only"])
+    return list(pooled.values())
+
+
+def write_pooled(reports: list[Path], results: Path) -> str:
+    """``pooled.md`` / ``.json`` in `results`: `pool_rows` over the `reports` (``sft_levers.json`` files)."""
+    rows = pool_rows([json.loads(r.read_text()) for r in reports])
+    lines = [
+        "# SFT-data levers on unseen rooms, pooled over runs (issue 51)",
+        "",
+        "Each arm paired per game against its own run's SFT model (`sft_levers.json` of each run: "
+        + ", ".join(f"`{r}`" for r in reports)
+        + "), the wins and losses summed over the runs; p: exact two-sided sign test on the sums; gap: "
+        "valid_seen minus unseen rooms in points (Newcombe 95% interval, on the summed games).",
+        "",
+        "| arm | runs | " + " | ".join(f"{p}: runs -> arm | +/- | p" for p, _ in _PANELS) + " | gap runs | gap arm |",
+        "|---" * (2 + 3 * len(_PANELS) + 2) + "|",
+    ]
+    for r in rows:
+        cells = [r["arm"], str(len(r["runs"]))]
+        for p, _ in _PANELS:
+            c = r[p]
+            cells += [
+                f"{c['base']}/{c['n']} -> {c['won']}/{c['n']}",
+                f"+{c['b_only']} / -{c['a_only']}",
+                f"{c['p']:.3g}",
+            ]
+        vs, un = r["valid_seen"], r["unseen rooms"]
+        for key in ("base", "won"):
+            g, lo, hi = gap_interval(vs[key], vs["n"], un[key], un["n"])
+            cells.append(f"{g:+.1f} [{lo:+.1f}, {hi:+.1f}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "pooled.md").write_text("\n".join(lines) + "\n")
+    (results / "pooled.json").write_text(json.dumps({"reports": [str(r) for r in reports], "rows": rows}, indent=1))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", default="runs/main", help="a finished main job with an unseen-room panel")
@@ -121,7 +178,11 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--results", default="benchmarks/results/student/unseen_levers")
     ap.add_argument("--note", default="", help="a line for the report (the machine, how the arms ran)")
+    ap.add_argument("--pool", nargs="+", type=Path, help="only pool these sft_levers.json files into --results")
     args = ap.parse_args()
+    if args.pool:
+        print(write_pooled(args.pool, Path(args.results)))
+        return
 
     from evoharness.config.run import RunConfig
     from evoharness.pipeline import run_pipeline

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
+
 import pytest
 
 from benchmarks.search_faults import search_move
 from evoharness.envs.alfworld.games import discover_games
-from experiments.unseen_rooms.sft_levers import colocated_upsample
+from evoharness.eval.run_report import sign_test
+from experiments.unseen_rooms.sft_levers import colocated_upsample, write_pooled
 
 # bundled train games where the teacher searches receptacles at the desk lamp's location (shelves 6 and 7, drawer 3)
 _GAMES = ("look_at_obj_in_light-AlarmClock-None-DeskLamp-324", "look_at_obj_in_light-CD-None-DeskLamp-307")
@@ -39,3 +44,25 @@ def test_colocated_upsampling_repeats_exactly_the_open_or_examine_search_moves(e
     assert colocated_upsample(examples, 1) == (examples, 0)
     with pytest.raises(ValueError, match="factor"):
         colocated_upsample(examples, 0)
+
+
+def test_pooling_sums_each_arms_pairs_over_runs_and_tests_the_sums(tmp_path):
+    committed = Path(__file__).parents[2] / "benchmarks/results/student/unseen_levers/sft_levers.json"
+    one = json.loads(committed.read_text())
+    other = copy.deepcopy(one)
+    other["run"], other["rows"] = "runs/seeds/seed1", other["rows"][2:]  # a second run with renumber025 only
+    (tmp_path / "a.json").write_text(json.dumps(one))
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    md = write_pooled([tmp_path / "a.json", tmp_path / "b.json"], tmp_path / "out")
+    rows = {r["arm"]: r for r in json.loads((tmp_path / "out" / "pooled.json").read_text())["rows"]}
+    r025 = one["rows"][2]["unseen rooms"]
+    assert rows["renumber025"]["runs"] == [one["run"], "runs/seeds/seed1"]
+    assert rows["renumber025"]["unseen rooms"] == {
+        **{k: 2 * r025[k] for k in ("base", "won", "n", "b_only", "a_only")},
+        "p": sign_test(2 * r025["b_only"], 2 * r025["a_only"]),
+    }
+    assert rows["renumber025"]["unseen rooms"]["p"] < r025["p"]  # the same split over twice the games
+    assert rows["colocated_x10"]["runs"] == [one["run"]] and rows["colocated_x10"]["dev"] == {
+        k: v for k, v in one["rows"][0]["dev"].items() if k not in ("both", "neither")
+    }
+    assert "| renumber025 | 2 | 242/280 -> 258/280 | +24 / -8 |" in md

@@ -38,6 +38,7 @@ from evoharness.config.policy import PolicyConfig
 from evoharness.config.recipe import ModelRecipe, write_recipe
 from evoharness.config.rl import Branch, RLConfig
 from evoharness.config.run import RESUME_FREE, RunConfig
+from evoharness.config.sft import SFTConfig
 from evoharness.eval.evaluate import evaluate, evaluate_many
 from evoharness.files import read_jsonl
 from evoharness.recipes.alfworld import spread
@@ -147,7 +148,7 @@ def rl_config(cfg: RunConfig, out: Path) -> RLConfig:
     rl_cfg.model_path, rl_cfg.out_dir = str(sft_dirs(cfg, out)[-1] / "final"), str(out / "rl")
     rl_cfg.engine, rl_cfg.data_path, rl_cfg.wording = cfg.env.engine, cfg.env.data_path, cfg.env.wording
     rl_cfg.harness = cfg.harness.model_copy(update={"experience_path": str(out / "experience.json")})
-    rl_cfg.constrained, rl_cfg.seed = cfg.constrained, cfg.seed
+    rl_cfg.constrained, rl_cfg.seed, rl_cfg.device = cfg.constrained, cfg.seed, cfg.device
     rl_cfg.split = cfg.train_split
     rl_cfg.exclude_games = sorted({t.task_id for t in dev_split(cfg)[1]} | set(unseen_room_games(cfg)))
     if rl_cfg.sft_anchor is not None and not rl_cfg.sft_anchor.data_path:  # the teacher rows SFT trained on
@@ -238,6 +239,7 @@ def model_policy(cfg: RunConfig, path: Path, temperature: float = 0.0) -> Policy
         max_prompt_tokens=cfg.sft.max_prompt_tokens,
         seed=cfg.seed,
         num_threads=cfg.rl.decode_threads,
+        device=cfg.device,
     )
 
 
@@ -461,7 +463,15 @@ def sft(job: Job, r: int) -> None:
     from evoharness.train.sft import train_sft
 
     cfg, sfts = job.cfg, job.sfts
-    sft_cfg = cfg.sft.model_copy()
+    data = read_jsonl(job.sft_data) + [ex for k in range(1, r + 1) for ex in read_jsonl(job.out / f"dagger{k}.jsonl")]
+    start = (cfg.model_path or job.model_dir) if r == 0 else sfts[r - 1] / "final"
+    train_sft(sft_config(cfg, r), data, start, sfts[r])
+
+
+def sft_config(cfg: RunConfig, r: int) -> SFTConfig:
+    """SFT stage `r`'s config (`sft`): ``cfg.sft`` on the job's device, a DAgger round's (r > 0) at
+    ``dagger_sft_steps`` / ``dagger_lr``, capped at its share of ``budget_minutes`` when that is set."""
+    sft_cfg = cfg.sft.model_copy(update={"device": cfg.device})
     if r > 0:
         sft_cfg.max_steps = cfg.dagger_sft_steps
         sft_cfg.lr = cfg.dagger_lr
@@ -469,9 +479,7 @@ def sft(job: Job, r: int) -> None:
         sft_cfg.max_minutes = (
             None if cfg.budget_minutes is None else cfg.budget_minutes * cfg.sft_budget_share / (1 + cfg.dagger_rounds)
         )
-    data = read_jsonl(job.sft_data) + [ex for k in range(1, r + 1) for ex in read_jsonl(job.out / f"dagger{k}.jsonl")]
-    start = (cfg.model_path or job.model_dir) if r == 0 else sfts[r - 1] / "final"
-    train_sft(sft_cfg, data, start, sfts[r])
+    return sft_cfg
 
 
 def dagger(job: Job, r: int) -> None:

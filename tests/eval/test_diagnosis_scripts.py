@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -305,3 +306,29 @@ def test_main_job_seeds_declares_its_seeds_before_any_job_runs_and_refuses_other
     with pytest.raises(SystemExit, match="no systems.json"):
         _run_main_job_seeds(monkeypatch, "--seeds", "4", *runs, "--set", "rl_steps=3", "--results", results)
     assert json.loads((tmp_path / "res.declared.json").read_text()) == declared  # kept with its time
+
+
+def test_main_job_seeds_keeps_each_job_slimmed_and_a_later_call_reads_the_kept_seeds_without_their_runs(
+    pick_two_episodes, tmp_path, monkeypatch
+):
+    lost = {0: ({0, 1}, {1}), 3: ({4}, set())}
+    runs = []
+    for seed, (sft, rl) in lost.items():
+        eval_lost = {"sft": sft, "dev_sft": sft, "rl_step4": rl, "dev_rl_step4": rl}
+        runs.append(f"{seed}={_main_job(tmp_path / 'jobs', seed, eval_lost, pick_two_episodes)}")
+    results = tmp_path / "res" / "seeds"
+    _run_main_job_seeds(monkeypatch, "--run", *runs, "--results", str(results))
+    first = json.loads(results.with_suffix(".json").read_text())
+    kept = sorted(p.name for p in (tmp_path / "res" / "seeds.jobs").iterdir())
+    assert kept == ["seed0.json.gz", "seed3.json.gz"]
+    raw = sum(p.stat().st_size for p in (tmp_path / "jobs" / "seed0" / "eval").rglob("episodes.jsonl"))
+    assert (tmp_path / "res" / "seeds.jobs" / "seed0.json.gz").stat().st_size < raw / 5
+    shutil.rmtree(tmp_path / "jobs")  # another machine: no run directory, only the committed kept jobs
+    root = ["--root", str(tmp_path / "jobs")]
+    _run_main_job_seeds(monkeypatch, "--seeds", "0", "3", *root, "--results", str(results))  # no job runs
+    second = json.loads(results.with_suffix(".json").read_text())
+    # the same tables, wasted steps (turns compared by digest) and cost test included
+    for key in ("seeds", "spread", "pooled", "wasted", "cost", "lost_games"):
+        assert second[key] == first[key], key
+    assert first["wasted"] and any(r["cpu"] not in ("", "unknown") for r in second["seeds"])
+    assert "CPU of each seed's job" in results.with_suffix(".md").read_text()

@@ -87,3 +87,17 @@ def test_the_config_imports_nothing_else_of_the_project():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == ["evoharness"]
+
+
+def test_one_device_key_puts_every_stages_model_there_and_the_stage_keys_are_refused(tmp_path):
+    from evoharness.pipeline import model_policy, rl_config, sft_config
+
+    cfg = load_run_config(overrides=["device=cuda:1", "dagger_rounds=1", "budget_minutes=20"])
+    assert [sft_config(cfg, r).device for r in (0, 1)] == ["cuda:1", "cuda:1"]
+    assert sft_config(cfg, 1).max_steps == cfg.dagger_sft_steps and sft_config(cfg, 0).max_minutes == 20 * 0.55 / 2
+    assert rl_config(cfg, tmp_path).device == "cuda:1"
+    assert model_policy(cfg, tmp_path / "m").device == "cuda:1"
+    assert sft_config(RunConfig(), 0).device == rl_config(RunConfig(), tmp_path).device == "cpu"
+    for key in ("sft.device", "rl.device"):
+        with pytest.raises(ConfigError, match="with `device`"):
+            load_run_config(overrides=[f"{key}=cuda"])

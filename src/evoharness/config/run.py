@@ -151,6 +151,9 @@ class RunConfig(Strict):
     sft_budget_share: float = 0.55  # of budget_minutes, when set (DAgger rounds included)
     rl_budget_share: float = 0.12  # of budget_minutes, as rl.max_minutes when set (and rl.max_minutes is unset)
     threads: int | None = 2  # torch CPU threads for the whole job (set 1 on a shared box)
+    # torch device of every stage's model: SFT, DAgger, RL (trainer, rollouts, reference) and the student's
+    # evaluations (cpu, cuda, cuda:1, ...); the job sets sft.device, rl.device and the evaluated policies' from it
+    device: str = "cpu"
 
     @model_validator(mode="after")
     def _one_prompt_recipe(self) -> RunConfig:
@@ -163,6 +166,8 @@ class RunConfig(Strict):
             )
         if self.rl.harness != HarnessConfig(kind="bpe"):
             raise ValueError("set the harness for every stage with `harness.*`, not `rl.harness.*`")
+        if self.sft.device != "cpu" or self.rl.device != "cpu":
+            raise ValueError("set the device of every stage with `device`, not `sft.device` / `rl.device`")
         return self
 
 

@@ -134,6 +134,52 @@ def test_pair_runs_pools_per_game_wins_and_losses_over_seeds(pick_two_episodes, 
         pair_runs_main()  # these jobs reported no SFT + GRPO model
 
 
+def test_pair_runs_pairs_two_seed_studies_kept_jobs_on_the_seeds_both_hold_with_the_unseen_room_panel(
+    pick_two_episodes, tmp_path, monkeypatch
+):
+    unseen = [dict(e, task_id=f"unseen/{i}") for i, e in enumerate(pick_two_episodes[:10])]  # other games
+
+    def keep(study: str, seed: int, lost: set[int], lost_unseen: set[int]) -> None:
+        eps = {
+            "valid_seen": [dict(e, won=i not in lost) for i, e in enumerate(pick_two_episodes)],
+            "dev": [dict(e, won=True) for e in pick_two_episodes],
+            "unseen": [dict(e, won=i not in lost_unseen) for i, e in enumerate(unseen)],
+        }
+        job = {"dir": "gone", "seed": seed, "episodes": {"sft": eps}, "minutes": 1.0, "cpu": "x"}
+        main_job_seeds.keep_job(job, tmp_path / f"{study}.jobs" / f"seed{seed}.json.gz")
+
+    keep("base", 0, {0}, {0})  # seed 0 only in the base study: not paired
+    keep("base", 1, {0, 1}, {0, 1, 2})
+    keep("new", 1, {2}, {0})
+    keep("new", 2, set(), set())
+    studies = [str(tmp_path / "base"), str(tmp_path / "new")]
+    monkeypatch.setattr(sys, "argv", ["pair_runs.py", "--studies", *studies, "--results", str(tmp_path / "out")])
+    pair_runs_main()
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [r["seed"] for r in out["seeds"]] == [1] and out["panels"] == ["valid_seen", "dev", "unseen"]
+    assert out["pooled"]["valid_seen"] == {"wins": 2, "losses": 1, "p": sign_test(2, 1)}
+    assert out["pooled"]["unseen"] == {"wins": 2, "losses": 0, "p": sign_test(2, 0)}
+    n = len(pick_two_episodes)
+    assert out["rooms"]["new"]["unseen"] == pytest.approx(90.0)
+    assert out["rooms"]["base"]["gap"] == pytest.approx(100 * (n - 2) / n - 70.0)
+    md = (tmp_path / "out.md").read_text()
+    assert "| base unseen | new unseen |" in md and "unseen rooms 90.00%" in md
+    # a kept job mixed with a job directory that never played the unseen-room panel: two panels
+    old = tmp_path / "old"
+    for sub in ("sft", "dev_sft"):
+        (old / "eval" / sub).mkdir(parents=True)
+        (old / "eval" / sub / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in pick_two_episodes))
+    pair = f"1={old},{tmp_path / 'new.jobs' / 'seed1.json.gz'}"
+    monkeypatch.setattr(sys, "argv", ["pair_runs.py", "--pair", pair, "--results", str(tmp_path / "mixed")])
+    pair_runs_main()
+    mixed = json.loads((tmp_path / "mixed.json").read_text())
+    assert mixed["panels"] == ["valid_seen", "dev"] and "rooms" not in mixed
+    assert mixed["pooled"]["valid_seen"] == {"wins": 0, "losses": 1, "p": 1.0}
+    monkeypatch.setattr(sys, "argv", ["pair_runs.py", "--studies", studies[0], str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="no seed kept in both"):
+        pair_runs_main()
+
+
 def test_main_job_seeds_pools_grpo_against_sft_and_lists_every_game_lost_in_some_seed(pick_two_episodes):
     def eps(lost: set[int]) -> list[dict]:
         return [dict(e, won=i not in lost) for i, e in enumerate(pick_two_episodes)]

@@ -42,7 +42,7 @@ def preset_path(name: str) -> Path:
 def _default_sft() -> SFTConfig:
     return SFTConfig(
         lr=2e-3,
-        max_steps=2000,
+        max_steps=3000,
         batch_tokens=4096,
         warmup_steps=20,
         max_prompt_tokens=1024,

@@ -136,7 +136,7 @@ def declare(path: Path, seeds: list[int], sets: list[str]) -> dict:
 
 def read_job(out: Path) -> dict:
     """A finished main job's SFT, SFT + GRPO and (when it was played) last RL checkpoint episodes on each
-    panel it played (`_panels`), and its stage minutes."""
+    panel it played (`job_panels`), and its stage minutes."""
     systems_file = out / "systems.json"
     if not systems_file.exists():
         raise SystemExit(f"{out}: no systems.json (not a finished main job)")
@@ -146,7 +146,7 @@ def read_job(out: Path) -> dict:
     dirs = {name: systems[name] for name in SYSTEMS}
     if (out / "eval" / "rl_last" / "episodes.jsonl").exists():  # played before the development games choose
         dirs["rl_last"] = "rl_last"
-    episodes = {name: _panels(out / "eval", d) for name, d in dirs.items()}
+    episodes = {name: job_panels(out / "eval", d) for name, d in dirs.items()}
     seconds = sum(float(m.read_text() or 0) for m in out.glob(".*.done"))
     seed = json.loads((out / "run_config.json").read_text())["seed"]
     return {"dir": str(out), "seed": seed, "episodes": episodes, "minutes": seconds / 60, "cpu": cpu_model()}
@@ -206,7 +206,7 @@ def load_kept(path: Path) -> dict:
         return json.load(f)
 
 
-def _panels(eval_dir: Path, d: str) -> dict[str, list[dict]]:
+def job_panels(eval_dir: Path, d: str) -> dict[str, list[dict]]:
     """One system's episodes by panel: valid_seen (``eval/<d>``), dev (``eval/dev_<d>``) and, in a job
     run since the unseen-room panel existed, that panel (``eval/unseen_<d>``)."""
     eps = {"valid_seen": read_jsonl(eval_dir / d / "episodes.jsonl")}

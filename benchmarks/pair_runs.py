@@ -27,14 +27,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from main_job_seeds import load_kept
+from main_job_seeds import job_panels, load_kept, room_gap
 from results_file import write_results
 from seed_pairs import PANELS, UNSEEN, pair_seed, panel_cells, pool
 
-from evoharness.files import read_jsonl
-
 NAMES = ("base", "new")
-PREFIX = {"valid_seen": "", "dev": "dev_", UNSEEN: "unseen_"}  # eval/<prefix><system>
 
 
 def episodes(run: Path, system: str) -> dict[str, list[dict]]:
@@ -54,14 +51,10 @@ def episodes(run: Path, system: str) -> dict[str, list[dict]]:
         if not systems.is_file() or "sft_grpo" not in json.loads(systems.read_text()):
             sys.exit(f"{run}: no reported SFT + GRPO system (systems.json; an SFT-only job?)")
         name = json.loads(systems.read_text())["sft_grpo"]
-    out = {}
-    for panel, prefix in PREFIX.items():
-        path = run / "eval" / f"{prefix}{name}" / "episodes.jsonl"
-        if path.is_file():
-            out[panel] = read_jsonl(path)
-        elif panel in PANELS:
+    for prefix in ("", "dev_"):  # the panels every finished job played
+        if not (path := run / "eval" / f"{prefix}{name}" / "episodes.jsonl").is_file():
             sys.exit(f"{path}: missing (not a finished main job?)")
-    return out
+    return job_panels(run / "eval", name)
 
 
 def study_pairs(base: str, new: str) -> dict[int, tuple[Path, Path]]:
@@ -88,18 +81,12 @@ def parse_pairs(items: list[str]) -> dict[int, tuple[Path, Path]]:
 
 
 def rooms(rows: list[dict]) -> dict[str, dict[str, float]]:
-    """``{name: {"valid_seen", "unseen", "gap"}}``: each version's mean success (%) over the seeds on
-    both panels and the mean gap valid_seen minus unseen rooms (points)."""
-    out = {}
-    for name in NAMES:
-        v = [100 * r["valid_seen"][name] / r["valid_seen"]["games"] for r in rows]
-        u = [100 * r[UNSEEN][name] / r[UNSEEN]["games"] for r in rows]
-        out[name] = {
-            "valid_seen": statistics.mean(v),
-            UNSEEN: statistics.mean(u),
-            "gap": statistics.mean(v) - statistics.mean(u),
-        }
-    return out
+    """``{name: {"valid_seen", "unseen", "gap"}}``: each version's success (%) on both panels and the gap
+    valid_seen minus unseen rooms (points), each the mean over the seeds of `main_job_seeds.room_gap`."""
+    return {
+        name: {k: statistics.mean(room_gap(r, name)[k] for r in rows) for k in ("valid_seen", UNSEEN, "gap")}
+        for name in NAMES
+    }
 
 
 def main() -> None:

@@ -116,6 +116,20 @@ def arm_row(run: Path, arm_dir: Path, name: str) -> dict:
     return row
 
 
+def panel_cells(r: dict) -> list[str]:
+    """Markdown cells of a paired row: per panel (`_PANELS`) run -> arm, +/-, p; then the gaps
+    valid_seen minus unseen rooms of the run and of the arm (Newcombe 95% interval)."""
+    cells = []
+    for p, _ in _PANELS:
+        c = r[p]
+        cells += [f"{c['base']}/{c['n']} -> {c['won']}/{c['n']}", f"+{c['b_only']} / -{c['a_only']}", f"{c['p']:.3g}"]
+    vs, un = r["valid_seen"], r["unseen rooms"]
+    for key in ("base", "won"):
+        g, lo, hi = gap_interval(vs[key], vs["n"], un[key], un["n"])
+        cells.append(f"{g:+.1f} [{lo:+.1f}, {hi:+.1f}]")
+    return cells
+
+
 def pool_rows(reports: list[dict]) -> list[dict]:
     """Each arm's pairs summed over `reports` (``sft_levers.json`` of independent runs, e.g. main jobs of
     other seeds, each arm paired against its own run): per panel the summed wins, games, wins only the arm
@@ -152,19 +166,7 @@ def write_pooled(reports: list[Path], results: Path) -> str:
         "|---" * (2 + 3 * len(_PANELS) + 2) + "|",
     ]
     for r in rows:
-        cells = [r["arm"], str(len(r["runs"]))]
-        for p, _ in _PANELS:
-            c = r[p]
-            cells += [
-                f"{c['base']}/{c['n']} -> {c['won']}/{c['n']}",
-                f"+{c['b_only']} / -{c['a_only']}",
-                f"{c['p']:.3g}",
-            ]
-        vs, un = r["valid_seen"], r["unseen rooms"]
-        for key in ("base", "won"):
-            g, lo, hi = gap_interval(vs[key], vs["n"], un[key], un["n"])
-            cells.append(f"{g:+.1f} [{lo:+.1f}, {hi:+.1f}]")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([r["arm"], str(len(r["runs"])), *panel_cells(r)]) + " |")
     results.mkdir(parents=True, exist_ok=True)
     (results / "pooled.md").write_text("\n".join(lines) + "\n")
     (results / "pooled.json").write_text(json.dumps({"reports": [str(r) for r in reports], "rows": rows}, indent=1))
@@ -210,16 +212,9 @@ def main() -> None:
         "|---" * (3 + 3 * len(_PANELS) + 2) + "|",
     ]
     for r in rows:
-        cells = [f"{r['arm']}", r["lever"], f"{r['examples']} ({r['changed']})"]
-        for p, _ in _PANELS:
-            c = r[p]
-            cells += [f"{c['base']}/{c['n']} -> {c['won']}/{c['n']}", f"+{c['b_only']} / -{c['a_only']}"]
-            cells.append(f"{c['p']:.3g}")
-        vs, un = r["valid_seen"], r["unseen rooms"]
-        for key in ("base", "won"):
-            g, lo, hi = gap_interval(vs[key], vs["n"], un[key], un["n"])
-            cells.append(f"{g:+.1f} [{lo:+.1f}, {hi:+.1f}]")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(
+            "| " + " | ".join([r["arm"], r["lever"], f"{r['examples']} ({r['changed']})", *panel_cells(r)]) + " |"
+        )
     lines += ["", f"2 CPUs; load average (1/5/15 min) at start {load}.", args.note]
     res = Path(args.results)
     res.mkdir(parents=True, exist_ok=True)

@@ -139,7 +139,7 @@ def pool_rows(reports: list[dict]) -> list[dict]:
     pooled: dict[str, dict] = {}
     for report in reports:
         for r in report["rows"]:
-            row = pooled.setdefault(r["arm"], {"arm": r["arm"], "lever": r["lever"], "runs": []})
+            row = pooled.setdefault(r["arm"], {"arm": r["arm"], "lever": r.get("lever", ""), "runs": []})
             row["runs"].append(report["run"])
             for panel, _ in _PANELS:
                 cell = row.setdefault(panel, dict.fromkeys(("base", "won", "n", "b_only", "a_only"), 0))
@@ -151,13 +151,14 @@ def pool_rows(reports: list[dict]) -> list[dict]:
     return list(pooled.values())
 
 
-def write_pooled(reports: list[Path], results: Path) -> str:
-    """``pooled.md`` / ``.json`` in `results`: `pool_rows` over the `reports` (``sft_levers.json`` files)."""
+def write_pooled(reports: list[Path], results: Path, title: str = "SFT-data levers on unseen rooms") -> str:
+    """``pooled.md`` / ``.json`` in `results`: `pool_rows` over the `reports` (the ``sft_levers.json``
+    or ``tail_average.json`` of each run), under the heading `title`."""
     rows = pool_rows([json.loads(r.read_text()) for r in reports])
     lines = [
-        "# SFT-data levers on unseen rooms, pooled over runs (issue 51)",
+        f"# {title}, pooled over runs (issue 51)",
         "",
-        "Each arm paired per game against its own run's SFT model (`sft_levers.json` of each run: "
+        "Each arm paired per game against its own run's SFT model (the report of each run: "
         + ", ".join(f"`{r}`" for r in reports)
         + "), the wins and losses summed over the runs; p: exact two-sided sign test on the sums; gap: "
         "valid_seen minus unseen rooms in points (Newcombe 95% interval, on the summed games).",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from evoharness.eval.run_report import paired
 from evoharness.files import read_jsonl
-from experiments.unseen_rooms.sft_levers import panel_cells, pool_rows
+from experiments.unseen_rooms.sft_levers import panel_cells, write_pooled
 
 _COPIED = (
     "teacher_traces.jsonl",
@@ -95,29 +95,6 @@ def table(rows: list[dict], first: str) -> list[str]:
     return lines
 
 
-def pool(reports: list[Path], results: Path) -> str:
-    """``pooled.md`` / ``.json`` in `results`: each window's pairs summed over the runs' reports
-    (`sft_levers.pool_rows`)."""
-    loaded = [json.loads(r.read_text()) for r in reports]
-    for report in loaded:
-        for r in report["rows"]:
-            r.setdefault("lever", f"uniform average of the last {r['window']:.0%} of the SFT steps")
-    rows = pool_rows(loaded)
-    lines = [
-        "# SFT tail averaging, pooled over runs (issue 51)",
-        "",
-        "Each window paired per game against its own run's SFT model, wins and losses summed over the runs ("
-        + ", ".join(f"`{r}`" for r in reports)
-        + "); p: exact two-sided sign test on the sums; gap: valid_seen minus unseen rooms in points (Newcombe).",
-        "",
-        *table([{**r, "arm": f"{r['arm']} ({len(r['runs'])} runs)"} for r in rows], "window"),
-    ]
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "pooled.md").write_text("\n".join(lines) + "\n")
-    (results / "pooled.json").write_text(json.dumps({"reports": [str(r) for r in reports], "rows": rows}, indent=1))
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", default="runs/main", help="a finished main job with an unseen-room panel")
@@ -129,7 +106,7 @@ def main() -> None:
     ap.add_argument("--pool", nargs="+", type=Path, help="only pool these tail_average.json files into --results")
     args = ap.parse_args()
     if args.pool:
-        print(pool(args.pool, Path(args.results)))
+        print(write_pooled(args.pool, Path(args.results), title="SFT tail averaging"))
         return
 
     from evoharness.config.recipe import write_recipe

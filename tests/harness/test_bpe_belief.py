@@ -201,3 +201,37 @@ def test_contents_contradiction_and_receptacle_object():
     assert b.states("apple 2") == ["clean", "hot"]
     b.update("cool apple 2 with fridge 1", "You cool the apple 2 using the fridge 1.")
     assert b.states("apple 2") == ["clean", "cold"]  # cooling clears hot
+
+
+def test_go_back_points_to_a_seen_instance_only_when_none_is_held_placed_there_or_at_hand(games):
+    """Pick-two, AlarmClock-305: all three alarm clocks lie on desk 1. While the agent stands at
+    the desk (in view) or holds one, no receptacle is named; once the first is put in the dresser
+    and the agent has left the desk, `go_back` names desk 1 and TRACK RESULT's last line says so
+    instead of the next receptacle to search. Alarm clocks in a dresser (where one was placed) do
+    not count: the agent is not sent back to take the first one out again."""
+    task = next(
+        t for t in games.values() if t.task_id.startswith("pick_two_obj_and_place-AlarmClock-None-Dresser-305/")
+    )
+    w = Walk(task)
+    clocks = sorted(o for o, r in w.inreceptacle() if o.startswith("alarmclock"))
+    assert {w.where(c) for c in clocks} == {"desk 1"}
+    assert w.belief.go_back(w.belief.instances("alarmclock")) is None  # none seen yet
+    w.do("go to desk 1")
+    assert w.belief.go_back(w.belief.instances("alarmclock")) is None  # in view: take one here
+    w.do(f"take {clocks[0]} from desk 1")
+    assert w.belief.go_back(w.belief.instances("alarmclock")) is None  # one in hand: carry it
+    assert "\nNext to search: " in w.belief.track("alarmclock")
+    w.do("go to dresser 1")
+    w.do(f"put {clocks[0]} in/on dresser 1")
+    assert w.belief.go_back(w.belief.instances("alarmclock")) == (clocks[1], "desk 1")
+    text = w.belief.track("alarmclock")
+    assert text.endswith(f"\nGo back to: desk 1 ({clocks[1]} is there).") and "Next to search" not in text
+    w.do("go to desk 1")
+    assert w.belief.go_back(w.belief.instances("alarmclock")) is None  # back at the desk: take it
+    w.do(f"take {clocks[1]} from desk 1")
+    w.do(f"put {clocks[1]} in/on desk 1")  # put down elsewhere, picked up from there: not "placed" in a dresser
+    w.do(f"take {clocks[1]} from desk 1")
+    w.do("go to dresser 1")
+    w.do(f"put {clocks[1]} in/on dresser 1")  # both placed in the dresser; the third still on the desk
+    assert w.belief.go_back(w.belief.instances("alarmclock")) == (clocks[2], "desk 1")
+    w.env.close()

@@ -111,7 +111,8 @@ def test_track_result_is_live(fake):
     """TRACK RESULT answers the latest track query from this turn's belief: the tracked object
     turns "in view" the step the agent sees it and stays located (no longer in view) after; the
     receptacles still unsearched follow (where a second one may be), likeliest first: the
-    objective's target (countertop) last, since a pick task never starts the apple there."""
+    objective's target (countertop) last, since a pick task never starts the apple there. Once the
+    agent has walked away from the apple, the last line sends it back there instead of searching on."""
     h = fake
     h.run_meta(h.parse("<action>track apple</action>"))
     assert h.views()["TRACK RESULT"] == (
@@ -136,8 +137,8 @@ def test_track_result_is_live(fake):
         StepResult("You arrive at loc 1. The fridge 1 is closed.", ["open fridge 1", "go to countertop 1"]),
     )
     assert (
-        h.views()["TRACK RESULT"]
-        == "(track apple, live)\napple 1: in/on countertop 1\nUnsearched (1): fridge 1.\nNext to search: fridge 1."
+        h.views()["TRACK RESULT"] == "(track apple, live)\napple 1: in/on countertop 1\nUnsearched (1): fridge 1.\n"
+        "Go back to: countertop 1 (apple 1 is there)."
     )
 
 

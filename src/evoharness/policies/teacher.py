@@ -70,7 +70,7 @@ import re
 from dataclasses import dataclass, field
 
 from evoharness.envs.alfworld.wording import parse_place
-from evoharness.harness.bpe.belief import natural_key, type_of
+from evoharness.harness.bpe.belief import GO_BACK_HEADER, natural_key, type_of
 from evoharness.harness.bpe.goal import Goal, parse_goal
 from evoharness.harness.bpe.search import GENERIC_ORDER, receptacle_type, search_order
 from evoharness.models.tokenizer import estimate_tokens
@@ -87,7 +87,7 @@ _PICK_RE = re.compile(r"You pick up the ([a-z]+ \d+) from the ([a-z]+ \d+)\.")
 _PUT_RE = re.compile(r"You (?:put the ([a-z]+ \d+) in/on the|move the ([a-z]+ \d+) to the) ([a-z]+ \d+)\.")
 _TAKE_CMD_RE = re.compile(r"^take ([a-z]+ \d+) from ([a-z]+ \d+)$")
 _TRANSFORM_CMD_RE = re.compile(r"^(?:heat|cool|clean) ([a-z]+ \d+) with ([a-z]+ \d+)$")
-_LOCATED_RE = re.compile(r"^([a-z]+ \d+): in/on ([a-z]+ \d+)")
+_GO_BACK_RE = re.compile(rf"^{GO_BACK_HEADER} ([a-z]+ \d+) \(([a-z]+ \d+) is there\)\.$")
 _UNSEARCHED_RE = re.compile(r"[Uu]nsearched \((?:\d+/)?\d+\): (.*?)\.?$")
 
 
@@ -276,14 +276,12 @@ def _unsearched(track_text: str) -> list[str]:
     return []
 
 
-def _located(track_text: str, obj: str) -> list[str]:
-    """Receptacles a ``track obj`` result shows holding an `obj`, in natural order."""
-    out = [
-        m.group(2)
-        for ln in track_text.split("\n")
-        if (m := _LOCATED_RE.match(ln.strip())) and type_of(m.group(1)) == obj
-    ]
-    return sorted(dict.fromkeys(out), key=natural_key)
+def _go_back(track_text: str) -> tuple[str, str] | None:
+    """(receptacle, instance) of a ``track`` result's ``Go back to:`` line (`Belief.go_back`)."""
+    for ln in track_text.split("\n"):
+        if m := _GO_BACK_RE.match(ln.strip()):
+            return m.group(1), m.group(2)
+    return None
 
 
 # ----------------------------------------------------------------- decisions
@@ -328,10 +326,9 @@ def _find(v: PromptView, k: int, second: bool) -> tuple[str, str]:
     if cmd := _closed_here(v, here):
         return cmd, f"The {here} is closed; I open it to see inside."
     track = v.track[1]  # the live ``track X``: every X seen so far, then the unsearched receptacles, likeliest first
-    if second:
-        known = [r for r in _located(track, o) if _rtype(r) != y]
-        if known and known[0] != here and (step := _go(v, known[0], f"I saw another {o} in {known[0]}; I go get it.")):
-            return step
+    # one seen elsewhere (pick-two: the second; never the placed one): the harness's Go back line
+    if (back := _go_back(track)) and (step := _go(v, back[0], f"I saw another {o} in {back[0]}; I go get it.")):
+        return step
     skip = y if y and (second or not g.transform) else None
     for r in _unsearched(track):
         if _rtype(r) != skip and (step := _go(v, r, f"No {o} here; the next receptacle to search is {r}.")):
@@ -400,10 +397,8 @@ def _use_light(v: PromptView, k: int) -> tuple[str, str]:
                 )
             return c, f"I hold the {o} next to the {c[4:]}; I turn it on to look at the {o}."
     here = location(v)
-    for ln in track.split("\n"):
-        m = _LOCATED_RE.match(ln.strip())
-        if m and type_of(m.group(1)) == lamp and f"go to {m.group(2)}" in v.admissible:
-            return f"go to {m.group(2)}", f"I saw the {m.group(1)} on the {m.group(2)}; I go there."
+    if (back := _go_back(track)) and (step := _go(v, back[0], f"I saw the {back[1]} on the {back[0]}; I go there.")):
+        return step
     if unseen and not (v.recall and v.recall[0] == f"where: {lamp}"):
         return f"recall where: {lamp}", f"I have not seen a {lamp} yet; I recall where one is usually found."
     if cmd := _closed_here(v, here):

@@ -25,6 +25,7 @@ from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import main_job_seeds  # noqa: E402
+from go_back_faults import episode_faults, go_back_receptacles  # noqa: E402
 from main_job_seeds import summarise  # noqa: E402
 from pair_runs import main as pair_runs_main  # noqa: E402
 from pick_two_faults import second_search  # noqa: E402
@@ -57,7 +58,7 @@ def test_the_teacher_agrees_with_itself_after_the_first_put_in_both_cases(pick_t
 
 
 def test_a_student_move_other_than_the_teachers_is_found_and_a_game_without_a_put_is_none(pick_two_episodes):
-    e = next(e for e in pick_two_episodes if second_search(e)["kind"] == "seen")
+    e = copy.deepcopy(next(e for e in pick_two_episodes if second_search(e)["kind"] == "seen"))
     s = second_search(e)
     turn = next(
         t
@@ -72,6 +73,27 @@ def test_a_student_move_other_than_the_teachers_is_found_and_a_game_without_a_pu
     assert moved["student"] == other and moved["teacher"] == s["teacher"] and moved["kind"] == "seen"
     no_put = dict(e, turns=[t for t in e["turns"] if not t["action"].startswith("put ")])
     assert second_search(no_put) is None
+
+
+def test_go_back_faults_find_none_in_the_teachers_games_and_one_where_a_move_walks_past_a_seen_object(
+    pick_two_episodes,
+):
+    """The teacher follows every rendered "Go back to" line (the text rule agrees with the line, and
+    every go-back state's world move goes there); a game whose move in such a state is swapped for
+    another receptacle has a fault, and the rule reads nothing while the object is held or in view."""
+    states = 0
+    for e in pick_two_episodes:
+        n, right, mismatched, fault = episode_faults(e)
+        assert (right, mismatched, fault) == (n, 0, False), e["task_id"]
+        states += n
+    assert states >= 6  # half the bundled games see the second object before the first is placed
+    e = copy.deepcopy(next(e for e in pick_two_episodes if episode_faults(e)[0]))
+    turn = next(t for t in e["turns"] if t["kind"] == "env" and go_back_receptacles(t["views"]["TRACK RESULT"]))
+    back = go_back_receptacles(turn["views"]["TRACK RESULT"])[0]
+    turn["action"] = next(c for c in turn["admissible_commands"] if c.startswith("go to ") and not c.endswith(back))
+    assert episode_faults(e)[3] is True
+    held = turn["views"]["TRACK RESULT"].replace(f"in/on {back}", "held by you", 1)
+    assert go_back_receptacles(held) == []
 
 
 def test_search_faults_count_the_teachers_search_turns_and_a_think_that_names_another_receptacle(pick_two_episodes):

@@ -224,6 +224,9 @@ def test_go_back_points_to_a_seen_instance_only_when_none_is_held_placed_there_o
     w.do("go to dresser 1")
     w.do(f"put {clocks[0]} in/on dresser 1")
     assert w.belief.go_back(w.belief.instances("alarmclock")) == (clocks[1], "desk 1")
+    w.do("examine dresser 1")  # the placed one listed in view does not keep the agent here
+    assert clocks[0] in w.belief.in_view
+    assert w.belief.go_back(w.belief.instances("alarmclock")) == (clocks[1], "desk 1")
     text = w.belief.track("alarmclock")
     assert text.endswith(f"\nGo back to: desk 1 ({clocks[1]} is there).") and "Next to search" not in text
     w.do("go to desk 1")

@@ -81,7 +81,7 @@ step (x 8 samples, unless it sets its own) and changes one thing against ``scree
   its two game groups on won screened games, λ_eff 5 and the std floor 0.1: the branch groups' success
   signal and the won groups' cost signal in one step. ``cost_after_rl_8``: ``cost_won_8`` started from
   the run's RL model (``rl/final``: the main job's GRPO soup) instead of its SFT model: the cost
-  stage after the success stage.
+  stage after the success stage. ``cost_won_anchor4_8``: ``cost_won_8`` with the SFT anchor at weight 4.
 
 Each arm's final model plays the 60 development games (greedy, cap 50, early stopping, as the main
 job); wins / losses are the games only it / only SFT won (``--run``'s ``eval/dev_sft``), p the exact
@@ -90,7 +90,8 @@ sign test. ``--valid-seen`` also plays the run's eval split (paired against ``ev
 chosen on. Selection happens on these games, never on valid_seen. An arm whose ``rl/final`` (or
 evaluation) exists under ``--out`` is not redone. Several ``--run`` (main jobs of different seeds, each
 its own SFT model) run every arm from each (in ``<out>/seed<S>``) and add a table of each arm's wins and
-losses summed over them. Writes ``<results>.md`` and ``<results>.json``.
+losses summed over them, and its cost on the games both won pooled over them (dev and valid_seen).
+Writes ``<results>.md`` and ``<results>.json``.
 """
 
 from __future__ import annotations
@@ -214,6 +215,9 @@ ARMS = {
     "mix_cost_soup2_8": {**_BT4_G4, "won_only": True, "lambda_eff": 5.0, "std_floor": 0.1, "anchor": 1.0, "soup": 2},
     # the cost stage after the main job's GRPO (its soup, ``rl/final``), not from SFT
     "cost_after_rl_8": {**_COST_WON, "init": "rl"},
+    # ``cost_won_8`` with the SFT anchor at weight 4: the teacher's rows (every one with its notes) held harder
+    # against the cost signal, which from the Go back SFT models cut steps mostly by skipping notes
+    "cost_won_anchor4_8": {**_COST_WON, "anchor": 4.0},
 }
 
 
@@ -321,6 +325,7 @@ def main() -> None:
                     f"{float(f'{sign_test(w, lo):.3g}')}"
                 )
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines += pooled_cost(runs, args.arms, [p for p in names if p != "unseen"])
     lines += [
         "",
         f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {load}. RL seconds are wall time "
@@ -341,12 +346,37 @@ def main() -> None:
     print("\n".join(lines))
 
 
+def pooled_cost(runs: list[dict], arms: list[str], panels: list[str]) -> list[str]:
+    """Markdown lines: each arm's cost against its SFT model on the games both won, pooled over the SFT
+    models and `panels` (issue 50's cost test: valid_seen and dev, paired per game, `eval.cost`)."""
+    from evoharness.eval.cost import summarize_pairs
+
+    lines = [
+        "",
+        f"Cost pooled over the SFT models on the games both won ({' + '.join(panels)}; paired per game; p: exact "
+        "sign-flip permutation test on the per-game differences):",
+        "",
+        "| arm | games both won | steps SFT -> arm | fewer / more | p | harness calls | fewer / more | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        got = [r[p]["cost"]["pairs"] for run in runs for r in run["rows"] if r["arm"] == arm for p in panels]
+        st = summarize_pairs([x for g in got for x in g["steps"]])
+        hc = summarize_pairs([x for g in got for x in g["harness_calls"]])
+        lines.append(
+            f"| {arm} | {sum(len(g['steps']) for g in got)} | {st['a']:.2f} -> {st['b']:.2f} | {st['fewer']} / "
+            f"{st['more']} | {st['p']:.3g} | {hc['a']:.2f} -> {hc['b']:.2f} | {hc['fewer']} / {hc['more']} | "
+            f"{hc['p']:.3g} |"
+        )
+    return lines
+
+
 def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> dict:
     """Train and evaluate ``args.arms`` from the SFT model of main job `run` (arm directories in
     `out`, or ``out/seed<S>`` when `per_seed`); returns the run's seed, SFT dev wins and rows."""
     from evoharness.config.rl import Branch
     from evoharness.config.sft import SFTAnchorConfig
-    from evoharness.eval.cost import paired_cost
+    from evoharness.eval.cost import cost_pairs, paired_cost
     from evoharness.eval.evaluate import evaluate_many
     from evoharness.eval.run_report import sign_test
     from evoharness.files import read_jsonl
@@ -461,7 +491,10 @@ def run_arms(run: Path, out: Path, args: argparse.Namespace, per_seed: bool) -> 
             episodes = read_jsonl(ev / "episodes.jsonl")
             won = {e["task_id"]: e["won"] for e in episodes}
             sft_name = baseline.get(panel, "sft")
-            cost = paired_cost(read_jsonl(run / "eval" / sft_name / "episodes.jsonl"), episodes)
+            sft_episodes = read_jsonl(run / "eval" / sft_name / "episodes.jsonl")
+            cost = paired_cost(sft_episodes, episodes)
+            # per-game (SFT, arm) costs of the games both won, for the pooled cost test over SFT models
+            cost["pairs"] = {k: cost_pairs(sft_episodes, episodes, k) for k in ("steps", "harness_calls")}
             wins, losses = sum(won[g] and not base[g] for g in base), sum(base[g] and not won[g] for g in base)
             row[panel] = {
                 "won": sum(won.values()),

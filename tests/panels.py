@@ -1,11 +1,19 @@
-"""A short real evaluation for report tests: `policy` plays `games` of `split` (BPE harness, 8-step cap)."""
+"""Real episodes for report and diagnosis tests: a short evaluation of `policy` on `games` of `split` (BPE
+harness, 8-step cap), and the scripted teacher's episodes on given games."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from engines import pick_engine
+
 from evoharness.config.eval import EvalConfig
+from evoharness.config.harness import HarnessConfig
+from evoharness.envs.alfworld import make_env
 from evoharness.eval.evaluate import evaluate
+from evoharness.harness.factory import make_harness
+from evoharness.policies.teacher import TeacherPolicy
+from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
 
 def play_panel(tmp_path: Path, name: str, games: list[str], policy: dict, split: str = "train") -> Path:
@@ -24,3 +32,16 @@ def play_panel(tmp_path: Path, name: str, games: list[str], policy: dict, split:
     )
     evaluate(cfg, progress=False)
     return tmp_path / name
+
+
+def teacher_episodes(tasks: list) -> list[dict]:
+    """The scripted teacher on `tasks` (BPE harness, an empty experience store, cap 50), as ``episodes.jsonl``
+    records."""
+    played = run_episodes(
+        [EpisodeSpec(t, f"{t.task_id}#0") for t in tasks],
+        lambda t: make_env(t, engine=pick_engine(t)),
+        lambda: make_harness(HarnessConfig()),
+        TeacherPolicy(),
+        max_steps=50,
+    )
+    return [t.to_dict() for t in played]

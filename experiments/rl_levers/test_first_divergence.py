@@ -7,13 +7,8 @@ import copy
 import json
 
 import pytest
-from engines import pick_engine
+from panels import teacher_episodes
 
-from evoharness.config.harness import HarnessConfig
-from evoharness.envs.alfworld import make_env
-from evoharness.harness.factory import make_harness
-from evoharness.policies.teacher import TeacherPolicy
-from evoharness.rollout.episode import EpisodeSpec, run_episodes
 from experiments.rl_levers.first_divergence import divergence_class, lost_games
 from experiments.rl_levers.first_divergence import main as first_divergence_main
 
@@ -21,15 +16,7 @@ from experiments.rl_levers.first_divergence import main as first_divergence_main
 @pytest.fixture(scope="module")
 def look_episodes(valid_seen):
     """The scripted teacher on the valid_seen look games (an empty experience store: it notes every find)."""
-    tasks = [g for g in valid_seen if g.task_type == "look_at_obj_in_light"][:4]
-    played = run_episodes(
-        [EpisodeSpec(t, f"{t.task_id}#0") for t in tasks],
-        lambda t: make_env(t, engine=pick_engine(t)),
-        lambda: make_harness(HarnessConfig()),
-        TeacherPolicy(),
-        max_steps=50,
-    )
-    return [t.to_dict() for t in played]
+    return teacher_episodes([g for g in valid_seen if g.task_type == "look_at_obj_in_light"][:4])
 
 
 def _lost(e: dict, turns: list[dict]) -> dict:

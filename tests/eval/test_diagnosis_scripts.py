@@ -13,15 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from engines import pick_engine
+from panels import teacher_episodes
 
-from evoharness.config.harness import HarnessConfig
-from evoharness.envs.alfworld import make_env
 from evoharness.eval.run_report import gap_interval, sign_test, wasted_steps
 from evoharness.harness.base import META_VERBS
-from evoharness.harness.factory import make_harness
-from evoharness.policies.teacher import TeacherPolicy
-from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import main_job_seeds  # noqa: E402
@@ -35,15 +30,7 @@ from search_faults import _UNSEARCHED, panel_row, think_slip  # noqa: E402
 @pytest.fixture(scope="module")
 def pick_two_episodes(valid_seen):
     """The scripted teacher on every valid_seen pick-two game, as ``episodes.jsonl`` records."""
-    tasks = [g for g in valid_seen if g.task_type == "pick_two_obj_and_place"]
-    played = run_episodes(
-        [EpisodeSpec(t, f"{t.task_id}#0") for t in tasks],
-        lambda t: make_env(t, engine=pick_engine(t)),
-        lambda: make_harness(HarnessConfig()),
-        TeacherPolicy(),
-        max_steps=50,
-    )
-    return [t.to_dict() for t in played]
+    return teacher_episodes([g for g in valid_seen if g.task_type == "pick_two_obj_and_place"])
 
 
 def test_the_teacher_agrees_with_itself_after_the_first_put_in_both_cases(pick_two_episodes):

@@ -288,3 +288,23 @@ def test_bad_input_is_refused(model_dir):
         shard_model(frozen, ShardConfig(), alone)
     with pytest.raises(ValueError, match="fp32 master weights"):
         shard_model(load_model(model_dir, dtype=torch.bfloat16), ShardConfig(), alone)
+
+
+def _rank1_fails_after_a_collective() -> int:
+    group = current_group()
+    group.barrier()
+    if group.rank == 1:
+        raise ValueError("rank 1 fails after its last collective")
+    return group.rank
+
+
+def _world() -> int:
+    group = current_group()
+    group.barrier()
+    return group.world
+
+
+def test_a_rank_that_fails_after_the_last_collective_is_reported_and_ranks_that_finish_agree():
+    with pytest.raises(RuntimeError, match=r"rank\(s\) exited with errors: \[\(1, 1\)\]"):
+        launch_ranks(2, _rank1_fails_after_a_collective)
+    assert launch_ranks(2, _world) == 2  # the failed launch left no group behind: a second one works

@@ -13,7 +13,8 @@ On CPU each rank runs ``max(1, cpus // world)`` intra-op threads (ranks share th
 (``WORLD_SIZE > 1``).
 
 A rank that fails makes its peers fail in their next collective (gloo: at once; NCCL: at the
-group's timeout); rank 0 then stops the others and re-raises.
+group's timeout); rank 0 then stops the others and re-raises. Ranks that finish meet at a barrier
+before leaving the group, so none destroys it while a peer's last collective is still in flight.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def _rank_main(
     _ACTIVE = init_group(rank, world, init_method, device)
     try:
         fn(*args)
+        _ACTIVE.barrier()  # no rank tears gloo down while a peer still has a collective in flight
     finally:
         _ACTIVE.close()
         _ACTIVE = None
@@ -106,8 +108,13 @@ def launch_ranks(
         if dev.type == "cpu":
             torch.set_num_threads(_threads(world))
         _ACTIVE = init_group(0, world, init_method, device)
+        peer_error = None
         try:
             result = fn(*args, **(main_kwargs or {}))
+            try:
+                _ACTIVE.barrier()  # as in `_rank_main`
+            except RuntimeError as e:  # a rank failed after rank 0's last collective: its exit code tells below
+                peer_error = e
         finally:
             _ACTIVE.close()
             _ACTIVE = None
@@ -115,7 +122,9 @@ def launch_ranks(
             p.join()
         failed = [(r, p.exitcode) for r, p in enumerate(procs, 1) if p.exitcode != 0]
         if failed:
-            raise RuntimeError(f"rank(s) exited with errors: {failed} (their tracebacks are on stderr)")
+            raise RuntimeError(f"rank(s) exited with errors: {failed} (their tracebacks are on stderr)") from peer_error
+        if peer_error is not None:
+            raise peer_error
         return result
     finally:
         torch.set_num_threads(threads)

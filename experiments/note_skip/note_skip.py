@@ -1,0 +1,144 @@
+"""Teacher traces that skip some notes (issue 50): the SFT student learns that a ``note`` may be left
+out, so cost-aware GRPO can drop notes without leaving the distribution it imitated.
+
+Usage: python -m experiments.note_skip.note_skip --run runs/seeds_go_back/seed0 [--rate 0.5]
+           [--out runs/note_skip] [--results benchmarks/results/student/note_skip/seed0] [--note TEXT]
+       (writes <results>/sft_rate<percent>.md / .json)
+
+Why: from the Go back SFT models, ``cost_won_soup2_8`` cut steps (p = 5e-28) by skipping the teacher's
+``note`` (a meta-action that writes the experience store for later episodes; at evaluation the store is
+frozen, so a note costs a step and buys nothing), and half of its lost games begin at a skipped note
+(benchmarks/results/student/first_divergence_cost_won_soup2.md): with ``note`` withheld the SFT models win
+919 of 1,600 games against 1,555 (note_skip_probe.md). Every teacher trace notes, so a skip puts the
+student in states it never saw.
+
+The teacher's ``note_skip`` (`policies.teacher.TeacherPolicy`, ``teacher.note_skip`` in the main job)
+leaves out a fraction `rate` of its notes: where the teacher would note, a hash of the prompt's OBJECTIVE
+and PREVIOUS ACTIONS (so still a function of the prompt, design.md) picks the notes left out, and the
+teacher's next move comes at once (the subgoal switch after a find, ``use desklamp`` for the lamp). The
+experience store the collect stage builds then holds the notes of the episodes that made them.
+
+The arm is the main job `--run` from its ``collect`` stage on with ``teacher.note_skip = rate``: its
+initial model and tokenizer are the run's (``model_init``), its teacher traces, experience store and SFT
+examples are new, then `pipeline.run_pipeline` runs it with ``skip_rl`` (SFT and its evaluations). Same
+seed, initial weights and SFT steps. Its SFT model is paired per game against the run's on valid_seen,
+the development games and the unseen-room panel, with the cost (`eval.cost`) on the games both won. Its
+cost-aware RL: ``python -m experiments.rl_levers.rl_levers --run <out>/rate<rate> --arms cost_won_soup2_8
+--valid-seen --unseen``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+# what the arm reuses of the run: its initial model and tokenizer, and the evaluations no student plays
+_COPIED = ("model_init", ".model.done")
+_COPIED_EVALS = ("random", "scripted_teacher")
+_PANELS = (("valid_seen", "sft"), ("dev", "dev_sft"), ("unseen rooms", "unseen_sft"))
+
+
+def prepare_arm(run: Path, arm_dir: Path, rate: float) -> dict:
+    """`arm_dir` holding what the arm reuses of `run` (`_COPIED`, the random and teacher evaluations);
+    returns its run config (the run's, with ``out_dir``, ``skip_rl`` and ``teacher.note_skip`` set) as a dict."""
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    for f in _COPIED:
+        src, dst = run / f, arm_dir / f
+        if not dst.exists():
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    for system in _COPIED_EVALS:
+        for prefix in ("", "dev_", "unseen_"):
+            src, dst = run / "eval" / f"{prefix}{system}", arm_dir / "eval" / f"{prefix}{system}"
+            if src.is_dir() and not dst.exists():
+                shutil.copytree(src, dst)
+        shutil.copy2(run / f".eval_{system}.done", arm_dir / f".eval_{system}.done")
+    for f in ("dev_games.json", "unseen_games.json"):  # the run's own draws
+        if (run / f).is_file():
+            shutil.copy2(run / f, arm_dir / f)
+    cfg = json.loads((run / "run_config.json").read_text())
+    cfg.update(out_dir=str(arm_dir), skip_rl=True)
+    cfg["teacher"]["note_skip"] = rate
+    (arm_dir / "run_config.json").write_text(json.dumps(cfg, indent=2))
+    return cfg
+
+
+def arm_row(run: Path, arm_dir: Path, rate: float) -> dict:
+    """The arm's SFT model against the run's, paired per game on each panel, and their cost on the games
+    both won (`eval.cost.paired_cost`)."""
+    from evoharness.eval.cost import paired_cost
+    from evoharness.eval.run_report import paired
+    from evoharness.files import read_jsonl
+
+    def notes(path: Path) -> int:
+        return sum("<action>note " in e["completion"] for e in read_jsonl(path))
+
+    row = {"rate": rate, "notes": {k: notes(d / "sft_examples.jsonl") for k, d in (("run", run), ("arm", arm_dir))}}
+    for panel, system in _PANELS:
+        base = read_jsonl(run / "eval" / system / "episodes.jsonl")
+        arm = read_jsonl(arm_dir / "eval" / system / "episodes.jsonl")
+        won = {"base": sum(e["won"] for e in base), "won": sum(e["won"] for e in arm), "n": len(arm)}
+        row[panel] = {**won, **paired(base, arm), "cost": paired_cost(base, arm)}
+    return row
+
+
+def _cost_cells(c: dict) -> list[str]:
+    s = c["steps"]
+    return [str(c["both_won"]), f"{s['a']:.2f} -> {s['b']:.2f}", f"{s['fewer']} / {s['more']}", f"{s['p']:.3g}"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", default="runs/main", help="a finished main job with an unseen-room panel")
+    ap.add_argument("--rate", type=float, default=0.5, help="the fraction of the teacher's notes left out")
+    ap.add_argument("--out", default="runs/note_skip")
+    ap.add_argument("--results", default="benchmarks/results/student/note_skip/seed0")
+    ap.add_argument("--note", default="", help="a line for the report (the machine, how the arm ran)")
+    args = ap.parse_args()
+
+    from benchmarks.results_file import write_results
+    from evoharness.config.run import RunConfig
+    from evoharness.files import read_jsonl
+    from evoharness.pipeline import run_pipeline
+
+    run, load = Path(args.run), " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if not (run / "eval" / "unseen_sft" / "episodes.jsonl").is_file():
+        sys.exit(f"{run}: no finished main job with an unseen-room panel (eval/unseen_sft)")
+    arm_dir = Path(args.out) / f"rate{args.rate:g}"
+    run_pipeline(RunConfig.model_validate(prepare_arm(run, arm_dir, args.rate)))
+    r = arm_row(run, arm_dir, args.rate)
+    lines = [
+        "# Teacher traces that skip notes: the SFT model (issue 50)",
+        "",
+        f"`python -m experiments.note_skip.note_skip {' '.join(sys.argv[1:])}`. The main job `{run}` from its "
+        f"collect stage on with the scripted teacher leaving out {args.rate:.0%} of its notes "
+        "(experiments/note_skip/note_skip.py): same seed, initial weights, tokenizer and SFT steps. Its SFT "
+        "model paired per game against the run's (greedy, cap 50). +/-: games only the arm / only the run "
+        "won; p: exact two-sided sign test. Steps on the games both won: mean run -> arm, games the arm took "
+        "fewer / more, p: exact sign-flip test (`eval.cost`).",
+        "",
+        f"Note examples in the SFT data: run {r['notes']['run']}, arm {r['notes']['arm']}.",
+        "",
+        "| panel | run -> arm | +/- | p | both won | steps | fewer / more | p | notes/ep run -> arm |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for panel, system in _PANELS:
+        c = r[panel]
+        per_ep = [
+            sum(e["meta_calls"].get("note", 0) for e in eps) / max(1, len(eps))
+            for eps in (read_jsonl(d / "eval" / system / "episodes.jsonl") for d in (run, arm_dir))
+        ]
+        c["notes_per_episode"] = per_ep
+        lines.append(
+            f"| {panel} | {c['base']}/{c['n']} -> {c['won']}/{c['n']} | +{c['b_only']} / -{c['a_only']} | "
+            f"{c['p']:.3g} | " + " | ".join(_cost_cells(c["cost"])) + f" | {per_ep[0]:.2f} -> {per_ep[1]:.2f} |"
+        )
+    lines += ["", f"2 CPUs; load average (1/5/15 min) at start {load}.", args.note]
+    write_results(Path(args.results) / f"sft_rate{round(args.rate * 100)}", lines, r)  # no dot: a suffix
+
+
+if __name__ == "__main__":
+    main()

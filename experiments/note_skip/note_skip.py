@@ -36,26 +36,17 @@ import shutil
 import sys
 from pathlib import Path
 
-# what the arm reuses of the run: its initial model and tokenizer, and the evaluations no student plays
+from experiments.unseen_rooms.sft_levers import PANELS, copy_run_stages
+
+# what the arm reuses of the run besides the evaluations no student plays: its initial model and tokenizer
 _COPIED = ("model_init", ".model.done")
-_COPIED_EVALS = ("random", "scripted_teacher")
-_PANELS = (("valid_seen", "sft"), ("dev", "dev_sft"), ("unseen rooms", "unseen_sft"))
 
 
 def prepare_arm(run: Path, arm_dir: Path, rate: float) -> dict:
-    """`arm_dir` holding what the arm reuses of `run` (`_COPIED`, the random and teacher evaluations);
+    """`arm_dir` holding what the arm reuses of `run` (`_COPIED`, the random and teacher evaluations:
+    `experiments.unseen_rooms.sft_levers.copy_run_stages`);
     returns its run config (the run's, with ``out_dir``, ``skip_rl`` and ``teacher.note_skip`` set) as a dict."""
-    arm_dir.mkdir(parents=True, exist_ok=True)
-    for f in _COPIED:
-        src, dst = run / f, arm_dir / f
-        if not dst.exists():
-            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
-    for system in _COPIED_EVALS:
-        for prefix in ("", "dev_", "unseen_"):
-            src, dst = run / "eval" / f"{prefix}{system}", arm_dir / "eval" / f"{prefix}{system}"
-            if src.is_dir() and not dst.exists():
-                shutil.copytree(src, dst)
-        shutil.copy2(run / f".eval_{system}.done", arm_dir / f".eval_{system}.done")
+    copy_run_stages(run, arm_dir, _COPIED)
     for f in ("dev_games.json", "unseen_games.json"):  # the run's own draws
         if (run / f).is_file():
             shutil.copy2(run / f, arm_dir / f)
@@ -77,7 +68,7 @@ def arm_row(run: Path, arm_dir: Path, rate: float) -> dict:
         return sum("<action>note " in e["completion"] for e in read_jsonl(path))
 
     row = {"rate": rate, "notes": {k: notes(d / "sft_examples.jsonl") for k, d in (("run", run), ("arm", arm_dir))}}
-    for panel, system in _PANELS:
+    for panel, system in PANELS:
         base = read_jsonl(run / "eval" / system / "episodes.jsonl")
         arm = read_jsonl(arm_dir / "eval" / system / "episodes.jsonl")
         won = {"base": sum(e["won"] for e in base), "won": sum(e["won"] for e in arm), "n": len(arm)}
@@ -125,7 +116,7 @@ def main() -> None:
         "| panel | run -> arm | +/- | p | both won | steps | fewer / more | p | notes/ep run -> arm |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for panel, system in _PANELS:
+    for panel, system in PANELS:
         c = r[panel]
         per_ep = [
             sum(e["meta_calls"].get("note", 0) for e in eps) / max(1, len(eps))

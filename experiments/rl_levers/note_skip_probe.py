@@ -39,7 +39,7 @@ def main() -> None:
 
     from evoharness.eval.cost import paired_cost
     from evoharness.eval.evaluate import evaluate
-    from evoharness.eval.run_report import sign_test
+    from evoharness.eval.run_report import paired, sign_test
     from evoharness.files import read_jsonl
     from evoharness.harness.base import META_VERBS
     from evoharness.harness.bpe.harness import BPEHarness
@@ -65,21 +65,18 @@ def main() -> None:
             if not (Path(ecfg.out_dir) / "summary.json").exists():
                 evaluate(ecfg)
             a, b = read_jsonl(run / "eval" / base / "episodes.jsonl"), read_jsonl(probe)
-            won_a = {e["task_id"]: e["won"] for e in a}
-            won_b = {e["task_id"]: e["won"] for e in b}
-            wins = sum(won_b[g] and not won_a[g] for g in won_a)
-            losses = sum(won_a[g] and not won_b[g] for g in won_a)
+            pair = paired(a, b)
             calls = sum((e.get("meta_calls") or {}).get(args.verb, 0) for e in b)
             rows.append(
                 {
                     "seed": cfg.seed,
                     "panel": panel,
-                    "n": len(won_a),
-                    "sft": sum(won_a.values()),
-                    "probe": sum(won_b.values()),
-                    "wins": wins,
-                    "losses": losses,
-                    "p": float(f"{sign_test(wins, losses):.3g}"),
+                    "n": pair["n"],
+                    "sft": pair["a_only"] + pair["both"],
+                    "probe": pair["b_only"] + pair["both"],
+                    "wins": pair["b_only"],
+                    "losses": pair["a_only"],
+                    "p": float(f"{pair['p']:.3g}"),
                     "verb_calls": calls,
                     "cost": paired_cost(a, b),
                 }

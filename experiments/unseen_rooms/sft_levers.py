@@ -77,7 +77,24 @@ ARMS: dict[str, tuple[str, Callable[[list[dict]], tuple[list[dict], int]]]] = {
 # what an arm reuses from the run: the stages before SFT and the evaluations SFT does not change
 _COPIED = ("teacher_traces.jsonl", "experience.json", "model_init", ".collect.done", ".model.done")
 _COPIED_EVALS = ("random", "scripted_teacher")
-_PANELS = (("valid_seen", "sft"), ("dev", "dev_sft"), ("unseen rooms", "unseen_sft"))
+PANELS = (("valid_seen", "sft"), ("dev", "dev_sft"), ("unseen rooms", "unseen_sft"))
+
+
+def copy_run_stages(run: Path, arm_dir: Path, files: tuple[str, ...]) -> None:
+    """Copy `files` (stage outputs and ``.<stage>.done`` markers) of main job `run` into `arm_dir`, and its
+    random and scripted-teacher evaluations (every panel), so a `pipeline.run_pipeline` of the arm skips
+    those stages. What `arm_dir` already holds is kept (a rerun resumes)."""
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        src, dst = run / f, arm_dir / f
+        if not dst.exists():
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    for system in _COPIED_EVALS:
+        for prefix in ("", "dev_", "unseen_"):
+            src, dst = run / "eval" / f"{prefix}{system}", arm_dir / "eval" / f"{prefix}{system}"
+            if src.is_dir() and not dst.exists():
+                shutil.copytree(src, dst)
+        shutil.copy2(run / f".eval_{system}.done", arm_dir / f".eval_{system}.done")
 
 
 def prepare_arm(run: Path, arm_dir: Path, name: str) -> dict:
@@ -85,16 +102,7 @@ def prepare_arm(run: Path, arm_dir: Path, name: str) -> dict:
     returns its run config (the run's, with ``out_dir`` and ``skip_rl`` set) as a dict."""
     from evoharness.rollout.collect import write_jsonl_atomic
 
-    arm_dir.mkdir(parents=True, exist_ok=True)
-    for f in _COPIED:
-        src, dst = run / f, arm_dir / f
-        if not dst.exists():
-            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
-    for system in _COPIED_EVALS:
-        for prefix in ("", "dev_", "unseen_"):
-            if (run / "eval" / f"{prefix}{system}").is_dir() and not (arm_dir / "eval" / f"{prefix}{system}").exists():
-                shutil.copytree(run / "eval" / f"{prefix}{system}", arm_dir / "eval" / f"{prefix}{system}")
-        shutil.copy2(run / f".eval_{system}.done", arm_dir / f".eval_{system}.done")
+    copy_run_stages(run, arm_dir, _COPIED)
     if not (arm_dir / "lever.json").exists():  # written last: a rewrite cut short is redone (it is seeded)
         examples, changed = ARMS[name][1](read_jsonl(run / "sft_examples.jsonl"))
         write_jsonl_atomic(arm_dir / "sft_examples.jsonl", examples)
@@ -108,7 +116,7 @@ def prepare_arm(run: Path, arm_dir: Path, name: str) -> dict:
 def arm_row(run: Path, arm_dir: Path, name: str) -> dict:
     """The arm's SFT model against the run's, paired per game on each panel."""
     row = {"arm": name, "lever": ARMS[name][0], **json.loads((arm_dir / "lever.json").read_text())}
-    for panel, system in _PANELS:
+    for panel, system in PANELS:
         base = read_jsonl(run / "eval" / system / "episodes.jsonl")
         arm = read_jsonl(arm_dir / "eval" / system / "episodes.jsonl")
         won = {"base": sum(e["won"] for e in base), "won": sum(e["won"] for e in arm), "n": len(arm)}
@@ -117,10 +125,10 @@ def arm_row(run: Path, arm_dir: Path, name: str) -> dict:
 
 
 def panel_cells(r: dict) -> list[str]:
-    """Markdown cells of a paired row: per panel (`_PANELS`) run -> arm, +/-, p; then the gaps
+    """Markdown cells of a paired row: per panel (`PANELS`) run -> arm, +/-, p; then the gaps
     valid_seen minus unseen rooms of the run and of the arm (Newcombe 95% interval)."""
     cells = []
-    for p, _ in _PANELS:
+    for p, _ in PANELS:
         c = r[p]
         cells += [f"{c['base']}/{c['n']} -> {c['won']}/{c['n']}", f"+{c['b_only']} / -{c['a_only']}", f"{c['p']:.3g}"]
     vs, un = r["valid_seen"], r["unseen rooms"]
@@ -141,12 +149,12 @@ def pool_rows(reports: list[dict]) -> list[dict]:
         for r in report["rows"]:
             row = pooled.setdefault(r["arm"], {"arm": r["arm"], "lever": r.get("lever", ""), "runs": []})
             row["runs"].append(report["run"])
-            for panel, _ in _PANELS:
+            for panel, _ in PANELS:
                 cell = row.setdefault(panel, dict.fromkeys(("base", "won", "n", "b_only", "a_only"), 0))
                 for k in cell:
                     cell[k] += r[panel][k]
     for row in pooled.values():
-        for panel, _ in _PANELS:
+        for panel, _ in PANELS:
             row[panel]["p"] = sign_test(row[panel]["b_only"], row[panel]["a_only"])
     return list(pooled.values())
 
@@ -163,8 +171,8 @@ def write_pooled(reports: list[Path], results: Path, title: str = "SFT-data leve
         + "), the wins and losses summed over the runs; p: exact two-sided sign test on the sums; gap: "
         "valid_seen minus unseen rooms in points (Newcombe 95% interval, on the summed games).",
         "",
-        "| arm | runs | " + " | ".join(f"{p}: runs -> arm | +/- | p" for p, _ in _PANELS) + " | gap runs | gap arm |",
-        "|---" * (2 + 3 * len(_PANELS) + 2) + "|",
+        "| arm | runs | " + " | ".join(f"{p}: runs -> arm | +/- | p" for p, _ in PANELS) + " | gap runs | gap arm |",
+        "|---" * (2 + 3 * len(PANELS) + 2) + "|",
     ]
     for r in rows:
         lines.append("| " + " | ".join([r["arm"], str(len(r["runs"])), *panel_cells(r)]) + " |")
@@ -208,9 +216,9 @@ def main() -> None:
         "(Newcombe 95% interval).",
         "",
         "| arm | lever | examples (changed) | "
-        + " | ".join(f"{p}: run -> arm | +/- | p" for p, _ in _PANELS)
+        + " | ".join(f"{p}: run -> arm | +/- | p" for p, _ in PANELS)
         + " | gap run | gap arm |",
-        "|---" * (3 + 3 * len(_PANELS) + 2) + "|",
+        "|---" * (3 + 3 * len(PANELS) + 2) + "|",
     ]
     for r in rows:
         lines.append(

@@ -91,6 +91,9 @@ def two_nodes(tmp_path_factory):
                 "--node-ip-address=127.0.0.1",
                 f"--port={port}",
                 "--include-dashboard=false",
+                # Ray's fixed default (52365) can equal a port Ray itself drew for another component of the
+                # node, and the head then refuses to start: a free port of our own instead
+                f"--dashboard-agent-listen-port={_free_port()}",
                 '--resources={"head": 1}',
                 f"--temp-dir={short / 'h'}",
             ],
@@ -112,6 +115,7 @@ def two_nodes(tmp_path_factory):
                 [
                     f"--address={address}",
                     "--node-ip-address=127.0.0.1",
+                    f"--dashboard-agent-listen-port={_free_port()}",
                     '--resources={"node2": 1}',
                     f"--temp-dir={short / 'w'}",
                 ],

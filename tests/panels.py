@@ -34,14 +34,14 @@ def play_panel(tmp_path: Path, name: str, games: list[str], policy: dict, split:
     return tmp_path / name
 
 
-def teacher_episodes(tasks: list, policy: TeacherPolicy | None = None) -> list[dict]:
-    """The scripted teacher (or `policy`, a variant of it) on `tasks` (BPE harness, an empty experience store,
-    cap 50), as ``episodes.jsonl`` records."""
+def teacher_episodes(tasks: list) -> list[dict]:
+    """The scripted teacher on `tasks` (BPE harness, an empty experience store, cap 50), as ``episodes.jsonl``
+    records."""
     played = run_episodes(
         [EpisodeSpec(t, f"{t.task_id}#0") for t in tasks],
         lambda t: make_env(t, engine=pick_engine(t)),
         lambda: make_harness(HarnessConfig()),
-        policy or TeacherPolicy(),
+        TeacherPolicy(),
         max_steps=50,
     )
     return [t.to_dict() for t in played]

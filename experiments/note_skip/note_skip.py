@@ -12,14 +12,15 @@ frozen, so a note costs a step and buys nothing), and half of its lost games beg
 919 of 1,600 games against 1,555 (note_skip_probe.md). Every teacher trace notes, so a skip puts the
 student in states it never saw.
 
-The teacher's ``note_skip`` (`policies.teacher.TeacherPolicy`, ``teacher.note_skip`` in the main job)
-leaves out a fraction `rate` of its notes: where the teacher would note, a hash of the prompt's OBJECTIVE
-and PREVIOUS ACTIONS (so still a function of the prompt, design.md) picks the notes left out, and the
-teacher's next move comes at once (the subgoal switch after a find, ``use desklamp`` for the lamp). The
-experience store the collect stage builds then holds the notes of the episodes that made them.
-(Its rate-0.5 study failed its rule; the rate-0.25 study is declared in JOURNAL.md.)
+`teacher.NoteSkipTeacher` leaves out a fraction `rate` of its notes: where the teacher would note, a hash
+of the prompt's OBJECTIVE and PREVIOUS ACTIONS (so still a function of the prompt, design.md) picks the
+notes left out, and the teacher's next move comes at once (the subgoal switch after a find, ``use
+desklamp`` for the lamp). The experience store the collect stage builds then holds the notes of the
+episodes that made them. (The main job's ``teacher.note_skip`` ran it twice: rate 0.5 in sessions 37-38,
+commits 42e5cfd-e8b2847, and rate 0.25 in sessions 39-40, commits f4d1840-decc172; it left `src/` each
+time its confirmatory study failed its rule, JOURNAL.md.)
 
-The arm is the main job `--run` from its ``collect`` stage on with ``teacher.note_skip = rate``: its
+The arm is the main job `--run` from its ``collect`` stage on with the note-skipping teacher: its
 initial model and tokenizer are the run's (``model_init``), its teacher traces, experience store and SFT
 examples are new, then `pipeline.run_pipeline` runs it with ``skip_rl`` (SFT and its evaluations). Same
 seed, initial weights and SFT steps. Its SFT model is paired per game against the run's on valid_seen,
@@ -43,19 +44,28 @@ from experiments.unseen_rooms.sft_levers import PANELS, copy_run_stages
 _COPIED = ("model_init", ".model.done")
 
 
-def prepare_arm(run: Path, arm_dir: Path, rate: float) -> dict:
+def prepare_arm(run: Path, arm_dir: Path) -> dict:
     """`arm_dir` holding what the arm reuses of `run` (`_COPIED`, the random and teacher evaluations:
     `experiments.unseen_rooms.sft_levers.copy_run_stages`);
-    returns its run config (the run's, with ``out_dir``, ``skip_rl`` and ``teacher.note_skip`` set) as a dict."""
+    returns its run config (the run's, with ``out_dir`` and ``skip_rl`` set) as a dict."""
     copy_run_stages(run, arm_dir, _COPIED)
     for f in ("dev_games.json", "unseen_games.json"):  # the run's own draws
         if (run / f).is_file():
             shutil.copy2(run / f, arm_dir / f)
     cfg = json.loads((run / "run_config.json").read_text())
     cfg.update(out_dir=str(arm_dir), skip_rl=True)
-    cfg["teacher"]["note_skip"] = rate
     (arm_dir / "run_config.json").write_text(json.dumps(cfg, indent=2))
     return cfg
+
+
+def use_note_skip_teacher(rate: float) -> None:
+    """Make `policies.factory.make_policy` build `teacher.NoteSkipTeacher` for the teacher config, so the
+    pipeline's collect stage (in this process; it looks the factory up when it runs) plays it."""
+    import evoharness.policies.factory as factory
+    from experiments.note_skip.teacher import NoteSkipTeacher
+
+    make = factory.make_policy
+    factory.make_policy = lambda cfg: NoteSkipTeacher(cfg.seed, rate) if cfg.kind == "teacher" else make(cfg)
 
 
 def arm_row(run: Path, arm_dir: Path, rate: float) -> dict:
@@ -100,7 +110,8 @@ def main() -> None:
     if not (run / "eval" / "unseen_sft" / "episodes.jsonl").is_file():
         sys.exit(f"{run}: no finished main job with an unseen-room panel (eval/unseen_sft)")
     arm_dir = Path(args.out) / f"rate{args.rate:g}"
-    run_pipeline(RunConfig.model_validate(prepare_arm(run, arm_dir, args.rate)))
+    use_note_skip_teacher(args.rate)
+    run_pipeline(RunConfig.model_validate(prepare_arm(run, arm_dir)))
     r = arm_row(run, arm_dir, args.rate)
     lines = [
         "# Teacher traces that skip notes: the SFT model (issue 50)",

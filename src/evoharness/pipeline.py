@@ -196,8 +196,8 @@ def screened_games(episodes: list[dict], cycles: bool = False) -> dict:
     cycles (`rollout.episode.first_repeated_pair`: a state met again and answered the same, e.g.
     ``go to shelf 7``, ``go to shelf 8``, ``go to shelf 7``), from whichever repeat comes first.
 
-    Returns ``{"games": [task ids], "lost": [task ids], "won": [task ids], "screened": number of
-    episodes, "branches": [{"task_id", "prefix"}]}``.
+    Returns ``{"games": [task ids], "lost": [task ids], "screened": number of episodes,
+    "branches": [{"task_id", "prefix"}]}``.
     """
     lost = [e["task_id"] for e in episodes if not e["won"]]
     won = [e["task_id"] for e in episodes if e["won"]]
@@ -212,7 +212,6 @@ def screened_games(episodes: list[dict], cycles: bool = False) -> dict:
     return {
         "games": lost + spread(won, len(lost)) if lost else won,
         "lost": lost,
-        "won": won,
         "screened": len(episodes),
         "branches": branches,
     }
@@ -509,7 +508,6 @@ def dagger(job: Job, r: int) -> None:
             batch_size=cfg.eval_batch,
             stop_repeats=cfg.stop_repeats,
             episode_prefix=f"dagger{r}",
-            note_skip=cfg.teacher.note_skip,
         )
     finally:
         student.close()
@@ -525,13 +523,10 @@ def rl_screen(job: Job) -> None:
 
     games = screen_rl_games(job.cfg, job.out, job.cfg.rl_screen_games)
     atomic_write_text(job.out / "rl_games.json", json.dumps(games, indent=1))
-    if job.cfg.rl_games == "won":
-        job.log(f"  RL games: the {len(games['won'])} of {games['screened']} screened training games the SFT model won")
-    else:
-        job.log(
-            f"  RL games: the {len(games['lost'])} of {games['screened']} screened training games the SFT model "
-            f"lost + {len(games['games']) - len(games['lost'])} it won"
-        )
+    job.log(
+        f"  RL games: the {len(games['lost'])} of {games['screened']} screened training games the SFT model "
+        f"lost + {len(games['games']) - len(games['lost'])} it won"
+    )
 
 
 def rl(job: Job) -> None:
@@ -540,14 +535,7 @@ def rl(job: Job) -> None:
     rl_cfg = rl_config(cfg, job.out)
     if cfg.rl_screen_games:  # the rl_screen stage's choice
         screened = json.loads((job.out / "rl_games.json").read_text())
-        if cfg.rl_games == "won" and "won" not in screened:
-            raise ValueError(
-                f"{job.out / 'rl_games.json'} predates rl_games = 'won' (no won games listed): delete it and "
-                f"{job.out / '.rl_screen.done'} to screen again"
-            )
-        rl_cfg.games = screened["won"] if cfg.rl_games == "won" else screened["games"]
-        if not rl_cfg.games:  # rl_games = "won" and the SFT model won no screened game: no cost signal to learn
-            raise ValueError(f"rl_games = 'won': the SFT model won none of the {screened['screened']} screened games")
+        rl_cfg.games = screened["games"]
         if cfg.rl_branches:
             rl_cfg.branches = [Branch(**b) for b in screened["branches"]]
     train_rl(rl_cfg)

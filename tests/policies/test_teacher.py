@@ -7,19 +7,17 @@ from collections import Counter
 
 import pytest
 from engines import pick_engine
-from panels import teacher_episodes
 
 from evoharness.config.harness import HarnessConfig
 from evoharness.envs.alfworld import make_env
 from evoharness.envs.alfworld.games import TASK_TYPES
-from evoharness.harness.base import META_VERBS, split_completion
+from evoharness.harness.base import META_VERBS
 from evoharness.harness.bpe.belief import type_of
 from evoharness.harness.factory import make_harness
 from evoharness.harness.react import ReActHarness
 from evoharness.policies.base import Completion, PolicyRequest, format_action
-from evoharness.policies.teacher import TeacherPolicy, parse_prompt, plan_for, skips_note, teacher_completion
+from evoharness.policies.teacher import TeacherPolicy, parse_prompt, plan_for, teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
-from evoharness.train.dagger import teacher_label
 
 FORMAT = re.compile(r"^<think>[^<]+</think><action>[^<]+</action>$")
 
@@ -233,50 +231,3 @@ def test_the_teacher_tracks_the_lamp_also_when_it_stands_next_to_it(valid_seen):
     take = max(i for i, a in enumerate(actions[:use]) if a.startswith("take bowl"))
     assert all(a.split()[0] in META_VERBS for a in actions[take + 1 : use])  # no step away from desk 1
     assert "desklamp 1: in/on desk 1, in view" in parse_prompt(traj.turns[use].messages[-1]["content"]).track[1]
-
-
-@pytest.fixture(scope="module")
-def noting_games(valid_seen):
-    """Two pick games and two look games (an empty experience store: the teacher notes most finds)."""
-    pick = [g for g in valid_seen if g.task_type == "pick_and_place_simple"][:2]
-    return pick + [g for g in valid_seen if g.task_type == "look_at_obj_in_light"][:2]
-
-
-@pytest.fixture(scope="module")
-def noting(noting_games):
-    return teacher_episodes(noting_games)
-
-
-def _notes(episodes: list[dict]) -> int:
-    return sum(t["action"].startswith("note ") for e in episodes for t in e["turns"])
-
-
-def test_note_skip_one_leaves_out_every_note_and_the_world_moves_as_before(noting_games, noting):
-    assert all(e["won"] for e in noting) and _notes(noting) >= 2
-    skipping = teacher_episodes(noting_games, TeacherPolicy(note_skip=1.0))
-    assert all(e["won"] for e in skipping) and _notes(skipping) == 0
-    for a, b in zip(noting, skipping, strict=True):  # one step fewer per note, the same moves in the world
-        assert b["steps"] == a["steps"] - sum(t["action"].startswith("note ") for t in a["turns"])
-        moves = [[t["action"] for t in e["turns"] if not t["action"].startswith(("note ", "commit "))] for e in (a, b)]
-        assert moves[0] == moves[1]
-    # the subgoal switch that replaces a find's note says nothing about noting
-    switches = [t["completion"] for e in skipping for t in e["turns"] if t["action"].startswith("commit find")]
-    assert switches and not any("note" in c.split("</think>")[0] for c in switches)
-    assert [e["turns"] for e in teacher_episodes(noting_games, TeacherPolicy(note_skip=0.0))] == [
-        e["turns"] for e in noting
-    ]
-
-
-def test_which_notes_are_skipped_depends_on_the_prompt_alone(noting):
-    pick = [e for e in noting if e["task_type"] == "pick_and_place_simple"]
-    turn = next(t for e in pick for t in e["turns"] if t["action"].startswith("note "))  # a find's note
-    user = turn["messages"][-1]["content"]
-    draws = [skips_note(f"{user}\n\nPREVIOUS ACTIONS:\n> go to shelf {i}", turn["action"], 0.5) for i in range(64)]
-    assert 16 < sum(draws) < 48  # about half the notes at rate 0.5
-    assert teacher_completion(user, 0.5) == teacher_completion(user, 0.5)
-    assert split_completion(teacher_completion(user, 1.0))[1].startswith("commit ")
-    # DAgger's labels come from the same teacher: with its note_skip, the same note left out
-    assert teacher_label(turn["messages"], 1.0) == teacher_completion(user, 1.0)
-    assert split_completion(teacher_label(turn["messages"]))[1] == turn["action"]
-    with pytest.raises(ValueError, match="note_skip"):
-        TeacherPolicy(note_skip=1.5)

@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from evoharness.config.base import load_config
 from evoharness.config.run import RunConfig
 from evoharness.files import read_jsonl
@@ -52,43 +50,24 @@ def test_rl_trains_on_the_screened_games_the_sft_model_lost(tmp_path):
     assert "rl_screen" in (out / "report.md").read_text()  # its wall time is in the stage table
 
 
-def test_rl_games_won_trains_on_the_won_screened_games_only_and_refuses_none(tmp_path):
-    out = tmp_path / "run"
-    cfg = load_config(RunConfig, overrides=[*RUN, f'out_dir="{out}"', 'rl_games="won"', "rl_branches=false"])
-    lines: list[str] = []
-    with pytest.raises(ValueError, match="won none of the 6 screened games"):
-        run_pipeline(cfg, log=lines.append)  # a 2-step SFT model wins no game in 8 steps
-    assert any("the 0 of 6 screened training games the SFT model won" in m for m in lines)
-    assert (out / ".sft.done").exists() and not (out / "rl").exists()  # SFT's work is kept
-    # the same job once two screened games were won: RL trains on those two alone
-    games = json.loads((out / "rl_games.json").read_text())
-    games["won"] = games["lost"][:2]
-    (out / "rl_games.json").write_text(json.dumps(games))
-    run_pipeline(cfg, log=lines.append)
-    assert json.loads((out / "rl" / "rl_config.json").read_text())["games"] == games["won"]
-
-
 def test_screened_games_mix_the_lost_with_as_many_won():
     eps = [{"task_id": f"g{i}", "won": w} for i, w in enumerate([True, False, True, True, True, False, True])]
     # the won ones spread over the (type-sorted) panel, not its head
     assert screened_games(eps) == {
         "games": ["g1", "g5", "g0", "g3"],
         "lost": ["g1", "g5"],
-        "won": ["g0", "g2", "g3", "g4", "g6"],
         "screened": 7,
         "branches": [],
     }
     assert screened_games(eps[:1]) == {
         "games": ["g0"],
         "lost": [],
-        "won": ["g0"],
         "screened": 1,  # nothing lost: every screened game
         "branches": [],
     }
     assert screened_games([{"task_id": "g", "won": False}]) == {
         "games": ["g"],
         "lost": ["g"],
-        "won": [],
         "screened": 1,
         "branches": [],
     }

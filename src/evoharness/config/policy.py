@@ -24,9 +24,6 @@ class PolicyConfig(Strict):
     kind: PolicyKind = "expert"  # expert (PDDL planner), noisy_expert, random, teacher (scripted BPE), openai, hf
     seed: int = 0  # scripted policies' RNG; openai / hf: each request's seed from (seed, episode, turn)
     epsilon: float = 0.2  # noisy_expert: probability of a random admissible command instead of the expert's
-    # teacher: the fraction of its notes left out (picked by a hash of the prompt), so a student that imitates
-    # it has seen both: cost-aware RL can then drop notes, which buy nothing in a frozen-store episode
-    note_skip: float = Field(0.0, ge=0.0, le=1.0)
     # openai-compatible endpoint:
     base_url: str | None = None  # its base URL, e.g. http://localhost:8000/v1 (policy openai)
     model: str | None = None  # openai: the served model name

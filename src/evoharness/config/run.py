@@ -113,9 +113,6 @@ class RunConfig(Strict):
     curve_games: int = 20  # dev games each saved checkpoint plays for the learning curve (0: no curve)
     # training games the SFT model screens before RL; RL trains on the lost ones + as many won (0: every game)
     rl_screen_games: int = Field(160, ge=0)
-    # which screened games RL trains on: lost_first (the lost ones, then as many won) or won (only the won ones:
-    # every group's reward spread is then what a won episode costs, the cost-aware reward's signal; issue 50)
-    rl_games: Literal["lost_first", "won"] = "lost_first"
     rl_branches: bool = True  # every other GRPO group starts where a lost screened game began to loop
     rl_branch_cycles: bool = False  # branches also from lost screened episodes that cycle through states
     select_rl_checkpoint: bool = True  # SFT+GRPO = the RL checkpoint best on the dev games (SFT if strictly better)

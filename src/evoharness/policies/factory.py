@@ -26,7 +26,7 @@ def make_policy(cfg: PolicyConfig):
     if cfg.kind == "teacher":
         from evoharness.policies.teacher import TeacherPolicy
 
-        return TeacherPolicy(seed=cfg.seed, note_skip=cfg.note_skip)
+        return TeacherPolicy(seed=cfg.seed)
     if cfg.kind == "openai":
         from evoharness.policies.openai_policy import OpenAIPolicy
 

@@ -29,9 +29,7 @@ Decision rules (the current subgoal decides which apply; rule 0, then event rule
    ``commit <phase>: done; <next>: active``.
 3. **Note.** Right after taking an X from a receptacle type that RECALLED HINTS
    did not list (or finding the lamp where RECALL RESULT did not point) ->
-   ``note X is sometimes found in/on T`` first, then the commit. With ``note_skip``
-   a fraction of the notes is left out (`skips_note`: a hash of the prompt picks
-   them) and the move after the note comes at once.
+   ``note X is sometimes found in/on T`` first, then the commit.
 4. **Recall.** Entering a heat/cool/clean phase -> ``recall how: heat X``;
    entering "find second X" -> ``recall mistakes: pick two``; the lamp not
    seen yet (TRACK RESULT says so) -> ``recall where: desklamp``.
@@ -68,9 +66,8 @@ reason names the rule that fired.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from evoharness.envs.alfworld.wording import parse_place
 from evoharness.harness.bpe.belief import GO_BACK_HEADER, natural_key, type_of
@@ -498,38 +495,10 @@ def decide(v: PromptView) -> tuple[str, str]:
     return _place(v, k, first_of_two=item.startswith("put first"))
 
 
-_HASHED = ("OBJECTIVE:", "PREVIOUS ACTIONS:")
-
-
-def skips_note(user_text: str, note: str, rate: float) -> bool:
-    """Whether the teacher leaves out the note `note` at this prompt: a uniform draw in [0, 1) from a
-    SHA-256 of the prompt's OBJECTIVE and PREVIOUS ACTIONS sections and the note, below `rate` (so the
-    choice stays a function of the prompt, and about `rate` of the notes are left out)."""
-    if rate <= 0.0:
-        return False
-    parts = [p for p in user_text.split("\n\n") if p.startswith(_HASHED)]
-    digest = hashlib.sha256("\n\n".join([*parts, note]).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < rate
-
-
-def decide_text(user_text: str, note_skip: float = 0.0) -> tuple[str, str]:
-    """`decide` on a rendered BPE user message; a note `skips_note` leaves out is replaced by the move
-    the teacher makes once the note is done (its decision with the note added to PREVIOUS ACTIONS)."""
-    v = parse_prompt(user_text)
-    action, reason = decide(v)
-    if not action.startswith("note ") or not skips_note(user_text, action, note_skip):
-        return action, reason
-    action, reason = decide(replace(v, history=[*v.history, (action, "")]))
-    if action.startswith("commit "):  # the find's subgoal switch: its reason would mention the note
-        last = v.history[-1][0] if v.history else ""
-        held = last[5:].split(" from ")[0] if last.startswith("take ") else v.goal.obj
-        reason = f"I hold the {held}; this subgoal is done, so I update the plan."
-    return action, reason
-
-
-def teacher_completion(user_text: str, note_skip: float = 0.0) -> str:
-    """The teacher's completion for a rendered BPE user message (`decide_text`)."""
-    return format_action(*decide_text(user_text, note_skip))
+def teacher_completion(user_text: str) -> str:
+    """The teacher's completion for a rendered BPE user message."""
+    action, think = decide(parse_prompt(user_text))
+    return format_action(action, think)
 
 
 class TeacherPolicy:
@@ -537,20 +506,14 @@ class TeacherPolicy:
 
     Only the requests' rendered messages are read (the last user message);
     ``request.env`` and ``request.harness`` are ignored. Deterministic: `seed`
-    is accepted for the factory's signature and unused. `note_skip`: the
-    fraction of notes left out (rule 3, `skips_note`).
-
-    Raises:
-        ValueError: `note_skip` outside [0, 1].
+    is accepted for the factory's signature and unused.
     """
 
     name = "teacher"
     privileged = False
 
-    def __init__(self, seed: int = 0, note_skip: float = 0.0) -> None:
-        if not 0.0 <= note_skip <= 1.0:
-            raise ValueError(f"TeacherPolicy: note_skip must be in [0, 1] (got {note_skip})")
-        self.seed, self.note_skip = seed, note_skip
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
 
     def act(self, requests: list[PolicyRequest]) -> list[Completion]:
         return [self._one(r) for r in requests]
@@ -565,7 +528,7 @@ class TeacherPolicy:
                 prompt_tokens=prompt_tokens,
                 error="the teacher plays the BPE harness only (no PLAN view in the prompt)",
             )
-        text = teacher_completion(user, self.note_skip)
+        text = teacher_completion(user)
         return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=estimate_tokens(text))
 
     def close(self) -> None:

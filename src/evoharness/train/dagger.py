@@ -36,9 +36,8 @@ from evoharness.policies.teacher import teacher_completion
 from evoharness.rollout.episode import EpisodeSpec, run_episodes
 
 
-def teacher_label(messages: list[dict[str, str]], note_skip: float = 0.0) -> str:
-    """The scripted teacher's whole completion for the state a prompt renders (its last user message), leaving
-    out the notes a teacher with `note_skip` leaves out (`policies.teacher.skips_note`).
+def teacher_label(messages: list[dict[str, str]]) -> str:
+    """The scripted teacher's whole completion for the state a prompt renders (its last user message).
 
     Raises:
         ValueError: a prompt without the BPE harness's PLAN view (the teacher reads only those).
@@ -46,7 +45,7 @@ def teacher_label(messages: list[dict[str, str]], note_skip: float = 0.0) -> str
     user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
     if "\n\nPLAN:" not in user:
         raise ValueError("the scripted teacher labels BPE-harness prompts only (no PLAN view in the prompt)")
-    return teacher_completion(user, note_skip)
+    return teacher_completion(user)
 
 
 def state_key(messages: list[dict[str, str]]) -> str:
@@ -65,10 +64,10 @@ class DAggerPolicy:
             ``episode_id``, ``turn`` and ``student`` (its completion)).
     """
 
-    def __init__(self, student: Policy, beta: float = 0.0, seed: int = 0, note_skip: float = 0.0) -> None:
+    def __init__(self, student: Policy, beta: float = 0.0, seed: int = 0) -> None:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
-        self.student, self.beta, self.seed, self.note_skip = student, beta, seed, note_skip
+        self.student, self.beta, self.seed = student, beta, seed
         self.name = f"dagger({getattr(student, 'name', 'student')})"
         self.examples: list[dict] = []
         self._seen: set[str] = set()
@@ -78,7 +77,7 @@ class DAggerPolicy:
         comps = self.student.act(requests)
         out = []
         for req, comp in zip(requests, comps):
-            label = teacher_label(req.messages, self.note_skip)
+            label = teacher_label(req.messages)
             self.agree += split_completion(comp.text)[1].strip() == split_completion(label)[1].strip()
             key = state_key(req.messages)
             if key not in self._seen:
@@ -130,7 +129,6 @@ def dagger_round(
     batch_size: int = 32,
     stop_repeats: int = 3,
     episode_prefix: str = "dagger",
-    note_skip: float = 0.0,
 ) -> DAggerStats:
     """Play `tasks` once each with `student` and write the teacher-labelled states.
 
@@ -147,14 +145,13 @@ def dagger_round(
         batch_size: episodes played in lock-step (one decoding batch).
         stop_repeats: end an episode when a (prompt, completion) pair repeats this
             many times (its later states are copies of labelled ones).
-        note_skip: the labelling teacher's (`policies.teacher.TeacherPolicy`): the collected traces' teacher.
 
     Returns:
         `DAggerStats` of the round.
     """
     from evoharness.rollout.collect import write_jsonl_atomic
 
-    pol = DAggerPolicy(student, beta=beta, seed=seed, note_skip=note_skip)
+    pol = DAggerPolicy(student, beta=beta, seed=seed)
     stats = DAggerStats()
     specs = [EpisodeSpec(t, f"{episode_prefix}:{t.task_id}", seed) for t in tasks]
     for i in range(0, len(specs), batch_size):
